@@ -1,0 +1,61 @@
+"""Command line: `python -m engine generate ...`.
+
+    python -m engine generate --model demo --prompt "The list type" --max-tokens 32 --temperature 0 [--json]
+
+Bad arguments and unloadable models exit with status 2 and one line on stderr, not a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from engine.engine import Engine, EngineConfig, PromptError
+from engine.loader import ModelLoadError
+from engine.sampling_params import InvalidSamplingParams, SamplingParams
+from engine.tokenizer import TokenizerError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m engine", description="The workbench inference engine.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    generate = commands.add_parser("generate", help="generate a completion for one prompt")
+    generate.add_argument("--model", default="demo", help="'demo' or an HF-format model directory")
+    generate.add_argument("--prompt", required=True, help="prompt text (a user message with --chat)")
+    generate.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    generate.add_argument("--max-tokens", type=int, default=64)
+    generate.add_argument("--temperature", type=float, default=0.0)
+    generate.add_argument("--seed", type=int, default=None)
+    generate.add_argument("--ignore-eos", action="store_true")
+    generate.add_argument("--device", default="cpu")
+    generate.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    generate.add_argument("--json", action="store_true", help='print {"text", "token_ids", "finish_reason", "usage"}')
+    return parser
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed,
+                            ignore_eos=args.ignore_eos)
+    engine = Engine(EngineConfig(model=args.model, device=args.device, dtype=args.dtype))
+    prompt = args.prompt
+    if args.chat:
+        prompt = engine.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
+    [result] = engine.generate([prompt], params)
+    if args.json:
+        print(json.dumps({"text": result.text, "token_ids": result.token_ids,
+                          "finish_reason": result.finish_reason, "usage": result.usage.as_dict()},
+                         ensure_ascii=False))
+    else:
+        print(args.prompt + result.text if not args.chat else result.text)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return run_generate(args)
+    except (InvalidSamplingParams, PromptError, ModelLoadError, TokenizerError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,85 @@
+"""The Llama-family decoder (Llama, Mistral, Qwen2) as plain torch modules, with HF parameter names.
+
+Parameter names match HF checkpoints one for one (model.layers.N.self_attn.q_proj.weight, ...), so a
+safetensors file loads with no renaming and our checkpoints load unchanged in HF transformers.
+`forward` returns final hidden states; `logits` projects only the rows the caller will sample, because
+the vocabulary projection is the most expensive matmul of a decode step.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from engine.model.attention import Attention, AttentionMetadata
+from engine.model.config import ModelConfig
+from engine.model.layers import RMSNorm, SwiGLUMLP
+from engine.model.rope import rope_cos_sin, rope_inverse_frequencies
+
+if TYPE_CHECKING:  # kv_cache imports the model's config; a runtime import here would be circular
+    from engine.kv_cache import PagedKVCache
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = SwiGLUMLP(config.hidden_size, config.intermediate_size, config.mlp_bias)
+
+    def forward(self, x, cos, sin, metadata, cache):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, metadata, cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DecoderStack(nn.Module):
+    """HF's `model.` prefix: embeddings, layers, final norm."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = DecoderStack(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.tie_weights()
+        # Kept in fp32 and outside the module's buffers so that model.to(bfloat16) cannot round it.
+        self._inv_freq = {torch.device("cpu"): rope_inverse_frequencies(config)}
+
+    def tie_weights(self) -> None:
+        """Share the embedding with the output projection when the config says so. Call again after
+        anything that may replace parameters (to_empty from the meta device does)."""
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def _inv_freq_on(self, device: torch.device) -> torch.Tensor:
+        if device not in self._inv_freq:
+            self._inv_freq[device] = self._inv_freq[torch.device("cpu")].to(device)
+        return self._inv_freq[device]
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                metadata: AttentionMetadata | None = None,
+                kv_cache: PagedKVCache | None = None) -> torch.Tensor:
+        """Final hidden states for input_ids.
+
+        Serving: input_ids and positions are flat [N] with `metadata` and `kv_cache`; keys and values
+        are written to the cache. Training: [B, T] with neither; plain causal attention.
+        """
+        x = self.model.embed_tokens(input_ids)
+        cos, sin = rope_cos_sin(self._inv_freq_on(x.device), positions, x.dtype)
+        for index, layer in enumerate(self.model.layers):
+            cache = kv_cache.layer(index) if kv_cache is not None else None
+            x = layer(x, cos, sin, metadata, cache)
+        return self.model.norm(x)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)

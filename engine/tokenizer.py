@@ -1,0 +1,133 @@
+"""Tokenizer: HF `tokenizer.json` through the `tokenizers` library, plus the Jinja chat template.
+
+Encode, decode and chat rendering follow what HF transformers does with the same files, because
+clients compare our token counts and prompts with theirs. The chat template is untrusted text from a
+checkpoint, so it renders in Jinja's immutable sandbox, as HF does.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer as BackendTokenizer
+
+
+class TokenizerError(ValueError):
+    """Tokenizer files or a chat request that cannot be used, with the reason."""
+
+
+class ChatTemplateError(TokenizerError):
+    """The chat template refused the conversation (raise_exception) or failed to render."""
+
+
+# HF's `clean_up_tokenization` pairs, applied on decode only when tokenizer_config.json asks for it.
+_CLEANUP_PAIRS = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
+                  (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re"))
+
+
+def _token_text(value: Any) -> str | None:
+    """tokenizer_config.json writes special tokens as a string or as {"content": ...}."""
+    if isinstance(value, dict):
+        return value.get("content")
+    return value
+
+
+class Tokenizer:
+    def __init__(self, backend: BackendTokenizer, config: dict[str, Any], chat_template: str | None) -> None:
+        self._backend = backend
+        self._config = config
+        self.chat_template = chat_template
+        self.bos_token = _token_text(config.get("bos_token"))
+        self.eos_token = _token_text(config.get("eos_token"))
+        self._cleanup = bool(config.get("clean_up_tokenization_spaces", False))
+
+    @classmethod
+    def from_dir(cls, path: Path) -> "Tokenizer":
+        tokenizer_file = path / "tokenizer.json"
+        if not tokenizer_file.is_file():
+            raise TokenizerError(f"{path}: tokenizer.json is missing")
+        try:
+            backend = BackendTokenizer.from_file(str(tokenizer_file))
+        except Exception as exc:  # the Rust library raises plain Exception on a malformed file
+            raise TokenizerError(f"{tokenizer_file}: not a valid tokenizers file ({exc})") from exc
+        config_file = path / "tokenizer_config.json"
+        config = json.loads(config_file.read_text(encoding="utf-8")) if config_file.is_file() else {}
+        return cls(backend, config, _find_chat_template(path, config))
+
+    @property
+    def vocab_size(self) -> int:
+        return self._backend.get_vocab_size(with_added_tokens=True)
+
+    def token_id(self, token: str) -> int | None:
+        return self._backend.token_to_id(token)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        text = self._backend.decode(token_ids, skip_special_tokens=skip_special_tokens)
+        if self._cleanup:
+            for before, after in _CLEANUP_PAIRS:
+                text = text.replace(before, after)
+        return text
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+        """The prompt text for a conversation, rendered by the checkpoint's chat template."""
+        if self.chat_template is None:
+            raise TokenizerError("this model has no chat template; send a plain prompt instead of messages")
+        _check_messages(messages)
+        try:
+            return self._compiled_template.render(
+                messages=messages, add_generation_prompt=add_generation_prompt,
+                bos_token=self.bos_token or "", eos_token=self.eos_token or "",
+            )
+        except ChatTemplateError:
+            raise
+        except jinja2.TemplateError as exc:
+            raise ChatTemplateError(f"chat template failed: {exc}") from exc
+
+    @cached_property
+    def _compiled_template(self) -> jinja2.Template:
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                            extensions=["jinja2.ext.loopcontrols"])
+        env.filters["tojson"] = lambda value, indent=None: json.dumps(value, ensure_ascii=False, indent=indent)
+        env.globals["raise_exception"] = _raise_template_error
+        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        try:
+            return env.from_string(self.chat_template)
+        except jinja2.TemplateSyntaxError as exc:
+            raise ChatTemplateError(f"chat template does not parse: {exc}") from exc
+
+
+def _raise_template_error(message: str):
+    raise ChatTemplateError(message)
+
+
+def _check_messages(messages: Any) -> None:
+    if not isinstance(messages, list) or not messages:
+        raise TokenizerError("messages must be a non-empty list of {role, content} objects")
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise TokenizerError(f"messages[{index}] must be an object with role and content")
+        if not isinstance(message.get("role"), str) or not message["role"]:
+            raise TokenizerError(f"messages[{index}].role must be a non-empty string")
+        if not isinstance(message.get("content"), str):
+            raise TokenizerError(f"messages[{index}].content must be a string")
+
+
+def _find_chat_template(path: Path, config: dict[str, Any]) -> str | None:
+    # HF keeps the template in tokenizer_config.json (a string, or a list of named templates of which
+    # "default" is used) or, in newer checkpoints, in chat_template.jinja beside it.
+    template = config.get("chat_template")
+    if isinstance(template, list):
+        named = {entry.get("name"): entry.get("template") for entry in template if isinstance(entry, dict)}
+        template = named.get("default")
+    if template is None and (path / "chat_template.jinja").is_file():
+        template = (path / "chat_template.jinja").read_text(encoding="utf-8")
+    return template
