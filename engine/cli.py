@@ -38,9 +38,9 @@ def run_generate(args: argparse.Namespace) -> int:
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed,
                             ignore_eos=args.ignore_eos)
     engine = Engine(EngineConfig(model=args.model, device=args.device, dtype=args.dtype))
-    prompt = args.prompt
+    prompt: str | list[int] = args.prompt
     if args.chat:
-        prompt = engine.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
+        prompt = engine.tokenizer.encode_chat([{"role": "user", "content": args.prompt}])
     [result] = engine.generate([prompt], params)
     if args.json:
         print(json.dumps({"text": result.text, "token_ids": result.token_ids,

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+from jinja2.ext import Extension
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as BackendTokenizer
 
@@ -43,9 +44,16 @@ class Tokenizer:
         self._backend = backend
         self._config = config
         self.chat_template = chat_template
-        self.bos_token = _token_text(config.get("bos_token"))
-        self.eos_token = _token_text(config.get("eos_token"))
-        self._cleanup = bool(config.get("clean_up_tokenization_spaces", False))
+        # Every special token the config names (bos_token, eos_token, pad_token, ...) reaches the chat
+        # template under its own name, as in HF.
+        self.special_tokens = {key: _token_text(value) for key, value in config.items()
+                               if key.endswith("_token") and isinstance(_token_text(value), str)}
+        self.bos_token = self.special_tokens.get("bos_token")
+        self.eos_token = self.special_tokens.get("eos_token")
+        # transformers 5 never applies the space clean-up to BPE tokenizers (it would corrupt text
+        # such as "a , b"); we do the same so decoded text matches theirs.
+        is_bpe = type(backend.model).__name__ == "BPE"
+        self._cleanup = bool(config.get("clean_up_tokenization_spaces", False)) and not is_bpe
 
     @classmethod
     def from_dir(cls, path: Path) -> "Tokenizer":
@@ -82,27 +90,51 @@ class Tokenizer:
         if self.chat_template is None:
             raise TokenizerError("this model has no chat template; send a plain prompt instead of messages")
         _check_messages(messages)
+        context = {"bos_token": "", "eos_token": "", **self.special_tokens}
         try:
             return self._compiled_template.render(
-                messages=messages, add_generation_prompt=add_generation_prompt,
-                bos_token=self.bos_token or "", eos_token=self.eos_token or "",
+                messages=messages, add_generation_prompt=add_generation_prompt, tools=None, documents=None,
+                **context,
             )
         except ChatTemplateError:
             raise
-        except jinja2.TemplateError as exc:
-            raise ChatTemplateError(f"chat template failed: {exc}") from exc
+        except Exception as exc:  # the template is checkpoint code: any failure is the template's
+            raise ChatTemplateError(f"chat template failed: {type(exc).__name__}: {exc}") from exc
+
+    def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
+        """Token ids of a conversation. The template writes any BOS itself, so the tokenizer must not
+        add special tokens again (a second BOS would change what the model sees)."""
+        return self.encode(self.apply_chat_template(messages, add_generation_prompt), add_special_tokens=False)
 
     @cached_property
     def _compiled_template(self) -> jinja2.Template:
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                            extensions=["jinja2.ext.loopcontrols"])
-        env.filters["tojson"] = lambda value, indent=None: json.dumps(value, ensure_ascii=False, indent=indent)
+                                            extensions=["jinja2.ext.loopcontrols", _GenerationBlock])
+        env.filters["tojson"] = _tojson
         env.globals["raise_exception"] = _raise_template_error
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
         try:
             return env.from_string(self.chat_template)
         except jinja2.TemplateSyntaxError as exc:
             raise ChatTemplateError(f"chat template does not parse: {exc}") from exc
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    # HF's signature; Jinja's own tojson escapes HTML characters, which would change prompts.
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+class _GenerationBlock(Extension):
+    """`{% generation %}...{% endgeneration %}` marks assistant text for training masks in HF; for
+    rendering a prompt it is just its body."""
+
+    tags = {"generation"}
+
+    def parse(self, parser):
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.Scope(body, lineno=lineno)
 
 
 def _raise_template_error(message: str):

@@ -33,7 +33,8 @@ class ModelConfig:
     rope_theta: float = 10000.0
     rope_scaling: dict[str, Any] | None = None
     tie_word_embeddings: bool = False
-    attention_bias: bool = False
+    attention_bias: bool = False         # q/k/v projections
+    attention_output_bias: bool = False  # o projection
     mlp_bias: bool = False
     sliding_window: int | None = None
     bos_token_id: int | None = None
@@ -108,8 +109,10 @@ class ModelConfig:
             rope_theta=float(rope_theta),
             rope_scaling=rope_scaling,
             tie_word_embeddings=raw.get("tie_word_embeddings", False),
-            # Qwen2 always has q/k/v bias; Llama makes it optional; Mistral has none.
+            # Qwen2 always has q/k/v bias and no o bias; Llama's attention_bias covers q/k/v and o;
+            # Mistral has none.
             attention_bias=True if model_type == "qwen2" else bool(raw.get("attention_bias", False)),
+            attention_output_bias=model_type == "llama" and bool(raw.get("attention_bias", False)),
             mlp_bias=bool(raw.get("mlp_bias", False)) if model_type == "llama" else False,
             sliding_window=sliding_window,
             bos_token_id=raw.get("bos_token_id"),
