@@ -11,7 +11,7 @@ import argparse
 import json
 import sys
 
-from engine.engine import Engine, EngineConfig, PromptError
+from engine import Engine, EngineConfig, PromptError
 from engine.loader import ModelLoadError
 from engine.sampling_params import InvalidSamplingParams, SamplingParams
 from engine.tokenizer import TokenizerError

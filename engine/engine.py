@@ -1,82 +1,111 @@
-"""Engine: the Python entry point to generation (GUIDE section 4).
+"""Engine: continuous batching over the paged KV cache, the Python entry point (GUIDE section 4).
 
     engine = Engine(EngineConfig(model="demo"))
     [result] = engine.generate(["The list type"], SamplingParams(max_tokens=32, temperature=0))
 
-This first version decodes one sequence at a time over the paged KV cache; the continuous-batching
-scheduler replaces `_decode` without changing this interface.
+Streaming use: `add_request`, then `step()` until `has_unfinished_requests()` is false; each step
+returns a `RequestOutput` delta for every request that moved. `abort` takes effect at the next step.
+
+`step()` reads as schedule -> run -> postprocess. Every state change goes through `Sequence.set_state`
+(the funnel); every finished sequence's blocks go back to the pool in the same step.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import itertools
+import logging
+import time
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
-from engine.kv_cache import PagedKVCache, blocks_needed
+from engine.detokenizer import IncrementalDetokenizer
+from engine.engine_config import EngineConfig
+from engine.kv_cache import PagedKVCache
 from engine.loader import load_model
 from engine.model import AttentionMetadata
+from engine.outputs import GenerationResult, RequestOutput, Usage
+from engine.sampler import SampleRequest, sample
 from engine.sampling_params import SamplingParams
+from engine.scheduler import SchedulerLimits, make_scheduler
+from engine.sequence import (Done, Error, FinishedAborted, FinishedIgnored, RunningCompletion, RunningPrompt,
+                             Sequence, StopReason)
+
+log = logging.getLogger(__name__)
 
 
 class PromptError(ValueError):
     """A prompt that cannot be run (empty, too long, or token ids outside the vocabulary)."""
 
 
-@dataclass(frozen=True)
-class EngineConfig:
-    model: str = "demo"
-    device: str = "cpu"
-    dtype: str = "float32"
-    block_size: int = 16
-    num_kv_blocks: int | None = None  # default: enough for one sequence of the model's full length
-
-    def __post_init__(self) -> None:
-        if self.block_size < 1:
-            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
-        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
-            raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
+class RequestError(ValueError):
+    """A request the engine refuses as a whole (for example a request_id already in use)."""
 
 
-@dataclass(frozen=True)
-class Usage:
-    prompt_tokens: int
-    completion_tokens: int
-
-    @property
-    def total_tokens(self) -> int:
-        return self.prompt_tokens + self.completion_tokens
-
-    def as_dict(self) -> dict[str, int]:
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-                "total_tokens": self.total_tokens}
-
-
-@dataclass(frozen=True)
-class GenerationResult:
-    text: str
-    token_ids: list[int] = field(repr=False)
-    finish_reason: str  # wire values: "stop" | "length"
-    usage: Usage
+@dataclass
+class _Request:
+    seq: Sequence
+    detokenizer: IncrementalDetokenizer
+    generator: torch.Generator
+    sent_tokens: int = 0
+    abort_with: Done | FinishedAborted | None = None
 
 
 class Engine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.loaded = load_model(config.model, device=config.device, dtype=config.dtype)
-        self.max_model_len = self.loaded.config.max_position_embeddings
-        num_blocks = config.num_kv_blocks or blocks_needed(self.max_model_len, config.block_size)
-        self.kv_cache = PagedKVCache(self.loaded.config, num_blocks, config.block_size,
-                                     self.loaded.dtype, self.loaded.device)
+        model_len = self.loaded.config.max_position_embeddings
+        self.max_model_len = min(config.max_model_len or model_len, model_len)
+        self.kv_cache = PagedKVCache(self.loaded.config, config.kv_blocks_for(self.loaded.config, self.max_model_len),
+                                     config.block_size, self.loaded.dtype, self.loaded.device)
+        limits = SchedulerLimits(max_num_seqs=config.max_num_seqs,
+                                 max_num_batched_tokens=config.max_num_batched_tokens,
+                                 max_model_len=self.max_model_len)
+        self.scheduler = make_scheduler(config.scheduler, self.kv_cache, limits, config.swap_blocks)
+        # Called with each sequence the funnel stands down; the device loop subscribes here.
+        self.stand_down_listeners: list[Callable[[Sequence], None]] = []
+        self.num_stand_downs = 0
+        self._requests: dict[str, _Request] = {}
+        self._seq_ids = itertools.count()
 
     @property
     def tokenizer(self):
         return self.loaded.tokenizer
 
-    def generate(self, prompts: list[str | list[int]], params: SamplingParams) -> list[GenerationResult]:
-        """One result per prompt. A prompt is text, or a list of token ids used as is."""
-        encoded = [self._prompt_ids(prompt) for prompt in prompts]
-        return [self._decode(ids, params) for ids in encoded]
+    # -- requests -------------------------------------------------------------------------------
+
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> None:
+        """Queue a request. Raises (PromptError, RequestError) before anything changes if it is bad."""
+        if not isinstance(request_id, str) or not request_id:
+            raise RequestError("request_id must be a non-empty string")
+        if request_id in self._requests:
+            raise RequestError(f"request_id {request_id!r} is already in use")
+        if not isinstance(params, SamplingParams):
+            raise RequestError("params must be a SamplingParams")
+        prompt_ids = self._prompt_ids(prompt)
+        seq = Sequence(next(self._seq_ids), request_id, prompt_ids, params, self._stand_down)
+        generator = torch.Generator(device=self.loaded.device)
+        generator.manual_seed(params.seed if params.seed is not None else torch.seed())
+        self._requests[request_id] = _Request(seq, IncrementalDetokenizer(self.tokenizer, params.stop), generator)
+        self.scheduler.add(seq)
+
+    def abort(self, request_id: str, by_operator: bool = False) -> bool:
+        """Stop a request at the next step: a client's cancel or disconnect ends it Done(Canceled), an
+        operator's FinishedAborted. Returns False for a request_id the engine does not hold."""
+        request = self._requests.get(request_id)
+        if request is None:
+            return False
+        request.abort_with = FinishedAborted() if by_operator else Done(StopReason.CANCELED)
+        return True
+
+    def terminate_all(self) -> None:
+        for request_id in self._requests:
+            self.abort(request_id)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._requests)
 
     def _prompt_ids(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -96,43 +125,150 @@ class Engine:
                               "leaving no room to generate")
         return ids
 
-    @torch.no_grad()
-    def _decode(self, prompt_ids: list[int], params: SamplingParams) -> GenerationResult:
-        model, device = self.loaded.model, self.loaded.device
-        block_size = self.config.block_size
-        budget = min(len(prompt_ids) + params.max_tokens, self.max_model_len)
-        blocks = self.kv_cache.allocator.allocate(blocks_needed(budget, block_size))
-        generator = torch.Generator(device=device)
-        generator.manual_seed(params.seed if params.seed is not None else torch.seed())
-        generated: list[int] = []
-        finish_reason = "length"
+    # -- the step -------------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        outputs = self._apply_aborts()
+        batch = self.scheduler.schedule()
+        outputs += [self._finish(self._requests[seq.request_id]) for seq in batch.ignored]
+        if not batch:
+            return outputs
+        seqs = batch.sequences
+        now = time.monotonic()
+        for seq in seqs:
+            if seq.timings.first_scheduled is None:
+                seq.timings.first_scheduled = now
+        requests = [self._requests[seq.request_id] for seq in seqs]
         try:
-            feed, cached = prompt_ids, 0
-            while True:
-                metadata = AttentionMetadata.build(
-                    block_size=block_size, block_tables=[blocks], cached_lens=[cached],
-                    query_lens=[len(feed)], sliding_window=self.loaded.config.sliding_window, device=device)
-                ids = torch.tensor(feed, dtype=torch.long, device=device)
-                hidden = model(ids, metadata.positions, metadata, self.kv_cache)
-                logits = model.logits(hidden[metadata.last_token_index])[0]
-                token = _sample(logits, params, generator)
-                generated.append(token)
-                cached += len(feed)
-                if token in self.loaded.eos_token_ids and not params.ignore_eos:
-                    finish_reason = "stop"
-                    break
-                if len(prompt_ids) + len(generated) >= budget:  # max_tokens or the model's length
-                    break
-                feed = [token]
-        finally:
-            self.kv_cache.allocator.free(blocks)
-        return GenerationResult(text=self.tokenizer.decode(generated), token_ids=generated,
-                                finish_reason=finish_reason,
-                                usage=Usage(prompt_tokens=len(prompt_ids), completion_tokens=len(generated)))
+            logits = self._forward(seqs)
+            tokens, logprobs = sample(logits, [SampleRequest(r.seq.params, r.seq.prompt_ids, r.seq.output_ids,
+                                                             r.generator) for r in requests])
+        except Exception as exc:  # one bad step must not take the engine down with it
+            log.exception("forward failed for %d sequence(s)", len(seqs))
+            for request in requests:
+                request.seq.set_state(Error(f"forward failed: {type(exc).__name__}: {exc}"))
+            return outputs + [self._finish(request) for request in requests]
+        for request, token, logprob in zip(requests, tokens, logprobs):
+            outputs.append(self._postprocess(request, token, logprob))
+        return outputs
+
+    @torch.no_grad()
+    def _forward(self, seqs: list[Sequence]) -> torch.Tensor:
+        """Logits [B, V] of each sequence's last fed token; feeds every token not yet in the cache."""
+        device = self.loaded.device
+        metadata = AttentionMetadata.build(
+            block_size=self.kv_cache.block_size, block_tables=[s.block_table for s in seqs],
+            cached_lens=[s.num_cached for s in seqs], query_lens=[len(s.token_ids) - s.num_cached for s in seqs],
+            sliding_window=self.loaded.config.sliding_window, device=device)
+        ids = torch.tensor([t for s in seqs for t in s.token_ids[s.num_cached:]], dtype=torch.long, device=device)
+        model = self.loaded.model
+        hidden = model(ids, metadata.positions, metadata, self.kv_cache)
+        return model.logits(hidden[metadata.last_token_index])
+
+    def _postprocess(self, request: _Request, token: int, logprob) -> RequestOutput:
+        seq = request.seq
+        seq.num_cached = len(seq.token_ids)
+        if isinstance(seq.state, RunningPrompt):
+            seq.set_state(RunningCompletion())
+        seq.output_ids.append(token)
+        if seq.timings.first_token is None:
+            seq.timings.first_token = time.monotonic()
+        if logprob is not None:
+            seq.logprobs.append(logprob)
+        reason = self._stop_reason(seq, token)
+        text, stop_string_hit = request.detokenizer.update(seq.output_ids, final=reason is not None)
+        if stop_string_hit:
+            reason = StopReason.STOP_STRING
+        if reason is not None:
+            seq.set_state(Done(reason))
+            return self._finish(request, text)
+        return self._delta(request, text)
+
+    def _stop_reason(self, seq: Sequence, token: int) -> StopReason | None:
+        params = seq.params
+        if token in params.stop_token_ids:
+            return StopReason.STOP_TOKEN
+        if not params.ignore_eos and token in self.loaded.eos_token_ids:
+            return StopReason.EOS
+        if len(seq.output_ids) >= params.max_tokens:
+            return StopReason.LENGTH
+        if len(seq.token_ids) >= self.max_model_len:
+            return StopReason.MODEL_LENGTH
+        return None
+
+    def _apply_aborts(self) -> list[RequestOutput]:
+        outputs = []
+        for request in [r for r in self._requests.values() if r.abort_with is not None]:
+            request.seq.set_state(request.abort_with)
+            outputs.append(self._finish(request))
+        return outputs
+
+    # -- outputs --------------------------------------------------------------------------------
+
+    def _delta(self, request: _Request, text: str, **finish) -> RequestOutput:
+        seq = request.seq
+        start = request.sent_tokens
+        request.sent_tokens = len(seq.output_ids)
+        return RequestOutput(request_id=seq.request_id, index=start, text=text, token_ids=seq.output_ids[start:],
+                             logprobs=seq.logprobs[start:] if seq.params.logprobs is not None else None, **finish)
+
+    def _finish(self, request: _Request, text: str = "") -> RequestOutput:
+        """The last delta of a finished sequence; its blocks go back to the pool now."""
+        seq = request.seq
+        self.scheduler.release(seq)
+        del self._requests[seq.request_id]
+        state = seq.state
+        error = state.message if isinstance(state, (Error, FinishedIgnored)) else None
+        finish_reason = state.reason.finish_reason if isinstance(state, Done) else \
+            "canceled" if isinstance(state, FinishedAborted) else "error"
+        return self._delta(request, text, finished=True, finish_reason=finish_reason, error=error,
+                           usage=Usage(len(seq.prompt_ids), len(seq.output_ids)), timings=_timings(seq))
+
+    def _stand_down(self, seq: Sequence) -> None:
+        self.num_stand_downs += 1
+        for listener in self.stand_down_listeners:
+            listener(seq)
+
+    # -- whole generations ----------------------------------------------------------------------
+
+    def generate(self, prompts: list[str | list[int]],
+                 params: SamplingParams | list[SamplingParams]) -> list[GenerationResult]:
+        """Run prompts to completion together; one result per prompt, in order. All prompts are checked
+        before any is queued. Not for use while streaming requests are in flight (it would consume
+        their outputs)."""
+        if self._requests:
+            raise RequestError("generate() needs an idle engine; use add_request/step for streaming")
+        per_prompt = params if isinstance(params, list) else [params] * len(prompts)
+        if len(per_prompt) != len(prompts):
+            raise RequestError(f"{len(prompts)} prompts but {len(per_prompt)} SamplingParams")
+        for prompt in prompts:
+            self._prompt_ids(prompt)
+        ids = [f"generate-{next(self._seq_ids)}" for _ in prompts]
+        for request_id, prompt, p in zip(ids, prompts, per_prompt):
+            self.add_request(request_id, prompt, p)
+        collected: dict[str, list[RequestOutput]] = {request_id: [] for request_id in ids}
+        while self.has_unfinished_requests():
+            for output in self.step():
+                collected[output.request_id].append(output)
+        return [_result(collected[request_id]) for request_id in ids]
 
 
-def _sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
-    if params.greedy:
-        return int(logits.argmax())
-    probs = torch.softmax(logits.float() / params.temperature, dim=-1)
-    return int(torch.multinomial(probs, 1, generator=generator))
+def _result(deltas: list[RequestOutput]) -> GenerationResult:
+    last = deltas[-1]
+    logprobs = [lp for d in deltas for lp in (d.logprobs or [])] if last.logprobs is not None else None
+    return GenerationResult(text="".join(d.text for d in deltas), token_ids=[t for d in deltas for t in d.token_ids],
+                            finish_reason=last.finish_reason, usage=last.usage, timings=last.timings,
+                            logprobs=logprobs, error=last.error)
+
+
+def _timings(seq: Sequence) -> dict[str, float | None]:
+    t = seq.timings
+    finished = t.finished or time.monotonic()
+    decode_time = finished - t.first_token if t.first_token is not None else None
+    decoded = len(seq.output_ids) - 1
+    return {
+        "queue_time": None if t.first_scheduled is None else t.first_scheduled - t.arrival,
+        "time_to_first_token": None if t.first_token is None else t.first_token - t.arrival,
+        "decode_tokens_per_s": decoded / decode_time if decode_time and decoded > 0 else None,
+        "total_time": finished - t.arrival,
+    }

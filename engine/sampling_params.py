@@ -1,12 +1,19 @@
 """SamplingParams: what a request asks of generation, checked on construction.
 
-Each invalid value raises `InvalidSamplingParams` naming the parameter, so the API layers can
-return it to the client as is.
+Each invalid value raises `InvalidSamplingParams` naming the parameter, so the API layers can return
+it to the client as is. `SamplingParams.from_dict` also refuses parameters it does not know, because
+a misspelt option silently ignored is a wrong answer the client cannot see.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+MAX_STOP_STRINGS = 16
+MAX_STOP_STRING_CHARS = 256
+MAX_TOP_LOGPROBS = 20
 
 
 class InvalidSamplingParams(ValueError):
@@ -15,22 +22,89 @@ class InvalidSamplingParams(ValueError):
         self.parameter = parameter
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value  # not NaN
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     max_tokens: int = 16
     temperature: float = 1.0
+    top_k: int = 0              # 0: off
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0   # HF style, over prompt and output tokens; 1.0: off
+    frequency_penalty: float = 0.0    # OpenAI style, over output tokens
+    presence_penalty: float = 0.0
     seed: int | None = None
+    logprobs: int | None = None       # None: none; N: the sampled token's logprob and the top N
+    stop: tuple[str, ...] = field(default_factory=tuple)
+    stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
     ignore_eos: bool = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1:
-            raise InvalidSamplingParams("max_tokens", f"must be an integer >= 1, got {self.max_tokens!r}")
-        if not isinstance(self.temperature, (int, float)) or isinstance(self.temperature, bool) \
-                or not 0 <= self.temperature <= 100:
-            raise InvalidSamplingParams("temperature", f"must be a number in [0, 100], got {self.temperature!r}")
-        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
-            raise InvalidSamplingParams("seed", f"must be an integer or null, got {self.seed!r}")
+        # Lists are accepted and frozen, so params can be shared between threads safely.
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        if isinstance(self.stop, list):
+            object.__setattr__(self, "stop", tuple(self.stop))
+        if isinstance(self.stop_token_ids, list):
+            object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        self._check()
+
+    def _check(self) -> None:
+        def refuse(name: str, message: str) -> None:
+            raise InvalidSamplingParams(name, f"{message}, got {getattr(self, name)!r}")
+
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
+            refuse("max_tokens", "must be an integer >= 1")
+        if not _is_number(self.temperature) or not 0 <= self.temperature <= 100:
+            refuse("temperature", "must be a number in [0, 100]")
+        if not _is_int(self.top_k) or self.top_k < 0:
+            refuse("top_k", "must be an integer >= 0 (0 turns it off)")
+        if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
+            refuse("top_p", "must be a number in (0, 1]")
+        if not _is_number(self.min_p) or not 0 <= self.min_p <= 1:
+            refuse("min_p", "must be a number in [0, 1]")
+        if not _is_number(self.repetition_penalty) or not 0 < self.repetition_penalty <= 10:
+            refuse("repetition_penalty", "must be a number in (0, 10]")
+        for name in ("frequency_penalty", "presence_penalty"):
+            if not _is_number(getattr(self, name)) or not -2 <= getattr(self, name) <= 2:
+                refuse(name, "must be a number in [-2, 2]")
+        if self.seed is not None and not _is_int(self.seed):
+            refuse("seed", "must be an integer or null")
+        if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS):
+            refuse("logprobs", f"must be null or an integer in [0, {MAX_TOP_LOGPROBS}]")
+        if not isinstance(self.stop, tuple) or not all(isinstance(s, str) and s for s in self.stop):
+            refuse("stop", "must be a string or a list of non-empty strings")
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise InvalidSamplingParams("stop", f"at most {MAX_STOP_STRINGS} stop strings, got {len(self.stop)}")
+        if any(len(s) > MAX_STOP_STRING_CHARS for s in self.stop):
+            raise InvalidSamplingParams("stop", f"each stop string must be at most {MAX_STOP_STRING_CHARS} characters")
+        if not isinstance(self.stop_token_ids, tuple) or not all(_is_int(t) and t >= 0 for t in self.stop_token_ids):
+            refuse("stop_token_ids", "must be a list of non-negative integers")
+        if not isinstance(self.ignore_eos, bool):
+            refuse("ignore_eos", "must be true or false")
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "SamplingParams":
+        """From a client's JSON object; an unknown key is an error naming it."""
+        if not isinstance(values, dict):
+            raise InvalidSamplingParams("params", "must be an object")
+        known = {f.name for f in dataclasses.fields(cls)}
+        for key in values:
+            if key not in known:
+                raise InvalidSamplingParams(str(key), "unknown parameter")
+        return cls(**values)
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def has_penalties(self) -> bool:
+        return self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0

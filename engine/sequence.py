@@ -104,6 +104,7 @@ class Sequence:
         self.request_id = request_id
         self.prompt_ids = list(prompt_ids)
         self.output_ids: list[int] = []
+        self.logprobs: list = []  # TokenLogprob per output token, when the request asks for them
         self.params = params
         self.block_table: list[int] = []
         self.num_cached = 0  # tokens whose keys/values are in this sequence's blocks

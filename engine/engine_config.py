@@ -1,0 +1,46 @@
+"""EngineConfig: how an engine is built (model, device, memory, scheduler), checked on construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.kv_cache import blocks_needed
+from engine.model import ModelConfig
+from engine.scheduler import SCHEDULERS
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str = "demo"
+    device: str = "cpu"
+    dtype: str = "float32"
+    scheduler: str = "paged"
+    block_size: int = 16
+    kv_cache_mb: int = 256          # KV pool size when num_kv_blocks is not given
+    num_kv_blocks: int | None = None
+    swap_blocks: int = 0            # host-memory blocks for swap preemption; 0: recompute only
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 4096
+    max_model_len: int | None = None  # at most the model's max_position_embeddings
+
+    def __post_init__(self) -> None:
+        if self.scheduler not in SCHEDULERS:
+            raise ValueError(f"scheduler must be one of {', '.join(SCHEDULERS)}, got {self.scheduler!r}")
+        for name in ("block_size", "kv_cache_mb", "max_num_seqs", "max_num_batched_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("num_kv_blocks", "max_model_len"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1 or None, got {getattr(self, name)}")
+        if self.swap_blocks < 0:
+            raise ValueError(f"swap_blocks must be >= 0, got {self.swap_blocks}")
+
+    def kv_blocks_for(self, model: ModelConfig, max_model_len: int) -> int:
+        """num_kv_blocks if given; else as many as kv_cache_mb holds, but at least one full-length sequence."""
+        if self.num_kv_blocks is not None:
+            return self.num_kv_blocks
+        element = torch.finfo(getattr(torch, self.dtype)).bits // 8
+        per_block = 2 * model.num_hidden_layers * self.block_size * model.num_key_value_heads * model.head_dim * element
+        return max(self.kv_cache_mb * 2**20 // per_block, blocks_needed(max_model_len, self.block_size))

@@ -1,0 +1,101 @@
+"""Sampling: logits of a batch -> one token per sequence, plus logprobs when asked.
+
+Each sequence samples from its own row with its own `torch.Generator`, so a seeded request draws the
+same tokens whatever else shares its batch. Greedy rows without penalties or logprobs take one
+batched argmax, the common case on the hot path.
+
+Order per row: penalties on the raw logits; greedy takes the argmax; otherwise temperature, then
+top-k, top-p and min-p filters, then a draw. Logprobs describe the model's own distribution (raw
+logits, before penalties and temperature), as OpenAI's do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]  # the N most likely tokens and their logprobs
+
+
+@dataclass(frozen=True)
+class SampleRequest:
+    """One row of the batch: the parameters, the history penalties look at, and the row's generator."""
+    params: SamplingParams
+    prompt_ids: list[int]
+    output_ids: list[int]
+    generator: torch.Generator
+
+
+def sample(logits: torch.Tensor, rows: list[SampleRequest]) -> tuple[list[int], list[TokenLogprob | None]]:
+    """logits: [B, V]. Returns the B chosen token ids and, per row, its logprob record (or None)."""
+    if len(rows) != logits.shape[0]:
+        raise ValueError(f"{logits.shape[0]} logit rows for {len(rows)} sequences")
+    logits = logits.float()
+    plain_greedy = [r.params.greedy and not r.params.has_penalties for r in rows]
+    tokens = logits.argmax(dim=-1).tolist() if any(plain_greedy) else [0] * len(rows)
+    for index, row in enumerate(rows):
+        if not plain_greedy[index]:
+            tokens[index] = _sample_row(logits[index], row)
+    records = [_logprob_record(logits[i], tokens[i], row.params.logprobs) if row.params.logprobs is not None else None
+               for i, row in enumerate(rows)]
+    return tokens, records
+
+
+def _sample_row(logits: torch.Tensor, row: SampleRequest) -> int:
+    params = row.params
+    if params.has_penalties:
+        logits = apply_penalties(logits, params, row.prompt_ids, row.output_ids)
+    if params.greedy:
+        return int(logits.argmax())
+    logits = logits / params.temperature
+    if params.top_k:
+        kth = torch.topk(logits, min(params.top_k, logits.numel())).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if params.top_p < 1.0:
+        probs = _top_p(probs, params.top_p)
+    if params.min_p > 0.0:
+        probs = probs.masked_fill(probs < params.min_p * probs.max(), 0.0)
+    return int(torch.multinomial(probs, 1, generator=row.generator))
+
+
+def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Keep the smallest set of most likely tokens whose mass reaches top_p (always at least one)."""
+    sorted_probs, order = torch.sort(probs, descending=True)
+    mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+    sorted_probs = sorted_probs.masked_fill(mass_before >= top_p, 0.0)
+    return torch.zeros_like(probs).scatter(0, order, sorted_probs)
+
+
+def apply_penalties(logits: torch.Tensor, params: SamplingParams, prompt_ids: list[int],
+                    output_ids: list[int]) -> torch.Tensor:
+    logits = logits.clone()
+    vocab = logits.numel()
+    if params.repetition_penalty != 1.0:
+        seen = torch.tensor(sorted(set(prompt_ids) | set(output_ids)), dtype=torch.long, device=logits.device)
+        if seen.numel():
+            values = logits[seen]
+            # HF's rule: shrink positive logits, push negative ones further down.
+            logits[seen] = torch.where(values > 0, values / params.repetition_penalty,
+                                       values * params.repetition_penalty)
+    if output_ids and (params.frequency_penalty or params.presence_penalty):
+        counts = torch.bincount(torch.tensor(output_ids, device=logits.device), minlength=vocab)[:vocab].float()
+        logits -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0).float()
+    return logits
+
+
+def _logprob_record(logits: torch.Tensor, token: int, top_n: int) -> TokenLogprob:
+    logprobs = torch.log_softmax(logits, dim=-1)
+    top = ()
+    if top_n:
+        values, ids = torch.topk(logprobs, top_n)
+        top = tuple(zip(ids.tolist(), values.tolist()))
+    return TokenLogprob(token_id=token, logprob=float(logprobs[token]), top=top)

@@ -1,0 +1,65 @@
+"""The default scheduler: one length bucket per step, the rest waitlisted, urgency against starvation.
+
+Running sequences are grouped by their current length and only one group runs each step; the others
+wait on a waitlist *without a state change* (they stay RunningCompletion), and each step they wait
+raises their urgency, so the bucket holding the most-waited sequence wins soon. This mirrors the
+scheduler of the design notes, whose waitlist moves a running sequence aside where no funnel can see
+it: the owner-tagged parked queue exists for exactly that shape.
+
+Blocks are reserved whole at admission (prompt plus max_tokens, capped at the model length), so this
+scheduler never preempts; a sequence whose reservation exceeds the whole pool is FinishedIgnored.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from engine.kv_cache import blocks_needed
+from engine.scheduler.base import ScheduledBatch, SchedulerBase
+from engine.sequence import RunningPrompt, Sequence
+
+
+class DefaultScheduler(SchedulerBase):
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._urgency: dict[int, int] = {}  # seq_id -> steps waited since it last ran
+
+    def release(self, seq: Sequence) -> None:
+        self._urgency.pop(seq.seq_id, None)
+        super().release(seq)
+
+    def schedule(self) -> ScheduledBatch:
+        batch = ScheduledBatch()
+        self._admit(batch)
+        if not self.running:
+            return batch
+        buckets: dict[int, list[Sequence]] = defaultdict(list)
+        for seq in self.running:
+            buckets[len(seq.token_ids)].append(seq)
+        # Most urgent bucket first; among equals the larger one (more work per forward), then shorter.
+        urgency = self._urgency
+        chosen_length = max(buckets, key=lambda length: (max(urgency.get(s.seq_id, 0) for s in buckets[length]),
+                                                          len(buckets[length]), -length))
+        for length, seqs in buckets.items():
+            for seq in seqs:
+                urgency[seq.seq_id] = 0 if length == chosen_length else urgency.get(seq.seq_id, 0) + 1
+        batch.sequences = buckets[chosen_length]
+        return batch
+
+    def waitlisted(self, batch: ScheduledBatch) -> list[Sequence]:
+        """Running sequences left out of `batch`: still RunningCompletion, yet not stepped."""
+        return [s for s in self.running if s not in batch.sequences]
+
+    def _admit(self, batch: ScheduledBatch) -> None:
+        for seq in list(self.waiting):
+            reserve = min(len(seq.prompt_ids) + seq.params.max_tokens, self.limits.max_model_len)
+            if self._ignore_if_never_fits(seq, reserve):
+                batch.ignored.append(seq)
+                continue
+            needed = blocks_needed(reserve, self.block_size)
+            if len(self.running) >= self.limits.max_num_seqs or needed > self.kv_cache.allocator.num_free:
+                break
+            seq.block_table = self.kv_cache.allocator.allocate(needed)
+            self.waiting.remove(seq)
+            seq.set_state(RunningPrompt())
+            self.running.append(seq)

@@ -1,0 +1,155 @@
+"""The paged scheduler: KV blocks on demand, preemption when they run out, continuous batching.
+
+Each step, running sequences come first, oldest first: each gets room for the token it feeds. When
+the pool is empty the youngest running sequence is preempted: swapped to host memory when a swap
+pool is configured and has room, otherwise dropped for recompute (its blocks freed, its prompt and
+the tokens it already generated prefilled again later). Then waiting sequences are admitted, oldest
+first, while blocks, the sequence limit and the token budget allow. A prompt that needs more blocks
+than the whole pool has is finished as FinishedIgnored with the reason.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import torch
+
+from engine.kv_cache import BlockAllocator, PagedKVCache, blocks_needed
+from engine.scheduler.base import ScheduledBatch, SchedulerBase, SchedulerLimits
+from engine.sequence import RunningCompletion, RunningPrompt, Sequence, Swapped, Waiting
+
+
+class SwapSpace:
+    """Host-memory copies of preempted sequences' KV blocks."""
+
+    def __init__(self, kv_cache: PagedKVCache, num_blocks: int) -> None:
+        self.kv_cache = kv_cache
+        shape = (kv_cache.keys.shape[0], num_blocks * kv_cache.block_size, *kv_cache.keys.shape[2:])
+        pin = kv_cache.keys.device.type == "cuda"
+        self.keys = torch.zeros(shape, dtype=kv_cache.keys.dtype, pin_memory=pin)
+        self.values = torch.zeros(shape, dtype=kv_cache.keys.dtype, pin_memory=pin)
+        self.allocator = BlockAllocator(num_blocks)
+        self.host_tables: dict[int, list[int]] = {}
+
+    def _slots(self, blocks: list[int]) -> torch.Tensor:
+        size = self.kv_cache.block_size
+        return (torch.tensor(blocks)[:, None] * size + torch.arange(size)).flatten()
+
+    def swap_out(self, seq: Sequence) -> bool:
+        if len(seq.block_table) > self.allocator.num_free:
+            return False
+        host = self.allocator.allocate(len(seq.block_table))
+        src, dst = self._slots(seq.block_table).to(self.kv_cache.keys.device), self._slots(host)
+        self.keys[:, dst] = self.kv_cache.keys[:, src].cpu()
+        self.values[:, dst] = self.kv_cache.values[:, src].cpu()
+        self.host_tables[seq.seq_id] = host
+        return True
+
+    def swap_in(self, seq: Sequence, device_blocks: list[int]) -> None:
+        host = self.host_tables.pop(seq.seq_id)
+        src, dst = self._slots(host), self._slots(device_blocks).to(self.kv_cache.keys.device)
+        self.kv_cache.keys[:, dst] = self.keys[:, src].to(self.kv_cache.keys.device)
+        self.kv_cache.values[:, dst] = self.values[:, src].to(self.kv_cache.keys.device)
+        self.allocator.free(host)
+
+    def discard(self, seq: Sequence) -> None:
+        host = self.host_tables.pop(seq.seq_id, None)
+        if host:
+            self.allocator.free(host)
+
+
+class PagedScheduler(SchedulerBase):
+    def __init__(self, kv_cache: PagedKVCache, limits: SchedulerLimits, swap_blocks: int = 0) -> None:
+        super().__init__(kv_cache, limits)
+        self.swapped: deque[Sequence] = deque()
+        self.swap_space = SwapSpace(kv_cache, swap_blocks) if swap_blocks else None
+
+    def has_work(self) -> bool:
+        return super().has_work() or bool(self.swapped)
+
+    def release(self, seq: Sequence) -> None:
+        if seq in self.swapped:
+            self.swapped.remove(seq)
+        if self.swap_space is not None:
+            self.swap_space.discard(seq)
+        super().release(seq)
+
+    def schedule(self) -> ScheduledBatch:
+        batch = ScheduledBatch()
+        preempted = self._keep_running_room()
+        budget = self.limits.max_num_batched_tokens - sum(self._new_tokens(s) for s in self.running)
+        if not preempted:
+            budget = self._swap_in(budget)
+            self._admit(batch, budget)
+        batch.sequences = list(self.running)
+        return batch
+
+    def _keep_running_room(self) -> bool:
+        """Give every running sequence a slot for the token it feeds, preempting the youngest when
+        the pool is dry. Returns whether anything was preempted."""
+        by_age = sorted(self.running, key=lambda s: s.timings.arrival)
+        kept, preempted = [], False
+        while by_age:
+            seq = by_age.pop(0)
+            while not self._grow_to(seq, len(seq.token_ids)):
+                victim = by_age.pop() if by_age else seq
+                self._preempt(victim)
+                preempted = True
+                if victim is seq:
+                    break
+            else:
+                kept.append(seq)
+        self.running = kept
+        return preempted
+
+    def _grow_to(self, seq: Sequence, tokens: int) -> bool:
+        missing = blocks_needed(tokens, self.block_size) - len(seq.block_table)
+        if missing <= 0:
+            return True
+        if missing > self.kv_cache.allocator.num_free:
+            return False
+        seq.block_table += self.kv_cache.allocator.allocate(missing)
+        return True
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.num_preemptions += 1
+        if self.swap_space is not None and self.swap_space.swap_out(seq):
+            self.kv_cache.allocator.free(seq.block_table)
+            seq.block_table = []  # num_cached stays: the host copy holds those tokens
+            seq.set_state(Swapped())
+            self.swapped.append(seq)
+            return
+        self._free_blocks(seq)
+        seq.set_state(Waiting())
+        self.waiting.appendleft(seq)  # it was running: it goes back first
+
+    def _swap_in(self, budget: int) -> int:
+        while self.swapped and len(self.running) < self.limits.max_num_seqs:
+            seq = self.swapped[0]
+            needed = blocks_needed(len(seq.token_ids), self.block_size)
+            if needed > self.kv_cache.allocator.num_free or budget < self._new_tokens(seq):
+                break
+            self.swapped.popleft()
+            blocks = self.kv_cache.allocator.allocate(needed)
+            self.swap_space.swap_in(seq, blocks[: len(self.swap_space.host_tables[seq.seq_id])])
+            seq.block_table = blocks
+            seq.set_state(RunningCompletion())
+            self.running.append(seq)
+            budget -= self._new_tokens(seq)
+        return budget
+
+    def _admit(self, batch: ScheduledBatch, budget: int) -> None:
+        for seq in list(self.waiting):
+            tokens = len(seq.token_ids)
+            if self._ignore_if_never_fits(seq, tokens):
+                batch.ignored.append(seq)
+                continue
+            # A prompt over the token budget still runs when it would be alone, or it would never run.
+            if len(self.running) >= self.limits.max_num_seqs or (tokens > budget and self.running):
+                break
+            if not self._grow_to(seq, tokens):
+                break
+            self.waiting.remove(seq)
+            seq.set_state(RunningPrompt())
+            self.running.append(seq)
+            budget -= tokens
