@@ -1,6 +1,7 @@
-"""Command line: `python -m engine generate ...`.
+"""Command line: `python -m engine generate ...` and `python -m engine bench`.
 
     python -m engine generate --model demo --prompt "The list type" --max-tokens 32 --temperature 0 [--json]
+    python -m engine bench [--batch-sizes 1,8] [--max-tokens 64]
 
 Bad arguments and unloadable models exit with status 2 and one line on stderr, not a traceback.
 """
@@ -12,6 +13,8 @@ import json
 import sys
 
 from engine import Engine, EngineConfig, PromptError
+from engine.bench import add_arguments as add_bench_arguments
+from engine.bench import run_bench
 from engine.loader import ModelLoadError
 from engine.sampling_params import InvalidSamplingParams, SamplingParams
 from engine.tokenizer import TokenizerError
@@ -31,6 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--device", default="cpu")
     generate.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     generate.add_argument("--json", action="store_true", help='print {"text", "token_ids", "finish_reason", "usage"}')
+    bench = commands.add_parser("bench", help="our throughput against HF transformers on the same weights")
+    add_bench_arguments(bench)
     return parser
 
 
@@ -55,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return run_generate(args)
+        return run_bench(args) if args.command == "bench" else run_generate(args)
     except (InvalidSamplingParams, PromptError, ModelLoadError, TokenizerError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -20,7 +20,7 @@ class IncrementalDetokenizer:
         self._stop = stop
         self._longest_stop = max((len(s) for s in stop), default=0)
         self.sent_chars = 0
-        self.visible_text = ""
+        self.text = ""  # the whole output decoded, complete characters only, stop strings included
 
     def update(self, output_ids: list[int], final: bool) -> tuple[str, bool]:
         """Returns (text newly visible since the last call, whether a stop string was found).
@@ -30,6 +30,7 @@ class IncrementalDetokenizer:
         text = self._tokenizer.decode(output_ids)
         if not final:
             text = text.rstrip(REPLACEMENT_CHAR)
+        self.text = text
         stop_at = self._find_stop(text)
         if stop_at is not None:
             visible, hit = text[:stop_at], True
@@ -38,9 +39,7 @@ class IncrementalDetokenizer:
         else:
             visible, hit = text[: len(text) - self._held_tail(text)], False
         delta = visible[self.sent_chars:] if len(visible) > self.sent_chars else ""
-        if delta:
-            self.sent_chars = len(visible)
-            self.visible_text = visible
+        self.sent_chars += len(delta)
         return delta, hit
 
     def _find_stop(self, text: str) -> int | None:

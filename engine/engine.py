@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -173,23 +174,28 @@ class Engine:
         seq.output_ids.append(token)
         if seq.timings.first_token is None:
             seq.timings.first_token = time.monotonic()
-        if logprob is not None:
+        if seq.params.logprobs is not None:
             seq.logprobs.append(logprob)
-        reason = self._stop_reason(seq, token)
+        reason = self._stop_reason(seq, token, logprob)
         text, stop_string_hit = request.detokenizer.update(seq.output_ids, final=reason is not None)
         if stop_string_hit:
             reason = StopReason.STOP_STRING
+        elif reason is None and seq.params.tool_call_end and seq.params.tool_call_end in request.detokenizer.text:
+            reason = StopReason.TOOL_CALLS
+            text += request.detokenizer.update(seq.output_ids, final=True)[0]
         if reason is not None:
             seq.set_state(Done(reason))
             return self._finish(request, text)
         return self._delta(request, text)
 
-    def _stop_reason(self, seq: Sequence, token: int) -> StopReason | None:
+    def _stop_reason(self, seq: Sequence, token: int, logprob) -> StopReason | None:
         params = seq.params
         if token in params.stop_token_ids:
             return StopReason.STOP_TOKEN
         if not params.ignore_eos and token in self.loaded.eos_token_ids:
             return StopReason.EOS
+        if params.stop_below_prob is not None and logprob.logprob < math.log(params.stop_below_prob):
+            return StopReason.LOW_CONFIDENCE
         if len(seq.output_ids) >= params.max_tokens:
             return StopReason.LENGTH
         if len(seq.token_ids) >= self.max_model_len:

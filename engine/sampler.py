@@ -35,7 +35,8 @@ class SampleRequest:
 
 
 def sample(logits: torch.Tensor, rows: list[SampleRequest]) -> tuple[list[int], list[TokenLogprob | None]]:
-    """logits: [B, V]. Returns the B chosen token ids and, per row, its logprob record (or None)."""
+    """logits: [B, V]. Returns the B chosen token ids and, per row, its logprob record (None unless the
+    row asks for logprobs or a confidence floor)."""
     if len(rows) != logits.shape[0]:
         raise ValueError(f"{logits.shape[0]} logit rows for {len(rows)} sequences")
     logits = logits.float()
@@ -44,9 +45,13 @@ def sample(logits: torch.Tensor, rows: list[SampleRequest]) -> tuple[list[int], 
     for index, row in enumerate(rows):
         if not plain_greedy[index]:
             tokens[index] = _sample_row(logits[index], row)
-    records = [_logprob_record(logits[i], tokens[i], row.params.logprobs) if row.params.logprobs is not None else None
+    records = [_logprob_record(logits[i], tokens[i], row.params.logprobs or 0) if _wants_logprob(row.params) else None
                for i, row in enumerate(rows)]
     return tokens, records
+
+
+def _wants_logprob(params: SamplingParams) -> bool:
+    return params.logprobs is not None or params.stop_below_prob is not None
 
 
 def _sample_row(logits: torch.Tensor, row: SampleRequest) -> int:

@@ -45,6 +45,12 @@ class SamplingParams:
     stop: tuple[str, ...] = field(default_factory=tuple)
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
     ignore_eos: bool = False
+    # Ends the request with finish_reason "stop" (LowConfidence) when a sampled token's probability
+    # under the model is below this: the model is guessing, and the client asked not to be shown more.
+    stop_below_prob: float | None = None
+    # Ends the request with finish_reason "tool_calls" once the output text contains this marker (the
+    # model's end-of-tool-call text, set by the API layer when the request offers tools).
+    tool_call_end: str | None = None
 
     def __post_init__(self) -> None:
         # Lists are accepted and frozen, so params can be shared between threads safely.
@@ -75,8 +81,9 @@ class SamplingParams:
         for name in ("frequency_penalty", "presence_penalty"):
             if not _is_number(getattr(self, name)) or not -2 <= getattr(self, name) <= 2:
                 refuse(name, "must be a number in [-2, 2]")
-        if self.seed is not None and not _is_int(self.seed):
-            refuse("seed", "must be an integer or null")
+        # torch.Generator takes seeds in [-2**63, 2**64 - 1]; outside it would fail later, unexplained.
+        if self.seed is not None and (not _is_int(self.seed) or not -2**63 <= self.seed < 2**64):
+            refuse("seed", "must be null or an integer in [-2**63, 2**64 - 1]")
         if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS):
             refuse("logprobs", f"must be null or an integer in [0, {MAX_TOP_LOGPROBS}]")
         if not isinstance(self.stop, tuple) or not all(isinstance(s, str) and s for s in self.stop):
@@ -89,6 +96,11 @@ class SamplingParams:
             refuse("stop_token_ids", "must be a list of non-negative integers")
         if not isinstance(self.ignore_eos, bool):
             refuse("ignore_eos", "must be true or false")
+        if self.stop_below_prob is not None and (not _is_number(self.stop_below_prob)
+                                                 or not 0 < self.stop_below_prob < 1):
+            refuse("stop_below_prob", "must be null or a number in (0, 1)")
+        if self.tool_call_end is not None and (not isinstance(self.tool_call_end, str) or not self.tool_call_end):
+            refuse("tool_call_end", "must be null or a non-empty string")
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "SamplingParams":

@@ -17,7 +17,11 @@ PROMPTS = ["The list type", "Return a new dictionary", "If the file does not exi
 
 @pytest.fixture(scope="module")
 def reference(demo_dir):
-    return transformers.AutoModelForCausalLM.from_pretrained(demo_dir, dtype=torch.float32).eval()
+    model = transformers.AutoModelForCausalLM.from_pretrained(demo_dir, dtype=torch.float32).eval()
+    # No EOS: HF then decodes every step like our ignore_eos (min_new_tokens would instead forbid the
+    # EOS token, a different greedy path).
+    model.generation_config.eos_token_id = None
+    return model
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +50,7 @@ def test_demo_greedy_decoding_matches_hf_generate(engine, reference):
     for prompt, result in zip(PROMPTS, results):
         ids = torch.tensor([engine.tokenizer.encode(prompt)])
         with torch.no_grad():
-            out = reference.generate(ids, max_new_tokens=64, min_new_tokens=64, do_sample=False, pad_token_id=0)
+            out = reference.generate(ids, max_new_tokens=64, do_sample=False, pad_token_id=0)
         assert result.token_ids == out[0, ids.shape[1]:].tolist(), prompt
 
 

@@ -34,7 +34,11 @@ def relative_error(ours: torch.Tensor, reference: torch.Tensor) -> float:
 
 
 def hf_model(path):
-    return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    # No EOS: HF then decodes every step like our ignore_eos (min_new_tokens would instead forbid the
+    # EOS token, a different greedy path).
+    model.generation_config.eos_token_id = None
+    return model
 
 
 @pytest.fixture(params=sorted(CASES))
@@ -81,9 +85,7 @@ def test_greedy_decoding_matches_hf_generate_for_64_steps(checkpoint):
     results = engine.generate(prompts, SamplingParams(max_tokens=64, temperature=0, ignore_eos=True))
     for prompt, result in zip(prompts, results):
         with torch.no_grad():
-            # min_new_tokens keeps HF from stopping at EOS, as ignore_eos does for us.
-            out = reference.generate(torch.tensor([prompt]), max_new_tokens=64, min_new_tokens=64,
-                                     do_sample=False, pad_token_id=0)
+            out = reference.generate(torch.tensor([prompt]), max_new_tokens=64, do_sample=False, pad_token_id=0)
         expected = out[0, len(prompt):].tolist()
         assert len(set(expected)) > 3, "liveness: the reference must not be a constant run"
         assert result.token_ids == expected

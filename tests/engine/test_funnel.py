@@ -1,0 +1,210 @@
+"""Every way a sequence leaves the running set passes the set_state funnel and stands the loop down.
+
+One test per path of GUIDE section 3: each ends with the right finish_reason, the stand-down hook saw
+the sequence in the state that path sets, and the KV pool is whole again afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from engine import Engine, EngineConfig, SamplingParams
+from engine.sequence import Done, Error, FinishedAborted, FinishedIgnored, StopReason, Swapped, Waiting
+
+PROMPT = "def parse(text):"
+GREEDY = dict(temperature=0, ignore_eos=True)
+
+
+class Spy:
+    """Records (request_id, state) for every stand-down."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.calls: list[tuple[str, object]] = []
+        engine.stand_down_listeners.append(lambda seq: self.calls.append((seq.request_id, seq.state)))
+
+    def states(self, request_id: str) -> list[object]:
+        return [state for rid, state in self.calls if rid == request_id]
+
+
+@pytest.fixture
+def checkpoint(tiny_checkpoint):
+    return tiny_checkpoint("llama", seed=11)
+
+
+def make(checkpoint, **config) -> tuple[Engine, Spy]:
+    engine = Engine(EngineConfig(model=str(checkpoint), block_size=4, **config))
+    return engine, Spy(engine)
+
+
+def run(engine: Engine, request_id: str, params: SamplingParams, prompt=PROMPT):
+    engine.add_request(request_id, prompt, params)
+    outputs = []
+    while engine.has_unfinished_requests():
+        outputs += [o for o in engine.step() if o.request_id == request_id]
+    return outputs
+
+
+def free_run_tokens(checkpoint, n: int = 8) -> list[int]:
+    engine = Engine(EngineConfig(model=str(checkpoint)))
+    return engine.generate([PROMPT], SamplingParams(max_tokens=n, **GREEDY))[0].token_ids
+
+
+def assert_pool_whole(engine: Engine) -> None:
+    assert engine.kv_cache.allocator.num_free == engine.kv_cache.num_blocks
+
+
+def finished(outputs):
+    assert outputs[-1].finished and all(not o.finished for o in outputs[:-1])
+    return outputs[-1]
+
+
+def test_eos(checkpoint):
+    eos = free_run_tokens(checkpoint)[3]
+    (checkpoint / "generation_config.json").write_text(json.dumps({"eos_token_id": [eos]}))
+    engine, spy = make(checkpoint)
+    last = finished(run(engine, "r", SamplingParams(max_tokens=8, temperature=0)))
+    assert last.finish_reason == "stop"
+    assert spy.states("r") == [Done(StopReason.EOS)]
+    assert_pool_whole(engine)
+
+
+def test_stop_token(checkpoint):
+    stop = free_run_tokens(checkpoint)[2]
+    engine, spy = make(checkpoint)
+    outputs = run(engine, "r", SamplingParams(max_tokens=8, stop_token_ids=[stop], **GREEDY))
+    assert finished(outputs).finish_reason == "stop"
+    assert [t for o in outputs for t in o.token_ids][-1] == stop
+    assert spy.states("r") == [Done(StopReason.STOP_TOKEN)]
+    assert_pool_whole(engine)
+
+
+def test_stop_string_spanning_tokens_is_never_sent(checkpoint):
+    engine, spy = make(checkpoint)
+    tokens = free_run_tokens(checkpoint, 12)
+    full = engine.tokenizer.decode(tokens)
+
+    def spanning_stop(boundary: int) -> str | None:
+        """Four characters around the end of token `boundary`'s text, if they first occur right there."""
+        cut = len(engine.tokenizer.decode(tokens[:boundary]))
+        stop = full[cut - 2: cut + 2]
+        return stop if len(stop) == 4 and full.find(stop) == cut - 2 and "\ufffd" not in stop else None
+
+    stop = next(s for s in map(spanning_stop, range(3, 10)) if s)
+    outputs = run(engine, "r", SamplingParams(max_tokens=12, stop=[stop], **GREEDY))
+    text = "".join(o.text for o in outputs)
+    assert finished(outputs).finish_reason == "stop"
+    assert text == full[: full.find(stop)] and stop not in text
+    assert spy.states("r") == [Done(StopReason.STOP_STRING)]
+    assert_pool_whole(engine)
+
+
+def test_length(checkpoint):
+    engine, spy = make(checkpoint)
+    outputs = run(engine, "r", SamplingParams(max_tokens=5, **GREEDY))
+    assert finished(outputs).finish_reason == "length" and sum(len(o.token_ids) for o in outputs) == 5
+    assert spy.states("r") == [Done(StopReason.LENGTH)]
+    assert_pool_whole(engine)
+
+
+def test_model_length(checkpoint):
+    engine, spy = make(checkpoint, max_model_len=24)
+    prompt = list(range(100, 120))
+    outputs = run(engine, "r", SamplingParams(max_tokens=50, **GREEDY), prompt)
+    assert finished(outputs).finish_reason == "length" and sum(len(o.token_ids) for o in outputs) == 4
+    assert spy.states("r") == [Done(StopReason.MODEL_LENGTH)]
+    assert_pool_whole(engine)
+
+
+def test_tool_calls(checkpoint):
+    engine, spy = make(checkpoint)
+    full = engine.tokenizer.decode(free_run_tokens(checkpoint, 10))
+    marker = full[len(full) // 2: len(full) // 2 + 3]
+    outputs = run(engine, "r", SamplingParams(max_tokens=10, tool_call_end=marker, **GREEDY))
+    text = "".join(o.text for o in outputs)
+    assert finished(outputs).finish_reason == "tool_calls"
+    assert marker in text and full.startswith(text) and len(text) < len(full)
+    assert spy.states("r") == [Done(StopReason.TOOL_CALLS)]
+    assert_pool_whole(engine)
+
+
+def test_low_confidence(checkpoint):
+    engine, spy = make(checkpoint)
+    # Sampling at temperature 1 from a random model soon draws a token the model gave under 50%.
+    outputs = run(engine, "r", SamplingParams(max_tokens=40, temperature=1.0, seed=3, stop_below_prob=0.5,
+                                              ignore_eos=True))
+    last = finished(outputs)
+    assert last.finish_reason == "stop" and sum(len(o.token_ids) for o in outputs) < 40
+    assert spy.states("r") == [Done(StopReason.LOW_CONFIDENCE)]
+    assert_pool_whole(engine)
+
+
+def test_client_cancel_takes_effect_at_the_next_step(checkpoint):
+    engine, spy = make(checkpoint)
+    engine.add_request("r", PROMPT, SamplingParams(max_tokens=50, **GREEDY))
+    engine.add_request("other", PROMPT, SamplingParams(max_tokens=6, **GREEDY))
+    engine.step()
+    engine.step()
+    assert engine.abort("r") and not engine.abort("never-added")
+    outputs = engine.step()
+    [last] = [o for o in outputs if o.request_id == "r"]
+    assert last.finished and last.finish_reason == "canceled" and last.token_ids == []
+    assert all(seq.request_id != "r" for seq in engine.scheduler.running)
+    assert spy.states("r") == [Done(StopReason.CANCELED)]
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert spy.states("other") == [Done(StopReason.LENGTH)]  # the neighbour ran on
+    assert_pool_whole(engine)
+
+
+def test_operator_abort_and_terminate_all(checkpoint):
+    engine, spy = make(checkpoint)
+    for rid in ("a", "b", "c"):
+        engine.add_request(rid, PROMPT, SamplingParams(max_tokens=50, **GREEDY))
+    engine.step()
+    engine.abort("a", by_operator=True)
+    engine.step()
+    engine.terminate_all()
+    outputs = engine.step()
+    assert {o.request_id: o.finish_reason for o in outputs if o.finished} == {"b": "canceled", "c": "canceled"}
+    assert spy.states("a") == [FinishedAborted()]
+    assert spy.states("b") == spy.states("c") == [Done(StopReason.CANCELED)]
+    assert not engine.has_unfinished_requests()
+    assert_pool_whole(engine)
+
+
+def test_forward_error_errors_that_step_and_the_engine_serves_on(checkpoint, monkeypatch):
+    engine, spy = make(checkpoint)
+    engine.add_request("doomed", PROMPT, SamplingParams(max_tokens=20, **GREEDY))
+    engine.step()
+    real_forward = engine._forward
+    monkeypatch.setattr(engine, "_forward", lambda seqs: (_ for _ in ()).throw(RuntimeError("device lost")))
+    [out] = engine.step()
+    assert out.finished and out.finish_reason == "error" and "device lost" in out.error
+    assert isinstance(spy.states("doomed")[0], Error)
+    monkeypatch.setattr(engine, "_forward", real_forward)
+    assert finished(run(engine, "after", SamplingParams(max_tokens=4, **GREEDY))).finish_reason == "length"
+    assert_pool_whole(engine)
+
+
+def test_prompt_that_can_never_fit_is_ignored_with_a_reason(checkpoint):
+    engine, spy = make(checkpoint, num_kv_blocks=4)  # 16 tokens in all
+    outputs = run(engine, "big", SamplingParams(max_tokens=2, **GREEDY), list(range(100, 120)))
+    last = finished(outputs)
+    assert last.finish_reason == "error" and "KV blocks" in last.error and "whole pool has 4" in last.error
+    assert isinstance(spy.states("big")[0], FinishedIgnored)
+    assert_pool_whole(engine)
+
+
+@pytest.mark.parametrize("swap_blocks, preempted_state", [(0, Waiting()), (32, Swapped())])
+def test_preemption_stands_down_and_the_sequence_still_completes_exactly(checkpoint, swap_blocks, preempted_state):
+    solo = Engine(EngineConfig(model=str(checkpoint))).generate(
+        [PROMPT, "class Node:"], SamplingParams(max_tokens=24, **GREEDY))
+    # 12 blocks of 4 tokens cannot hold two sequences of ~30 tokens: one must be preempted.
+    engine, spy = make(checkpoint, num_kv_blocks=12, swap_blocks=swap_blocks)
+    results = engine.generate([PROMPT, "class Node:"], SamplingParams(max_tokens=24, **GREEDY))
+    assert engine.scheduler.num_preemptions > 0
+    assert preempted_state in [state for _, state in spy.calls]
+    assert [r.token_ids for r in results] == [s.token_ids for s in solo]
+    assert_pool_whole(engine)
