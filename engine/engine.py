@@ -153,7 +153,7 @@ class Engine:
             outputs.append(self._postprocess(request, token, logprob))
         return outputs
 
-    @torch.no_grad()
+    @torch.inference_mode()  # cheaper than no_grad: no version counters or view tracking per op
     def _forward(self, seqs: list[Sequence]) -> torch.Tensor:
         """Logits [B, V] of each sequence's last fed token; feeds every token not yet in the cache."""
         device = self.loaded.device

@@ -145,6 +145,7 @@ def load_model(name_or_path: str | Path, device: str | torch.device = "cpu", dty
     model = model.to_empty(device=device).to(torch_dtype)
     model.tie_weights()
     load_weights(model, files, torch_dtype)
+    model.fuse_for_inference()
     model.eval()
     return LoadedModel(path=path, config=config, model=model, tokenizer=tokenizer,
                        eos_token_ids=eos_token_ids(path, config, tokenizer), device=device, dtype=torch_dtype)

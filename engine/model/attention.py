@@ -15,6 +15,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from engine.model.config import ModelConfig
+from engine.model.layers import fuse_linears
 from engine.model.rope import apply_rope
 
 
@@ -22,11 +23,13 @@ from engine.model.rope import apply_rope
 class AttentionMetadata:
     positions: torch.Tensor      # [N] position of each flat token
     slot_mapping: torch.Tensor   # [N] cache slot each token's key/value is written to
-    query_index: torch.Tensor    # [B, Tq] flat index of each sequence's i-th query (padded rows point at 0)
+    block_tables: torch.Tensor   # [B, max_blocks] each sequence's blocks, padded with block 0 (masked)
+    query_index: torch.Tensor    # [B, Tq] flat index of each sequence's i-th query (padding points at 0)
     query_valid: torch.Tensor    # [B, Tq] False on padding
-    kv_slots: torch.Tensor       # [B, Tk] cache slot of each sequence's j-th history token (padded with 0)
-    attn_mask: torch.Tensor      # [B, 1, Tq, Tk] True where query i may attend key j
+    attn_mask: torch.Tensor      # [B, 1, Tq, max_blocks * block_size] additive: 0 may attend, -inf not
     last_token_index: torch.Tensor  # [B] flat index of each sequence's last token (whose logits are sampled)
+    decode_only: bool               # every sequence feeds exactly one token
+    block_size: int
 
     @classmethod
     def build(cls, *, block_size: int, block_tables: list[list[int]], cached_lens: list[int],
@@ -36,48 +39,44 @@ class AttentionMetadata:
         query_lens[b] new tokens (its whole prompt for a prefill, 1 for a decode)."""
         if not (len(block_tables) == len(cached_lens) == len(query_lens)) or not query_lens:
             raise ValueError("block_tables, cached_lens and query_lens must be non-empty and of one length")
-        batch = len(query_lens)
-        max_q = max(query_lens)
-        context_lens = [c + q for c, q in zip(cached_lens, query_lens)]
-        max_k = max(context_lens)
         for b, table in enumerate(block_tables):
-            if len(table) * block_size < context_lens[b]:
-                raise ValueError(f"sequence {b}: {context_lens[b]} tokens do not fit its {len(table)} blocks")
-
-        positions, slots = [], []
-        query_index = torch.zeros(batch, max_q, dtype=torch.long)
-        query_valid = torch.zeros(batch, max_q, dtype=torch.bool)
-        kv_slots = torch.zeros(batch, max_k, dtype=torch.long)
-        query_pos = torch.zeros(batch, max_q, dtype=torch.long)
+            if len(table) * block_size < cached_lens[b] + query_lens[b]:
+                raise ValueError(f"sequence {b}: {cached_lens[b] + query_lens[b]} tokens do not fit its "
+                                 f"{len(table)} blocks")
+        # Plain Python lists first, one tensor per field at the end: this runs every step, and many
+        # small tensor operations cost more than the arithmetic.
+        max_q, max_blocks = max(query_lens), max(len(t) for t in block_tables)
+        positions, slots, query_index, query_pos, last = [], [], [], [], []
         flat = 0
-        for b, table in enumerate(block_tables):
-            table_t = torch.tensor(table, dtype=torch.long)
-            ks = torch.arange(context_lens[b])
-            seq_slots = table_t[ks // block_size] * block_size + ks % block_size
-            kv_slots[b, : context_lens[b]] = seq_slots
-            new = torch.arange(cached_lens[b], context_lens[b])
-            positions.append(new)
-            slots.append(seq_slots[cached_lens[b]:])
-            query_index[b, : query_lens[b]] = torch.arange(flat, flat + query_lens[b])
-            query_valid[b, : query_lens[b]] = True
-            query_pos[b, : query_lens[b]] = new
-            flat += query_lens[b]
+        for table, cached, count in zip(block_tables, cached_lens, query_lens):
+            new = range(cached, cached + count)
+            positions.extend(new)
+            slots.extend(table[p // block_size] * block_size + p % block_size for p in new)
+            query_index.append(list(range(flat, flat + count)) + [0] * (max_q - count))
+            query_pos.append(list(new) + [-1] * (max_q - count))
+            flat += count
+            last.append(flat - 1)
+        padded_tables = [t + [0] * (max_blocks - len(t)) for t in block_tables]
 
-        key_pos = torch.arange(max_k)
-        mask = key_pos[None, None, :] <= query_pos[:, :, None]  # causal
+        query_pos_t = torch.tensor(query_pos)[:, :, None]            # [B, Tq, 1]
+        key_pos = torch.arange(max_blocks * block_size)[None, None]  # [1, 1, Tk]
+        allowed = key_pos <= query_pos_t  # causal; also excludes keys past the sequence's length
         if sliding_window is not None:
-            mask &= key_pos[None, None, :] > query_pos[:, :, None] - sliding_window
+            allowed &= key_pos > query_pos_t - sliding_window
+        valid = query_pos_t[:, :, 0] >= 0
         # Padding rows attend key 0 only, so softmax never sees an all-masked row (NaN); they are dropped.
-        mask |= (~query_valid[:, :, None]) & (key_pos[None, None, :] == 0)
-        last = torch.tensor([sum(query_lens[: b + 1]) - 1 for b in range(batch)], dtype=torch.long)
+        allowed |= (~valid[:, :, None]) & (key_pos == 0)
+        mask = torch.zeros(allowed.shape).masked_fill_(~allowed, float("-inf")).unsqueeze(1)
         return cls(
-            positions=torch.cat(positions).to(device),
-            slot_mapping=torch.cat(slots).to(device),
-            query_index=query_index.to(device),
-            query_valid=query_valid.to(device),
-            kv_slots=kv_slots.to(device),
-            attn_mask=mask.unsqueeze(1).to(device),
-            last_token_index=last.to(device),
+            positions=torch.tensor(positions, device=device),
+            slot_mapping=torch.tensor(slots, device=device),
+            block_tables=torch.tensor(padded_tables, device=device),
+            query_index=torch.tensor(query_index, device=device),
+            query_valid=valid.to(device),
+            attn_mask=mask.to(device),
+            last_token_index=torch.tensor(last, device=device),
+            decode_only=max_q == 1,
+            block_size=block_size,
         )
 
 
@@ -93,6 +92,10 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=config.attention_output_bias)
+        self._qkv: tuple[torch.Tensor, torch.Tensor | None] | None = None
+
+    def fuse_for_inference(self) -> None:
+        self._qkv = fuse_linears(self.q_proj, self.k_proj, self.v_proj)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 metadata: AttentionMetadata | None = None,
@@ -100,10 +103,14 @@ class Attention(nn.Module):
         """x is [N, hidden] with metadata and cache (serving), or [B, T, hidden] without (training:
         plain causal attention over the given tokens, nothing cached)."""
         lead = x.shape[:-1]
-        q = self.q_proj(x).view(*lead, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(*lead, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(*lead, self.num_kv_heads, self.head_dim)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        heads, kv_heads, dim = self.num_heads, self.num_kv_heads, self.head_dim
+        if self._qkv is not None:
+            qkv = F.linear(x, *self._qkv).view(*lead, heads + 2 * kv_heads, dim)
+        else:
+            qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1).view(*lead, -1, dim)
+        # RoPE once over the query and key heads together.
+        qk = apply_rope(qkv[..., : heads + kv_heads, :], cos, sin)
+        q, k, v = qk[..., :heads, :], qk[..., heads:, :], qkv[..., heads + kv_heads:, :]
 
         if metadata is None:
             out = self._causal(q, k, v)  # [B, T, H, D]
@@ -122,15 +129,25 @@ class Attention(nn.Module):
                                              enable_gqa=self.num_kv_heads != self.num_heads)
         return out.transpose(1, 2)
 
+    @staticmethod
+    def _gather_blocks(cache: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
+        """[slots, Hkv, D] cache -> [B, Hkv, max_blocks * block_size, D], each sequence's blocks in order."""
+        batch, max_blocks = metadata.block_tables.shape
+        by_block = cache.view(-1, metadata.block_size, *cache.shape[1:])  # [blocks, block_size, Hkv, D]
+        gathered = by_block.index_select(0, metadata.block_tables.view(-1))
+        return gathered.view(batch, max_blocks * metadata.block_size, *cache.shape[1:]).transpose(1, 2)
+
     def _paged(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                metadata: AttentionMetadata, cache: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         key_cache, value_cache = cache  # [slots, Hkv, D]
         key_cache.index_copy_(0, metadata.slot_mapping, k)
         value_cache.index_copy_(0, metadata.slot_mapping, v)
-        keys = key_cache[metadata.kv_slots].transpose(1, 2)      # [B, Hkv, Tk, D]
-        values = value_cache[metadata.kv_slots].transpose(1, 2)  # [B, Hkv, Tk, D]
+        keys, values = self._gather_blocks(key_cache, metadata), self._gather_blocks(value_cache, metadata)
+        gqa = self.num_kv_heads != self.num_heads
+        if metadata.decode_only:  # one query per sequence: no padding to add or strip
+            out = F.scaled_dot_product_attention(q.unsqueeze(2), keys, values, attn_mask=metadata.attn_mask,
+                                                 enable_gqa=gqa)
+            return out.squeeze(2)                                 # [B, H, D]
         queries = q[metadata.query_index].transpose(1, 2)        # [B, H, Tq, D]
-        out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=metadata.attn_mask,
-                                             enable_gqa=self.num_kv_heads != self.num_heads)
-        out = out.transpose(1, 2)[metadata.query_valid]          # [N, H, D] in flat token order
-        return out
+        out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=metadata.attn_mask, enable_gqa=gqa)
+        return out.transpose(1, 2)[metadata.query_valid]         # [N, H, D] in flat token order

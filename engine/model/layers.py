@@ -16,6 +16,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:  # the casts below are no-ops in fp32; skipping them saves op overhead
+            return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
         input_dtype = x.dtype
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -30,6 +32,30 @@ class SwiGLUMLP(nn.Module):
         self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
+        self._gate_up: tuple[torch.Tensor, torch.Tensor | None] | None = None
+
+    def fuse_for_inference(self) -> None:
+        self._gate_up = fuse_linears(self.gate_proj, self.up_proj)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self._gate_up is None:
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = F.linear(x, *self._gate_up).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+def fuse_linears(*linears: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One weight (and bias) for several projections of the same input, so a step runs one matmul
+    instead of several; each module's parameters become views into it, so memory is not doubled and
+    their HF names stay valid. For inference: the fused tensors are not parameters."""
+    with torch.no_grad():
+        weight = torch.cat([linear.weight for linear in linears])
+        sizes = [linear.out_features for linear in linears]
+        for linear, part in zip(linears, weight.split(sizes)):
+            linear.weight.data = part
+        bias = None
+        if linears[0].bias is not None:
+            bias = torch.cat([linear.bias for linear in linears])
+            for linear, part in zip(linears, bias.split(sizes)):
+                linear.bias.data = part
+    return weight, bias

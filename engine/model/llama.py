@@ -55,6 +55,13 @@ class LlamaForCausalLM(nn.Module):
         # Kept in fp32 and outside the module's buffers so that model.to(bfloat16) cannot round it.
         self._inv_freq = {torch.device("cpu"): rope_inverse_frequencies(config)}
 
+    def fuse_for_inference(self) -> None:
+        """Fuse q/k/v and gate/up projections (fewer, larger matmuls per step). Parameters keep their
+        HF names; call after the weights are loaded, and not before training."""
+        for layer in self.model.layers:
+            layer.self_attn.fuse_for_inference()
+            layer.mlp.fuse_for_inference()
+
     def tie_weights(self) -> None:
         """Share the embedding with the output projection when the config says so. Call again after
         anything that may replace parameters (to_empty from the meta device does)."""

@@ -48,15 +48,14 @@ def _llama3_scaled(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
 
 
 def rope_cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin tables of shape positions.shape + [head_dim], in `dtype`."""
+    """cos and signed-sin tables of shape positions.shape + [1, head_dim], in `dtype`, ready to broadcast
+    over heads. The sin table's first half is negated so that `apply_rope` needs no negation."""
     freqs = positions.float().unsqueeze(-1) * inv_freq  # [..., D/2]
-    emb = torch.cat((freqs, freqs), dim=-1)  # [..., D]
-    return emb.cos().to(dtype), emb.sin().to(dtype)
+    cos, sin = freqs.cos().to(dtype), freqs.sin().to(dtype)
+    return torch.cat((cos, cos), dim=-1).unsqueeze(-2), torch.cat((-sin, sin), dim=-1).unsqueeze(-2)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x [..., T, H, D] by the tables cos/sin [..., T, D] (broadcast over heads)."""
-    cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [..., H, D] by the tables from `rope_cos_sin`: HF's x*cos + rotate_half(x)*sin, where
+    rotate_half(x) = (-x2, x1) equals roll(x, D/2) times the signs folded into signed_sin."""
+    return x * cos + torch.roll(x, x.shape[-1] // 2, dims=-1) * signed_sin

@@ -98,6 +98,8 @@ def test_every_request_gets_its_solo_tokens_in_a_mixed_batch(tiny_checkpoint, sc
     blocks = 30 if scheduler == "paged" else 40
     engine = Engine(EngineConfig(model=str(checkpoint), block_size=4, scheduler=scheduler, num_kv_blocks=blocks,
                                  swap_blocks=swap_blocks))
+    stood_down = []
+    engine.stand_down_listeners.append(lambda seq: stood_down.append(type(seq.state).__name__))
     aborts = {"req-5": 3, "req-10": 9}
     deltas = run_mixed(engine, requests, aborts, rng)
 
@@ -128,5 +130,6 @@ def test_every_request_gets_its_solo_tokens_in_a_mixed_batch(tiny_checkpoint, sc
     assert len(forgiven) <= 2
     if scheduler == "paged":
         assert engine.scheduler.num_preemptions > 0, "liveness: the small pool must force preemption"
+        assert ("Swapped" if swap_blocks else "Waiting") in stood_down
     assert engine.kv_cache.allocator.num_free == engine.kv_cache.num_blocks
     assert not engine.has_unfinished_requests()

@@ -151,6 +151,8 @@ def test_client_cancel_takes_effect_at_the_next_step(checkpoint):
     [last] = [o for o in outputs if o.request_id == "r"]
     assert last.finished and last.finish_reason == "canceled" and last.token_ids == []
     assert all(seq.request_id != "r" for seq in engine.scheduler.running)
+    [other] = engine.scheduler.running
+    assert engine.kv_cache.allocator.num_free == engine.kv_cache.num_blocks - len(other.block_table)
     assert spy.states("r") == [Done(StopReason.CANCELED)]
     while engine.has_unfinished_requests():
         engine.step()
