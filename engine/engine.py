@@ -22,12 +22,14 @@ from typing import Callable
 import torch
 
 from engine.detokenizer import IncrementalDetokenizer
+from engine.capabilities import capability
+from engine.device_loop import KILL_SWITCH, DeviceLoop
 from engine.engine_config import EngineConfig
 from engine.kv_cache import PagedKVCache
 from engine.loader import load_model
-from engine.model import AttentionMetadata
 from engine.outputs import GenerationResult, RequestOutput, Usage
-from engine.sampler import SampleRequest, sample
+from engine.runner import ModelRunner
+from engine.sampler import SampleRequest
 from engine.sampling_params import SamplingParams
 from engine.scheduler import SchedulerLimits, make_scheduler
 from engine.sequence import (Done, Error, FinishedAborted, FinishedIgnored, RunningCompletion, RunningPrompt,
@@ -65,11 +67,15 @@ class Engine:
                                  max_num_batched_tokens=config.max_num_batched_tokens,
                                  max_model_len=self.max_model_len)
         self.scheduler = make_scheduler(config.scheduler, self.kv_cache, limits, config.swap_blocks)
-        # Called with each sequence the funnel stands down; the device loop subscribes here.
+        self.device_loop = DeviceLoop(config.burst_length, self.loaded.device, enabled=config.device_loop)
+        self.runner = ModelRunner(self.loaded, self.kv_cache, self.device_loop, self.scheduler.reserve,
+                                  self.max_model_len)
+        # Called after the device loop with each sequence the funnel stands down (metrics, tests).
         self.stand_down_listeners: list[Callable[[Sequence], None]] = []
         self.num_stand_downs = 0
         self._requests: dict[str, _Request] = {}
         self._seq_ids = itertools.count()
+        self._pending_flags: dict[str, bool] = {}
 
     @property
     def tokenizer(self):
@@ -105,6 +111,22 @@ class Engine:
         for request_id in self._requests:
             self.abort(request_id)
 
+    def set_flag(self, name: str, value: bool) -> None:
+        """Change a runtime flag; the engine applies it at the next step boundary."""
+        capability(name)  # refuse unknown names now, not at the next step
+        self._pending_flags[name] = bool(value)
+
+    def flags(self) -> dict[str, bool]:
+        return {"ARC_GRAPH_DEVICE_LOOP": self.device_loop.enabled, "ARC_DEVICE_LOOP_KILLED": KILL_SWITCH.killed}
+
+    def _apply_flags(self) -> None:
+        for name, value in self._pending_flags.items():
+            if name == "ARC_GRAPH_DEVICE_LOOP":
+                self.device_loop.set_enabled(value)
+            elif name == "ARC_DEVICE_LOOP_KILLED":
+                KILL_SWITCH.kill("set by operator") if value else KILL_SWITCH.rearm()
+        self._pending_flags.clear()
+
     def has_unfinished_requests(self) -> bool:
         return bool(self._requests)
 
@@ -129,6 +151,7 @@ class Engine:
     # -- the step -------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
+        self._apply_flags()
         outputs = self._apply_aborts()
         batch = self.scheduler.schedule()
         outputs += [self._finish(self._requests[seq.request_id]) for seq in batch.ignored]
@@ -141,9 +164,8 @@ class Engine:
                 seq.timings.first_scheduled = now
         requests = [self._requests[seq.request_id] for seq in seqs]
         try:
-            logits = self._forward(seqs)
-            tokens, logprobs = sample(logits, [SampleRequest(r.seq.params, r.seq.prompt_ids, r.seq.output_ids,
-                                                             r.generator) for r in requests])
+            tokens, logprobs = self.runner.run(seqs, [SampleRequest(r.seq.params, r.seq.prompt_ids,
+                                                                    r.seq.output_ids, r.generator) for r in requests])
         except Exception as exc:  # one bad step must not take the engine down with it
             log.exception("forward failed for %d sequence(s)", len(seqs))
             for request in requests:
@@ -152,19 +174,6 @@ class Engine:
         for request, token, logprob in zip(requests, tokens, logprobs):
             outputs.append(self._postprocess(request, token, logprob))
         return outputs
-
-    @torch.inference_mode()  # cheaper than no_grad: no version counters or view tracking per op
-    def _forward(self, seqs: list[Sequence]) -> torch.Tensor:
-        """Logits [B, V] of each sequence's last fed token; feeds every token not yet in the cache."""
-        device = self.loaded.device
-        metadata = AttentionMetadata.build(
-            block_size=self.kv_cache.block_size, block_tables=[s.block_table for s in seqs],
-            cached_lens=[s.num_cached for s in seqs], query_lens=[len(s.token_ids) - s.num_cached for s in seqs],
-            sliding_window=self.loaded.config.sliding_window, device=device)
-        ids = torch.tensor([t for s in seqs for t in s.token_ids[s.num_cached:]], dtype=torch.long, device=device)
-        model = self.loaded.model
-        hidden = model(ids, metadata.positions, metadata, self.kv_cache)
-        return model.logits(hidden[metadata.last_token_index])
 
     def _postprocess(self, request: _Request, token: int, logprob) -> RequestOutput:
         seq = request.seq
@@ -232,6 +241,7 @@ class Engine:
 
     def _stand_down(self, seq: Sequence) -> None:
         self.num_stand_downs += 1
+        self.device_loop.stand_down(seq)
         for listener in self.stand_down_listeners:
             listener(seq)
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
+from engine.capabilities import env_flag
 from engine.kv_cache import blocks_needed
 from engine.model import ModelConfig
 from engine.scheduler import SCHEDULERS
@@ -24,11 +25,13 @@ class EngineConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 4096
     max_model_len: int | None = None  # at most the model's max_position_embeddings
+    device_loop: bool = field(default_factory=lambda: env_flag("ARC_GRAPH_DEVICE_LOOP"))
+    burst_length: int = 8           # decode steps per device-loop burst
 
     def __post_init__(self) -> None:
         if self.scheduler not in SCHEDULERS:
             raise ValueError(f"scheduler must be one of {', '.join(SCHEDULERS)}, got {self.scheduler!r}")
-        for name in ("block_size", "kv_cache_mb", "max_num_seqs", "max_num_batched_tokens"):
+        for name in ("block_size", "kv_cache_mb", "max_num_seqs", "max_num_batched_tokens", "burst_length"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("num_kv_blocks", "max_model_len"):

@@ -49,6 +49,16 @@ class SchedulerBase:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def reserve(self, seq: Sequence, tokens: int) -> bool:
+        """Grow the sequence's blocks to hold `tokens` tokens if the pool has room; all or nothing."""
+        missing = blocks_needed(tokens, self.block_size) - len(seq.block_table)
+        if missing <= 0:
+            return True
+        if missing > self.kv_cache.allocator.num_free:
+            return False
+        seq.block_table += self.kv_cache.allocator.allocate(missing)
+        return True
+
     def release(self, seq: Sequence) -> None:
         """Forget a finished sequence and return its blocks. Safe to call for any queue it is in."""
         if seq in self.running:

@@ -91,7 +91,7 @@ class PagedScheduler(SchedulerBase):
         kept, preempted = [], False
         while by_age:
             seq = by_age.pop(0)
-            while not self._grow_to(seq, len(seq.token_ids)):
+            while not self.reserve(seq, len(seq.token_ids)):
                 victim = by_age.pop() if by_age else seq
                 self._preempt(victim)
                 preempted = True
@@ -101,15 +101,6 @@ class PagedScheduler(SchedulerBase):
                 kept.append(seq)
         self.running = kept
         return preempted
-
-    def _grow_to(self, seq: Sequence, tokens: int) -> bool:
-        missing = blocks_needed(tokens, self.block_size) - len(seq.block_table)
-        if missing <= 0:
-            return True
-        if missing > self.kv_cache.allocator.num_free:
-            return False
-        seq.block_table += self.kv_cache.allocator.allocate(missing)
-        return True
 
     def _preempt(self, seq: Sequence) -> None:
         self.num_preemptions += 1
@@ -147,7 +138,7 @@ class PagedScheduler(SchedulerBase):
             # A prompt over the token budget still runs when it would be alone, or it would never run.
             if len(self.running) >= self.limits.max_num_seqs or (tokens > budget and self.running):
                 break
-            if not self._grow_to(seq, tokens):
+            if not self.reserve(seq, tokens):
                 break
             self.waiting.remove(seq)
             seq.set_state(RunningPrompt())

@@ -28,6 +28,13 @@ class Spy:
         return [state for rid, state in self.calls if rid == request_id]
 
 
+@pytest.fixture(autouse=True, params=[False, True], ids=["host-decode", "device-loop"])
+def device_loop(request, monkeypatch):
+    """Every path is checked with host decode and with the device loop (bursts, parked tokens)."""
+    monkeypatch.setenv("ARC_GRAPH_DEVICE_LOOP", "1" if request.param else "0")
+    return request.param
+
+
 @pytest.fixture
 def checkpoint(tiny_checkpoint):
     return tiny_checkpoint("llama", seed=11)
@@ -180,12 +187,13 @@ def test_forward_error_errors_that_step_and_the_engine_serves_on(checkpoint, mon
     engine, spy = make(checkpoint)
     engine.add_request("doomed", PROMPT, SamplingParams(max_tokens=20, **GREEDY))
     engine.step()
-    real_forward = engine._forward
-    monkeypatch.setattr(engine, "_forward", lambda seqs: (_ for _ in ()).throw(RuntimeError("device lost")))
+    model = engine.loaded.model
+    real_forward = model.forward
+    monkeypatch.setattr(model, "forward", lambda *args: (_ for _ in ()).throw(RuntimeError("device lost")))
     [out] = engine.step()
     assert out.finished and out.finish_reason == "error" and "device lost" in out.error
     assert isinstance(spy.states("doomed")[0], Error)
-    monkeypatch.setattr(engine, "_forward", real_forward)
+    monkeypatch.setattr(model, "forward", real_forward)
     assert finished(run(engine, "after", SamplingParams(max_tokens=4, **GREEDY))).finish_reason == "length"
     assert_pool_whole(engine)
 

@@ -1,0 +1,56 @@
+"""The registry of runtime flags: every `ARC_*` switch the engine reads, what reads it, and its status.
+
+Each entry names the flag, the production symbol that reads it (`module:Class.attribute`), the part
+of the engine it belongs to, and whether it is Live (production code reaches the symbol) or Dead
+(retired: its symbol must be gone). `tests/engine/test_capabilities.py` is the ratchet: an `ARC_*`
+name in the code without an entry, a Live entry whose symbol nothing reaches, and a Dead entry whose
+symbol still exists all fail it. Flags are read from the environment at start and can be changed
+between steps with `Engine.set_flag`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class Capability:
+    name: str
+    symbol: str
+    parent: str
+    status: Literal["Live", "Dead"]
+    description: str
+    default: bool = False
+    settable: bool = True  # an operator may flip it at runtime
+
+
+REGISTRY: tuple[Capability, ...] = (
+    Capability("ARC_GRAPH_DEVICE_LOOP", "engine.device_loop:DeviceLoop.enabled", "engine/device_loop", "Live",
+               "Decode eligible greedy batches in device bursts of K steps and park the tokens."),
+    Capability("ARC_DEVICE_LOOP_KILLED", "engine.device_loop:KillSwitch.killed", "engine/device_loop", "Live",
+               "Process-wide kill switch: set by a fault inside a burst; clearing it re-arms the loop."),
+)
+
+BY_NAME = {capability.name: capability for capability in REGISTRY}
+
+
+class UnknownFlag(KeyError):
+    pass
+
+
+def capability(name: str) -> Capability:
+    try:
+        return BY_NAME[name]
+    except KeyError:
+        raise UnknownFlag(f"unknown flag {name!r}; registered: {', '.join(BY_NAME)}") from None
+
+
+def env_flag(name: str) -> bool:
+    """A registered boolean flag from the environment ("1", "true", "yes", "on" are true)."""
+    entry = capability(name)
+    raw = os.environ.get(name)
+    if raw is None:
+        return entry.default
+    return raw.strip().lower() in ("1", "true", "yes", "on")

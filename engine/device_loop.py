@@ -1,0 +1,236 @@
+"""The device decode loop: bursts of K greedy decode steps without a host round trip, parked tokens.
+
+For a decode batch of eligible sequences the loop runs K forward steps back to back: each step's
+argmax goes into a ring and is committed as the next step's input on the device, with EOS disabled
+(the burst always runs K steps; the host finish checks see every token later). The K tokens of each
+row are then parked, and the engine drains one per step through the ordinary finish checks.
+
+Parked tokens must never outlive their sequence or reach another one. The mechanisms, from the
+design notes (shared/reference), each with its own test and mutant:
+- the funnel: `Sequence.set_state` calls `stand_down` for every state outside the running set, which
+  drops the sequence's parked tokens, clears its eligibility and bumps the device-state generation;
+- the owner tag: a parked slot is stamped with its owner at park time and `take(row, seq_id)` returns
+  Taken | Empty | Foreign; a foreign slot is dropped whole ("dropped N foreign parked tokens"). This
+  covers what no funnel sees: a scheduler moving a running sequence aside without a state change;
+- the prefill guard: the skip-the-launch short-circuit only serves a one-token decode step;
+- the generation reset: before a burst of a newer generation the static input buffers, ring head and
+  fault word are re-primed from the host state (at engagement, not completion: between bursts is the
+  only moment no ring write can be in flight);
+- the kill switch: a fault (non-finite logits) inside a burst kills the loop for the process; host
+  decode takes over until an operator re-arms it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from engine.sequence import Sequence
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Taken:
+    token: int
+
+
+@dataclass(frozen=True)
+class Empty:
+    pass
+
+
+@dataclass(frozen=True)
+class Foreign:
+    dropped: int
+
+
+TakeResult = Taken | Empty | Foreign
+
+
+@dataclass
+class _Slot:
+    owner: int
+    tokens: deque[int]
+
+
+class ParkedQueue:
+    """Parked burst tokens, one owner-tagged slot per decode-batch row (the device ring's layout)."""
+
+    def __init__(self) -> None:
+        self._slots: dict[int, _Slot] = {}
+        self.foreign_dropped = 0  # tokens dropped by the owner check, for the dashboard and metrics
+
+    def park(self, row: int, owner: int, tokens: list[int]) -> None:
+        self._slots[row] = _Slot(owner, deque(tokens))
+
+    def take(self, row: int, seq_id: int) -> TakeResult:
+        slot = self._slots.get(row)
+        if slot is None or not slot.tokens:
+            return Empty()
+        if slot.owner != seq_id:
+            dropped = len(slot.tokens)
+            del self._slots[row]
+            self.foreign_dropped += dropped
+            log.warning("ArcGraph: dropped %d foreign parked tokens (row %d owned by seq %d, taken by seq %d)",
+                        dropped, row, slot.owner, seq_id)
+            return Foreign(dropped)
+        return Taken(slot.tokens.popleft())
+
+    def drop_owner(self, seq_id: int) -> int:
+        rows = [row for row, slot in self._slots.items() if slot.owner == seq_id]
+        dropped = sum(len(self._slots[row].tokens) for row in rows)
+        for row in rows:
+            del self._slots[row]
+        return dropped
+
+    def clear(self) -> int:
+        dropped = self.pending()
+        self._slots.clear()
+        return dropped
+
+    def pending(self, seq_id: int | None = None) -> int:
+        return sum(len(s.tokens) for s in self._slots.values() if seq_id is None or s.owner == seq_id)
+
+    def snapshot(self) -> list[dict]:
+        """Rows, owners and counts, for the operator dashboard."""
+        return [{"row": row, "owner": slot.owner, "tokens": len(slot.tokens)}
+                for row, slot in sorted(self._slots.items()) if slot.tokens]
+
+
+class KillSwitch:
+    """Process-wide: one fault stops the device loop in every engine of the process."""
+
+    def __init__(self) -> None:
+        self.killed = False
+        self.reason: str | None = None
+
+    def kill(self, reason: str) -> None:
+        self.killed, self.reason = True, reason
+        log.error("ArcGraph: device loop killed: %s; host decode takes over", reason)
+
+    def rearm(self) -> None:
+        self.killed, self.reason = False, None
+
+
+KILL_SWITCH = KillSwitch()
+
+
+@dataclass
+class DeviceDecodeState:
+    """What lives on the device between bursts: the static input buffers the next burst starts from,
+    the ring the burst writes into, and the fault word. Valid only for `primed_generation` and
+    `row_owners`; anything else must be re-primed before a burst reads it."""
+    input_ids: torch.Tensor        # [rows] the last committed token of each row
+    positions: torch.Tensor        # [rows] the position that token is fed at
+    ring: torch.Tensor             # [K, rows] sampled tokens of the current burst
+    fault: torch.Tensor            # [] non-zero once a burst saw non-finite logits
+    ring_head: int = 0
+    primed_generation: int = -1
+    row_owners: list[int] = field(default_factory=list)
+
+
+# Signature of the forward a burst step runs: (input ids [B], positions [B], step index) -> logits [B, V].
+BurstForward = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
+
+
+class DeviceLoop:
+    def __init__(self, burst_length: int, device: torch.device, enabled: bool = False) -> None:
+        if burst_length < 1:
+            raise ValueError(f"burst_length must be >= 1, got {burst_length}")
+        self.enabled = enabled
+        self.burst_length = burst_length
+        self.device = device
+        self.parked = ParkedQueue()
+        self.generation = 0
+        self.eligible: set[int] = set()
+        self.bursts = 0
+        self.resets = 0
+        self.state: DeviceDecodeState | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.enabled and not KILL_SWITCH.killed
+
+    def set_enabled(self, enabled: bool) -> None:
+        """Turning the loop off drops everything parked: host decode moves the sequences on, and a
+        token parked before that would be stale the moment the loop came back."""
+        if not enabled:
+            self.parked.clear()
+            self.eligible.clear()
+            self.generation += 1
+        self.enabled = enabled
+
+    def take(self, row: int, seq: Sequence) -> TakeResult:
+        """A one-token decode step's parked token, if its own sequence parked one at this row."""
+        result = self.parked.take(row, seq.seq_id)
+        if isinstance(result, Foreign):
+            # The owner's tokens are gone, so the device buffers no longer continue its host state:
+            # the next burst must re-prime them, as after a stand-down.
+            self.generation += 1
+        return result
+
+    def stand_down(self, seq: Sequence) -> None:
+        """The funnel's hook: this sequence left the running set."""
+        dropped = self.parked.drop_owner(seq.seq_id)
+        if dropped:
+            log.info("ArcGraph: stand-down of seq %d dropped %d parked tokens", seq.seq_id, dropped)
+        self.eligible.discard(seq.seq_id)
+        self.generation += 1
+
+    @staticmethod
+    def can_burst(seq: Sequence) -> bool:
+        """Greedy rows whose every token the host can check afterwards: no sampling state, no
+        logprobs to report and no confidence floor, which need the logits of each step."""
+        p = seq.params
+        return p.greedy and not p.has_penalties and p.logprobs is None and p.stop_below_prob is None
+
+    def burst(self, rows: list[int], seqs: list[Sequence], steps: int, forward: BurstForward) -> list[int] | None:
+        """Run `steps` decode steps for `seqs` (at decode-batch `rows`); park each row's tokens after
+        the first and return the first ones. None when the burst faulted (the loop is then killed)."""
+        state = self._engage(rows, seqs, steps)
+        ring = state.ring[:steps, : len(seqs)]
+        for step in range(steps):
+            logits = forward(state.input_ids[: len(seqs)], state.positions[: len(seqs)], step)
+            # On the device: fault word, argmax into the ring, commit into the next step's inputs.
+            state.fault |= (~torch.isfinite(logits)).any()
+            ring[step] = logits.argmax(dim=-1)
+            state.input_ids[: len(seqs)] = ring[step]
+            state.positions[: len(seqs)] += 1
+        state.ring_head = steps
+        self.bursts += 1
+        if bool(state.fault):  # the burst's one host sync, together with the ring read below
+            KILL_SWITCH.kill(f"non-finite logits in a burst for seqs {[s.seq_id for s in seqs]}")
+            state.primed_generation = -1
+            return None
+        tokens = ring.t().tolist()  # [B, steps]
+        for row, seq, row_tokens in zip(rows, seqs, tokens):
+            self.parked.park(row, seq.seq_id, row_tokens[1:])
+            self.eligible.add(seq.seq_id)
+        return [row_tokens[0] for row_tokens in tokens]
+
+    def _engage(self, rows: list[int], seqs: list[Sequence], steps: int) -> DeviceDecodeState:
+        owners = [seq.seq_id for seq in seqs]
+        state = self.state
+        if state is None or state.ring.shape[0] < steps or state.input_ids.shape[0] < len(seqs):
+            size = max(len(seqs), 8)
+            state = self.state = DeviceDecodeState(
+                input_ids=torch.zeros(size, dtype=torch.long, device=self.device),
+                positions=torch.zeros(size, dtype=torch.long, device=self.device),
+                ring=torch.zeros(max(steps, self.burst_length), size, dtype=torch.long, device=self.device),
+                fault=torch.zeros((), dtype=torch.bool, device=self.device))
+        # Continue from the device buffers only if nothing stood down since they were primed and the
+        # same sequences sit in the same rows; otherwise re-prime them from the host's view.
+        if state.primed_generation != self.generation or state.row_owners != owners:
+            state.input_ids[: len(seqs)] = torch.tensor([s.token_ids[-1] for s in seqs], device=self.device)
+            state.positions[: len(seqs)] = torch.tensor([len(s.token_ids) - 1 for s in seqs], device=self.device)
+            state.ring_head = 0
+            state.fault.zero_()
+            state.primed_generation = self.generation
+            state.row_owners = owners
+            self.resets += 1
+        return state

@@ -1,0 +1,119 @@
+"""ModelRunner: one step's tokens for a batch of scheduled sequences, by the cheapest safe route.
+
+Per row, in order: a parked token from the device loop (one-token decode steps only: the prefill
+guard), else a device-loop burst for the rows that are all eligible greedy decodes with room, else
+one ordinary forward and the sampler. Logits carry the ids of the sequences they were computed for;
+sampling them for any other sequence fails the step loudly (AliasedLogitsError -> Error through the
+funnel) instead of producing a plausible wrong token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from engine.device_loop import DeviceLoop, Taken
+from engine.kv_cache import PagedKVCache
+from engine.loader import LoadedModel
+from engine.model import AttentionMetadata
+from engine.sampler import SampleRequest, TokenLogprob, sample
+from engine.sequence import Sequence
+
+
+class AliasedLogitsError(RuntimeError):
+    """Logits computed for some sequences were about to be sampled for others."""
+
+
+@dataclass(frozen=True)
+class TaggedLogits:
+    values: torch.Tensor         # [B, V]
+    seq_ids: tuple[int, ...]     # the sequence each row was computed for
+
+
+def check_identity(logits: TaggedLogits, seqs: list[Sequence]) -> None:
+    expected = tuple(seq.seq_id for seq in seqs)
+    if logits.seq_ids != expected:
+        raise AliasedLogitsError(f"logits computed for sequences {list(logits.seq_ids)} were about to be "
+                                 f"sampled for {list(expected)}")
+
+
+class ModelRunner:
+    def __init__(self, loaded: LoadedModel, kv_cache: PagedKVCache, device_loop: DeviceLoop,
+                 reserve: Callable[[Sequence, int], bool], max_model_len: int) -> None:
+        self.loaded = loaded
+        self.kv_cache = kv_cache
+        self.device_loop = device_loop
+        self.reserve = reserve  # the scheduler's: give a sequence KV room for N tokens, or say no
+        self.max_model_len = max_model_len
+
+    def run(self, seqs: list[Sequence], rows: list[SampleRequest]) -> tuple[list[int], list[TokenLogprob | None]]:
+        tokens: list[int | None] = [None] * len(seqs)
+        logprobs: list[TokenLogprob | None] = [None] * len(seqs)
+        loop = self.device_loop
+        if loop.active:
+            for row, seq in enumerate(seqs):
+                if _new_tokens(seq) == 1:  # the prefill guard: parked tokens never replace a prefill
+                    taken = loop.take(row, seq)
+                    if isinstance(taken, Taken):
+                        tokens[row] = taken.token
+        rest = [row for row, token in enumerate(tokens) if token is None]
+        if not rest:
+            return tokens, logprobs
+        rest_seqs = [seqs[row] for row in rest]
+        burst = self._try_burst(rest, rest_seqs) if loop.active else None
+        if burst is not None:
+            for row, token in zip(rest, burst):
+                tokens[row] = token
+            return tokens, logprobs
+        logits = self.forward(rest_seqs)
+        check_identity(logits, rest_seqs)
+        sampled, records = sample(logits.values, [rows[row] for row in rest])
+        for row, token, record in zip(rest, sampled, records):
+            tokens[row], logprobs[row] = token, record
+        return tokens, logprobs
+
+    @torch.inference_mode()  # cheaper than no_grad: no version counters or view tracking per op
+    def forward(self, seqs: list[Sequence]) -> TaggedLogits:
+        """Logits of each sequence's last fed token; feeds every token not yet in the cache."""
+        device = self.loaded.device
+        metadata = AttentionMetadata.build(
+            block_size=self.kv_cache.block_size, block_tables=[s.block_table for s in seqs],
+            cached_lens=[s.num_cached for s in seqs], query_lens=[_new_tokens(s) for s in seqs],
+            sliding_window=self.loaded.config.sliding_window, device=device)
+        ids = torch.tensor([t for s in seqs for t in s.token_ids[s.num_cached:]], dtype=torch.long, device=device)
+        model = self.loaded.model
+        hidden = model(ids, metadata.positions, metadata, self.kv_cache)
+        return TaggedLogits(model.logits(hidden[metadata.last_token_index]), tuple(s.seq_id for s in seqs))
+
+    def _try_burst(self, rows: list[int], seqs: list[Sequence]) -> list[int] | None:
+        if not all(_new_tokens(s) == 1 and self.device_loop.can_burst(s) for s in seqs):
+            return None
+        steps = min([self.device_loop.burst_length]
+                    + [s.params.max_tokens - len(s.output_ids) for s in seqs]
+                    + [self.max_model_len - len(s.token_ids) for s in seqs])
+        # A burst writes keys/values for `steps` tokens per row: positions len-1 .. len+steps-2.
+        if steps < 2 or not all(self.reserve(s, len(s.token_ids) + steps - 1) for s in seqs):
+            return None
+        return self.device_loop.burst(rows, seqs, steps, self._burst_forward(seqs))
+
+    def _burst_forward(self, seqs: list[Sequence]):
+        model, device = self.loaded.model, self.loaded.device
+        base = [len(s.token_ids) - 1 for s in seqs]
+
+        @torch.inference_mode()
+        def step(input_ids: torch.Tensor, positions: torch.Tensor, index: int) -> torch.Tensor:
+            # Slots and masks follow from positions the host knows in advance; the token ids and the
+            # RoPE positions come from the device buffers the previous step committed.
+            metadata = AttentionMetadata.build(
+                block_size=self.kv_cache.block_size, block_tables=[s.block_table for s in seqs],
+                cached_lens=[b + index for b in base], query_lens=[1] * len(seqs),
+                sliding_window=self.loaded.config.sliding_window, device=device)
+            return model.logits(model(input_ids, positions, metadata, self.kv_cache))
+
+        return step
+
+
+def _new_tokens(seq: Sequence) -> int:
+    return len(seq.token_ids) - seq.num_cached
