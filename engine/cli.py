@@ -47,6 +47,9 @@ def run_generate(args: argparse.Namespace) -> int:
     if args.chat:
         prompt = engine.tokenizer.encode_chat([{"role": "user", "content": args.prompt}])
     [result] = engine.generate([prompt], params)
+    if result.error:
+        print(f"error: {result.error}", file=sys.stderr)
+        return 1
     if args.json:
         print(json.dumps({"text": result.text, "token_ids": result.token_ids,
                           "finish_reason": result.finish_reason, "usage": result.usage.as_dict()},

@@ -61,15 +61,20 @@ class Engine:
         self.loaded = load_model(config.model, device=config.device, dtype=config.dtype)
         model_len = self.loaded.config.max_position_embeddings
         self.max_model_len = min(config.max_model_len or model_len, model_len)
-        self.kv_cache = PagedKVCache(self.loaded.config, config.kv_blocks_for(self.loaded.config, self.max_model_len),
-                                     config.block_size, self.loaded.dtype, self.loaded.device)
+        num_blocks = config.kv_blocks_for(self.loaded.config, self.max_model_len)
+        # A prompt bigger than the pool is refused (FinishedIgnored); a sequence that grows to fill the
+        # whole pool ends with "length", as at the model's length, instead of preempting itself forever.
+        # The last token of a sequence is never fed, so the pool's slots hold sequences one token longer.
+        self.length_limit = min(self.max_model_len, num_blocks * config.block_size + 1)
+        self.kv_cache = PagedKVCache(self.loaded.config, num_blocks, config.block_size, self.loaded.dtype,
+                                     self.loaded.device)
         limits = SchedulerLimits(max_num_seqs=config.max_num_seqs,
                                  max_num_batched_tokens=config.max_num_batched_tokens,
                                  max_model_len=self.max_model_len)
         self.scheduler = make_scheduler(config.scheduler, self.kv_cache, limits, config.swap_blocks)
         self.device_loop = DeviceLoop(config.burst_length, self.loaded.device, enabled=config.device_loop)
         self.runner = ModelRunner(self.loaded, self.kv_cache, self.device_loop, self.scheduler.reserve,
-                                  self.max_model_len)
+                                  self.length_limit)
         # Called after the device loop with each sequence the funnel stands down (metrics, tests).
         self.stand_down_listeners: list[Callable[[Sequence], None]] = []
         self.num_stand_downs = 0
@@ -94,7 +99,10 @@ class Engine:
         prompt_ids = self._prompt_ids(prompt)
         seq = Sequence(next(self._seq_ids), request_id, prompt_ids, params, self._stand_down)
         generator = torch.Generator(device=self.loaded.device)
-        generator.manual_seed(params.seed if params.seed is not None else torch.seed())
+        if params.seed is not None:
+            generator.manual_seed(params.seed)
+        else:
+            generator.seed()  # fresh entropy for this request only; torch.seed() would reseed the process
         self._requests[request_id] = _Request(seq, IncrementalDetokenizer(self.tokenizer, params.stop), generator)
         self.scheduler.add(seq)
 
@@ -134,13 +142,14 @@ class Engine:
         if isinstance(prompt, str):
             ids = self.tokenizer.encode(prompt)
         elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            vocab = self.loaded.config.vocab_size
-            bad = [t for t in prompt if not 0 <= t < vocab]
-            if bad:
-                raise PromptError(f"prompt token id {bad[0]} is outside the vocabulary [0, {vocab})")
             ids = list(prompt)
         else:
             raise PromptError("a prompt must be a string or a list of integer token ids")
+        # Also for text: a tokenizer may know added tokens that the model's embedding does not have.
+        vocab = self.loaded.config.vocab_size
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise PromptError(f"prompt token id {bad[0]} is outside the vocabulary [0, {vocab})")
         if not ids:
             raise PromptError("prompt is empty")
         if len(ids) >= self.max_model_len:
@@ -207,7 +216,7 @@ class Engine:
             return StopReason.LOW_CONFIDENCE
         if len(seq.output_ids) >= params.max_tokens:
             return StopReason.LENGTH
-        if len(seq.token_ids) >= self.max_model_len:
+        if len(seq.token_ids) >= self.length_limit:
             return StopReason.MODEL_LENGTH
         return None
 
@@ -227,9 +236,12 @@ class Engine:
         return RequestOutput(request_id=seq.request_id, index=start, text=text, token_ids=seq.output_ids[start:],
                              logprobs=seq.logprobs[start:] if seq.params.logprobs is not None else None, **finish)
 
-    def _finish(self, request: _Request, text: str = "") -> RequestOutput:
-        """The last delta of a finished sequence; its blocks go back to the pool now."""
+    def _finish(self, request: _Request, text: str | None = None) -> RequestOutput:
+        """The last delta of a finished sequence; its blocks go back to the pool now. Without `text`
+        (abort, error, ignore) whatever the detokenizer still held back is sent with it."""
         seq = request.seq
+        if text is None:
+            text = request.detokenizer.update(seq.output_ids, final=True)[0]
         self.scheduler.release(seq)
         del self._requests[seq.request_id]
         state = seq.state
@@ -254,9 +266,13 @@ class Engine:
         their outputs)."""
         if self._requests:
             raise RequestError("generate() needs an idle engine; use add_request/step for streaming")
+        if not isinstance(prompts, list):
+            raise RequestError("prompts must be a list (of strings or token-id lists)")
         per_prompt = params if isinstance(params, list) else [params] * len(prompts)
         if len(per_prompt) != len(prompts):
             raise RequestError(f"{len(prompts)} prompts but {len(per_prompt)} SamplingParams")
+        if not all(isinstance(p, SamplingParams) for p in per_prompt):
+            raise RequestError("params must be a SamplingParams or a list of them, one per prompt")
         for prompt in prompts:
             self._prompt_ids(prompt)
         ids = [f"generate-{next(self._seq_ids)}" for _ in prompts]

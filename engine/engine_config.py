@@ -39,6 +39,12 @@ class EngineConfig:
                 raise ValueError(f"{name} must be >= 1 or None, got {getattr(self, name)}")
         if self.swap_blocks < 0:
             raise ValueError(f"swap_blocks must be >= 0, got {self.swap_blocks}")
+        try:
+            device = torch.device(self.device)
+        except (RuntimeError, TypeError) as exc:
+            raise ValueError(f"device {self.device!r} is not a torch device ({exc})") from None
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device {self.device!r}: this machine's torch sees no CUDA device")
 
     def kv_blocks_for(self, model: ModelConfig, max_model_len: int) -> int:
         """num_kv_blocks if given; else as many as kv_cache_mb holds, but at least one full-length sequence."""

@@ -41,12 +41,12 @@ def check_identity(logits: TaggedLogits, seqs: list[Sequence]) -> None:
 
 class ModelRunner:
     def __init__(self, loaded: LoadedModel, kv_cache: PagedKVCache, device_loop: DeviceLoop,
-                 reserve: Callable[[Sequence, int], bool], max_model_len: int) -> None:
+                 reserve: Callable[[Sequence, int], bool], length_limit: int) -> None:
         self.loaded = loaded
         self.kv_cache = kv_cache
         self.device_loop = device_loop
         self.reserve = reserve  # the scheduler's: give a sequence KV room for N tokens, or say no
-        self.max_model_len = max_model_len
+        self.length_limit = length_limit  # no sequence grows past this many tokens
 
     def run(self, seqs: list[Sequence], rows: list[SampleRequest]) -> tuple[list[int], list[TokenLogprob | None]]:
         tokens: list[int | None] = [None] * len(seqs)
@@ -81,7 +81,7 @@ class ModelRunner:
         metadata = AttentionMetadata.build(
             block_size=self.kv_cache.block_size, block_tables=[s.block_table for s in seqs],
             cached_lens=[s.num_cached for s in seqs], query_lens=[_new_tokens(s) for s in seqs],
-            sliding_window=self.loaded.config.sliding_window, device=device)
+            sliding_window=self.loaded.config.sliding_window, device=device, dtype=self.loaded.dtype)
         ids = torch.tensor([t for s in seqs for t in s.token_ids[s.num_cached:]], dtype=torch.long, device=device)
         model = self.loaded.model
         hidden = model(ids, metadata.positions, metadata, self.kv_cache)
@@ -92,7 +92,7 @@ class ModelRunner:
             return None
         steps = min([self.device_loop.burst_length]
                     + [s.params.max_tokens - len(s.output_ids) for s in seqs]
-                    + [self.max_model_len - len(s.token_ids) for s in seqs])
+                    + [self.length_limit - len(s.token_ids) for s in seqs])
         # A burst writes keys/values for `steps` tokens per row: positions len-1 .. len+steps-2.
         if steps < 2 or not all(self.reserve(s, len(s.token_ids) + steps - 1) for s in seqs):
             return None
@@ -109,7 +109,7 @@ class ModelRunner:
             metadata = AttentionMetadata.build(
                 block_size=self.kv_cache.block_size, block_tables=[s.block_table for s in seqs],
                 cached_lens=[b + index for b in base], query_lens=[1] * len(seqs),
-                sliding_window=self.loaded.config.sliding_window, device=device)
+                sliding_window=self.loaded.config.sliding_window, device=device, dtype=self.loaded.dtype)
             return model.logits(model(input_ids, positions, metadata, self.kv_cache))
 
         return step

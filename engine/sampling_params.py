@@ -115,7 +115,8 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        # Below this, dividing logits by the temperature overflows to inf; the draw is the argmax anyway.
+        return self.temperature < 1e-5
 
     @property
     def has_penalties(self) -> bool:

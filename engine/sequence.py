@@ -124,10 +124,6 @@ class Sequence:
     def is_finished(self) -> bool:
         return isinstance(self._state, (Done, Error, FinishedAborted, FinishedIgnored))
 
-    @property
-    def is_running(self) -> bool:
-        return isinstance(self._state, (RunningPrompt, RunningCompletion))
-
     def set_state(self, new: SequenceState) -> None:
         """The only writer of `state`. Every state outside the running set stands the device loop
         down for this sequence (drop its parked tokens, clear eligibility, bump the generation)."""

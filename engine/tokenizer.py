@@ -65,7 +65,14 @@ class Tokenizer:
         except Exception as exc:  # the Rust library raises plain Exception on a malformed file
             raise TokenizerError(f"{tokenizer_file}: not a valid tokenizers file ({exc})") from exc
         config_file = path / "tokenizer_config.json"
-        config = json.loads(config_file.read_text(encoding="utf-8")) if config_file.is_file() else {}
+        config = {}
+        if config_file.is_file():
+            try:
+                config = json.loads(config_file.read_text(encoding="utf-8"))
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                raise TokenizerError(f"{config_file}: not valid JSON ({exc})") from exc
+            if not isinstance(config, dict):
+                raise TokenizerError(f"{config_file}: expected a JSON object")
         return cls(backend, config, _find_chat_template(path, config))
 
     @property

@@ -25,7 +25,7 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor   # [N] cache slot each token's key/value is written to
     block_tables: torch.Tensor   # [B, max_blocks] each sequence's blocks, padded with block 0 (masked)
     query_index: torch.Tensor    # [B, Tq] flat index of each sequence's i-th query (padding points at 0)
-    query_valid: torch.Tensor    # [B, Tq] False on padding
+    valid_queries: torch.Tensor  # [N] indices into the flattened [B * Tq] padded queries that are real
     attn_mask: torch.Tensor      # [B, 1, Tq, max_blocks * block_size] additive: 0 may attend, -inf not
     last_token_index: torch.Tensor  # [B] flat index of each sequence's last token (whose logits are sampled)
     decode_only: bool               # every sequence feeds exactly one token
@@ -34,7 +34,7 @@ class AttentionMetadata:
     @classmethod
     def build(cls, *, block_size: int, block_tables: list[list[int]], cached_lens: list[int],
               query_lens: list[int], sliding_window: int | None = None,
-              device: torch.device | str = "cpu") -> "AttentionMetadata":
+              device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> "AttentionMetadata":
         """Metadata for one step. Sequence b already has cached_lens[b] tokens in its blocks and feeds
         query_lens[b] new tokens (its whole prompt for a prefill, 1 for a decode)."""
         if not (len(block_tables) == len(cached_lens) == len(query_lens)) or not query_lens:
@@ -66,13 +66,15 @@ class AttentionMetadata:
         valid = query_pos_t[:, :, 0] >= 0
         # Padding rows attend key 0 only, so softmax never sees an all-masked row (NaN); they are dropped.
         allowed |= (~valid[:, :, None]) & (key_pos == 0)
-        mask = torch.zeros(allowed.shape).masked_fill_(~allowed, float("-inf")).unsqueeze(1)
+        # Additive, in the activation dtype (SDPA's fused kernels want the bias to match the queries),
+        # made once per step: a boolean mask would be converted again by every layer.
+        mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, float("-inf")).unsqueeze(1)
         return cls(
             positions=torch.tensor(positions, device=device),
             slot_mapping=torch.tensor(slots, device=device),
             block_tables=torch.tensor(padded_tables, device=device),
             query_index=torch.tensor(query_index, device=device),
-            query_valid=valid.to(device),
+            valid_queries=valid.flatten().nonzero().flatten().to(device),
             attn_mask=mask.to(device),
             last_token_index=torch.tensor(last, device=device),
             decode_only=max_q == 1,
@@ -150,4 +152,6 @@ class Attention(nn.Module):
             return out.squeeze(2)                                 # [B, H, D]
         queries = q[metadata.query_index].transpose(1, 2)        # [B, H, Tq, D]
         out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=metadata.attn_mask, enable_gqa=gqa)
-        return out.transpose(1, 2)[metadata.query_valid]         # [N, H, D] in flat token order
+        out = out.transpose(1, 2).flatten(0, 1)                   # [B * Tq, H, D]
+        # An index list built on the host: a boolean mask here would sync with the device every layer.
+        return out.index_select(0, metadata.valid_queries)       # [N, H, D] in flat token order

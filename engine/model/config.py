@@ -12,6 +12,8 @@ from typing import Any
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 SUPPORTED_ROPE_SCALING = ("llama3", "linear", "default")
+_ROPE_SCALING_KEYS = {"llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+                      "linear": ("factor",), "default": ()}
 
 
 class ConfigError(ValueError):
@@ -37,7 +39,6 @@ class ModelConfig:
     attention_output_bias: bool = False  # o projection
     mlp_bias: bool = False
     sliding_window: int | None = None
-    bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
@@ -56,16 +57,18 @@ class ModelConfig:
                 f"num_key_value_heads ({self.num_key_value_heads})"
             )
         if self.rope_scaling is not None:
+            if not isinstance(self.rope_scaling, dict):
+                raise ConfigError(f"rope_scaling must be an object, got {self.rope_scaling!r}")
             kind = self.rope_scaling.get("rope_type", self.rope_scaling.get("type"))
             if kind not in SUPPORTED_ROPE_SCALING:
                 raise ConfigError(
                     f"unsupported rope_scaling type {kind!r}; supported: {', '.join(SUPPORTED_ROPE_SCALING)}"
                 )
-
-    @property
-    def num_query_groups(self) -> int:
-        """How many query heads share one key/value head (grouped-query attention)."""
-        return self.num_attention_heads // self.num_key_value_heads
+            missing = [k for k in _ROPE_SCALING_KEYS[kind] if not isinstance(self.rope_scaling.get(k), (int, float))]
+            if missing:
+                raise ConfigError(f"rope_scaling of type {kind} needs number(s): {', '.join(missing)}")
+        if self.sliding_window is not None and (not isinstance(self.sliding_window, int) or self.sliding_window < 1):
+            raise ConfigError(f"sliding_window must be a positive integer or null, got {self.sliding_window!r}")
 
     @classmethod
     def from_hf_dict(cls, raw: dict[str, Any]) -> "ModelConfig":
@@ -80,6 +83,8 @@ class ModelConfig:
         if missing:
             raise ConfigError(f"config.json lacks required field(s): {', '.join(missing)}")
         heads = raw["num_attention_heads"]
+        if not isinstance(heads, int) or heads <= 0:
+            raise ConfigError(f"config field num_attention_heads must be a positive integer, got {heads!r}")
         head_dim = raw.get("head_dim") or raw["hidden_size"] // heads
         eos = raw.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
@@ -90,7 +95,7 @@ class ModelConfig:
         rope_scaling = raw.get("rope_scaling")
         if rope_scaling is None and rope_params.get("rope_type", "default") != "default":
             rope_scaling = {k: v for k, v in rope_params.items() if k != "rope_theta"}
-        if rope_scaling is not None and rope_scaling.get("rope_type", rope_scaling.get("type")) == "default":
+        if isinstance(rope_scaling, dict) and rope_scaling.get("rope_type", rope_scaling.get("type")) == "default":
             rope_scaling = None
         sliding_window = raw.get("sliding_window")
         if model_type == "qwen2" and not raw.get("use_sliding_window", False):
@@ -115,6 +120,5 @@ class ModelConfig:
             attention_output_bias=model_type == "llama" and bool(raw.get("attention_bias", False)),
             mlp_bias=bool(raw.get("mlp_bias", False)) if model_type == "llama" else False,
             sliding_window=sliding_window,
-            bos_token_id=raw.get("bos_token_id"),
             eos_token_ids=eos_ids,
         )

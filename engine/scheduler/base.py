@@ -46,9 +46,6 @@ class SchedulerBase:
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
 
-    def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
-
     def reserve(self, seq: Sequence, tokens: int) -> bool:
         """Grow the sequence's blocks to hold `tokens` tokens if the pool has room; all or nothing."""
         missing = blocks_needed(tokens, self.block_size) - len(seq.block_table)

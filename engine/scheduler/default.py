@@ -6,7 +6,8 @@ raises their urgency, so the bucket holding the most-waited sequence wins soon. 
 scheduler of the design notes, whose waitlist moves a running sequence aside where no funnel can see
 it: the owner-tagged parked queue exists for exactly that shape.
 
-Blocks are reserved whole at admission (prompt plus max_tokens, capped at the model length), so this
+Blocks are reserved whole at admission (every token that will be fed: prompt plus max_tokens minus
+one, capped by the model length), so this
 scheduler never preempts; a sequence whose reservation exceeds the whole pool is FinishedIgnored.
 """
 
@@ -46,13 +47,10 @@ class DefaultScheduler(SchedulerBase):
         batch.sequences = buckets[chosen_length]
         return batch
 
-    def waitlisted(self, batch: ScheduledBatch) -> list[Sequence]:
-        """Running sequences left out of `batch`: still RunningCompletion, yet not stepped."""
-        return [s for s in self.running if s not in batch.sequences]
-
     def _admit(self, batch: ScheduledBatch) -> None:
         for seq in list(self.waiting):
-            reserve = min(len(seq.prompt_ids) + seq.params.max_tokens, self.limits.max_model_len)
+            # The last sampled token is never fed, so it needs no slot.
+            reserve = min(len(seq.prompt_ids) + seq.params.max_tokens, self.limits.max_model_len) - 1
             if self._ignore_if_never_fits(seq, reserve):
                 batch.ignored.append(seq)
                 continue

@@ -64,9 +64,6 @@ class PagedScheduler(SchedulerBase):
         self.swapped: deque[Sequence] = deque()
         self.swap_space = SwapSpace(kv_cache, swap_blocks) if swap_blocks else None
 
-    def has_work(self) -> bool:
-        return super().has_work() or bool(self.swapped)
-
     def release(self, seq: Sequence) -> None:
         if seq in self.swapped:
             self.swapped.remove(seq)
@@ -80,7 +77,8 @@ class PagedScheduler(SchedulerBase):
         budget = self.limits.max_num_batched_tokens - sum(self._new_tokens(s) for s in self.running)
         if not preempted:
             budget = self._swap_in(budget)
-            self._admit(batch, budget)
+            if not self.swapped:  # swapped sequences come back before anyone new is admitted
+                self._admit(batch, budget)
         batch.sequences = list(self.running)
         return batch
 
