@@ -64,6 +64,7 @@ class ParkedQueue:
     def __init__(self) -> None:
         self._slots: dict[int, _Slot] = {}
         self.foreign_dropped = 0  # tokens dropped by the owner check, for the dashboard and metrics
+        self.taken = 0            # tokens drained by their owner
 
     def park(self, row: int, owner: int, tokens: list[int]) -> None:
         self._slots[row] = _Slot(owner, deque(tokens))
@@ -79,6 +80,7 @@ class ParkedQueue:
             log.warning("ArcGraph: dropped %d foreign parked tokens (row %d owned by seq %d, taken by seq %d)",
                         dropped, row, slot.owner, seq_id)
             return Foreign(dropped)
+        self.taken += 1
         return Taken(slot.tokens.popleft())
 
     def drop_owner(self, seq_id: int) -> int:
