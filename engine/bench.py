@@ -3,13 +3,16 @@
 Both sides load the same directory, run greedy decoding of the same prompts for the same number of
 new tokens (EOS ignored, so both generate exactly that many), at batch 1 and batch 8, in one process,
 one after the other. Each measurement is the median of `--repeats` timed runs after a warm-up.
-Printed: tokens/s for each side and our ratio over HF. transformers is needed for this command only.
+Ours runs twice: host decode, and with the device decode loop (bursts of `--burst-length` steps).
+Printed: tokens/s for each, the loop's ratio over host decode and our ratios over HF. transformers is
+needed for this command only.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 
 import torch
@@ -28,6 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-sizes", default="1,8")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--burst-length", type=int, default=8)
 
 
 def _median_seconds(run, repeats: int) -> float:
@@ -44,11 +48,12 @@ def run_bench(args: argparse.Namespace) -> int:
     try:
         import transformers
     except ImportError:
-        print("error: the bench compares against HF transformers: pip install -e '.[test]'")
+        print("error: the bench compares against HF transformers: pip install -e '.[test]'", file=sys.stderr)
         return 2
     if args.threads:
         torch.set_num_threads(args.threads)
-    engine = Engine(EngineConfig(model=args.model))
+    engine = Engine(EngineConfig(model=args.model, device_loop=False))
+    looped = Engine(EngineConfig(model=args.model, device_loop=True, burst_length=args.burst_length))
     hf = transformers.AutoModelForCausalLM.from_pretrained(engine.loaded.path, dtype=torch.float32).eval()
     hf.generation_config.eos_token_id = None  # like our ignore_eos: every step decodes, none is forbidden
     tokenizer = engine.tokenizer
@@ -56,7 +61,8 @@ def run_bench(args: argparse.Namespace) -> int:
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0, ignore_eos=True)
     print(f"model {args.model}: {sum(p.numel() for p in hf.parameters()) / 1e6:.1f}M parameters, "
           f"{args.max_tokens} new tokens per prompt, greedy, torch threads {torch.get_num_threads()}")
-    print(f"{'batch':>5} {'ours tok/s':>11} {'HF tok/s':>9} {'ratio':>6}")
+    print(f"{'batch':>5} {'host tok/s':>11} {'loop tok/s':>11} {'HF tok/s':>9} {'loop/host':>10} "
+          f"{'host/HF':>8} {'loop/HF':>8}")
     for batch in [int(b) for b in args.batch_sizes.split(",")]:
         prompts = [PROMPTS[i % len(PROMPTS)] for i in range(batch)]
         encoded = [tokenizer.encode(p) for p in prompts]
@@ -65,8 +71,8 @@ def run_bench(args: argparse.Namespace) -> int:
         ids = torch.tensor([[pad] * (width - len(e)) + e for e in encoded])
         mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in encoded])
 
-        def ours():
-            results = engine.generate(prompts, params)
+        def ours(on: Engine = engine):
+            results = on.generate(prompts, params)
             assert all(len(r.token_ids) == args.max_tokens for r in results)
 
         @torch.no_grad()
@@ -76,7 +82,9 @@ def run_bench(args: argparse.Namespace) -> int:
             assert out.shape[1] - width == args.max_tokens
 
         tokens = batch * args.max_tokens
-        ours_rate = tokens / _median_seconds(ours, args.repeats)
+        host = tokens / _median_seconds(ours, args.repeats)
+        loop = tokens / _median_seconds(lambda: ours(looped), args.repeats)
         hf_rate = tokens / _median_seconds(theirs, args.repeats)
-        print(f"{batch:>5} {ours_rate:>11.1f} {hf_rate:>9.1f} {ours_rate / hf_rate:>5.2f}x", flush=True)
+        print(f"{batch:>5} {host:>11.1f} {loop:>11.1f} {hf_rate:>9.1f} {loop / host:>9.2f}x "
+              f"{host / hf_rate:>7.2f}x {loop / hf_rate:>7.2f}x", flush=True)
     return 0

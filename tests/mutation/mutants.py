@@ -1,0 +1,59 @@
+"""The named mutants: each removes one leak-prevention mechanism, and names the tests that must catch it.
+
+A mutant is a textual edit of one production file. The original text must occur exactly once, so a
+refactor that moves the mechanism fails loudly here instead of leaving a mutant that tests nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+LEAKS = "tests/engine/test_device_loop_leaks.py"
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    path: str
+    original: str
+    replacement: str
+    tests: tuple[str, ...]  # pytest node ids (or -k style prefixes) that must fail under the mutant
+
+
+MUTANTS = (
+    Mutant(
+        "funnel arm removed",
+        "engine/sequence.py",
+        "                    self.timings.finished = time.monotonic()\n                self._stand_down(self)\n",
+        "                    self.timings.finished = time.monotonic()\n",
+        (f"{LEAKS}::test_a_sequence_stopping_mid_burst_leaves_no_parked_tail",),
+    ),
+    Mutant(
+        "owner comparison removed",
+        "engine/device_loop.py",
+        "        if slot.owner != seq_id:\n",
+        "        if False:\n",
+        (f"{LEAKS}::test_a_waitlisted_sequence_with_no_state_change_cannot_leak_into_the_next",),
+    ),
+    Mutant(
+        "prefill guard removed",
+        "engine/runner.py",
+        "                if _new_tokens(seq) == 1:  # the prefill guard",
+        "                if True:  # the prefill guard",
+        (f"{LEAKS}::test_parked_tokens_never_replace_a_prefill",),
+    ),
+    Mutant(
+        "generation reset removed",
+        "engine/device_loop.py",
+        "        if state.primed_generation != self.generation or state.row_owners != owners:\n",
+        "        if state.row_owners != owners:\n",
+        (f"{LEAKS}::test_a_waitlisted_sequence_with_no_state_change_cannot_leak_into_the_next",),
+    ),
+    Mutant(
+        "aliased-logits check removed",
+        "engine/runner.py",
+        "        check_identity(logits, rest_seqs)\n",
+        "",
+        (f"{LEAKS}::test_an_aliased_step_fails_instead_of_sampling_another_sequences_logits",),
+    ),
+)
