@@ -22,8 +22,9 @@ class Capability:
     parent: str
     status: Literal["Live", "Dead"]
     description: str
-    default: bool = False
-    settable: bool = True  # an operator may flip it at runtime
+    default: bool | int = False
+    settable: bool = True  # an operator may change it at runtime
+    kind: Literal["bool", "int"] = "bool"
 
 
 REGISTRY: tuple[Capability, ...] = (
@@ -31,6 +32,17 @@ REGISTRY: tuple[Capability, ...] = (
                "Decode eligible greedy batches in device bursts of K steps and park the tokens."),
     Capability("ARC_DEVICE_LOOP_KILLED", "engine.device_loop:KillSwitch.killed", "engine/device_loop", "Live",
                "Process-wide kill switch: set by a fault inside a burst; clearing it re-arms the loop."),
+    Capability("ARC_GRAPHS", "engine.runner:ModelRunner.use_graphs", "engine/graphs", "Live",
+               "Run decode steps as captured graphs per batch-size bucket (CPU: the replay backend)."),
+    Capability("ARC_CAPTURE_STREAM", "engine.graphs:GraphMode.CUDA_GRAPHS", "engine/graphs", "Live",
+               "On CUDA, capture real CUDA graphs on a dedicated capture stream; off: INERT (eager).",
+               settable=False),
+    Capability("ARC_GRAPH_VERIFY_REPLAYS", "engine.graphs:VerifySettings.every", "engine/graphs", "Live",
+               "Verify every Nth graph replay against the eager forward (0: off).", default=0, kind="int"),
+    Capability("ARC_GRAPH_VERIFY_ALWAYS", "engine.graphs:VerifySettings.always", "engine/graphs", "Live",
+               "Verify every graph replay against the eager forward."),
+    Capability("ARC_LAYER_BISECT", "engine.graphs:VerifySettings.bisect", "engine/graphs", "Live",
+               "With verification, record per-layer checksums and name the first divergent layer."),
 )
 
 BY_NAME = {capability.name: capability for capability in REGISTRY}
@@ -45,6 +57,18 @@ def capability(name: str) -> Capability:
         return BY_NAME[name]
     except KeyError:
         raise UnknownFlag(f"unknown flag {name!r}; registered: {', '.join(BY_NAME)}") from None
+
+
+def env_int(name: str) -> int:
+    """A registered integer flag from the environment; a value that is not an integer is an error."""
+    entry = capability(name)
+    raw = os.environ.get(name)
+    if raw is None:
+        return int(entry.default)
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be an integer, got {raw!r}") from None
 
 
 def env_flag(name: str) -> bool:

@@ -24,8 +24,10 @@ import torch
 from engine.detokenizer import IncrementalDetokenizer
 from engine.capabilities import capability
 from engine.device_loop import KILL_SWITCH, DeviceLoop
+from engine.graphs import GraphMode
 from engine.engine_config import EngineConfig
-from engine.kv_cache import PagedKVCache
+from engine.graphs import DecodeGraphs
+from engine.kv_cache import PagedKVCache, blocks_needed
 from engine.loader import load_model
 from engine.outputs import GenerationResult, RequestOutput, Usage
 from engine.runner import ModelRunner
@@ -73,8 +75,12 @@ class Engine:
                                  max_model_len=self.max_model_len)
         self.scheduler = make_scheduler(config.scheduler, self.kv_cache, limits, config.swap_blocks)
         self.device_loop = DeviceLoop(config.burst_length, self.loaded.device, enabled=config.device_loop)
+        graphs = DecodeGraphs(self.loaded.model, self.kv_cache, blocks_needed(self.length_limit, config.block_size),
+                              self.loaded.dtype, self.loaded.device, config.capture_stream)
+        graphs.verify.every, graphs.verify.always, graphs.verify.bisect = \
+            config.verify_replays, config.verify_always, config.layer_bisect
         self.runner = ModelRunner(self.loaded, self.kv_cache, self.device_loop, self.scheduler.reserve,
-                                  self.length_limit)
+                                  self.length_limit, graphs, config.graphs)
         # Called after the device loop with each sequence the funnel stands down (metrics, tests).
         self.stand_down_listeners: list[Callable[[Sequence], None]] = []
         self.num_stand_downs = 0
@@ -119,20 +125,37 @@ class Engine:
         for request_id in self._requests:
             self.abort(request_id)
 
-    def set_flag(self, name: str, value: bool) -> None:
+    def set_flag(self, name: str, value: bool | int) -> None:
         """Change a runtime flag; the engine applies it at the next step boundary."""
-        capability(name)  # refuse unknown names now, not at the next step
-        self._pending_flags[name] = bool(value)
+        entry = capability(name)  # refuse unknown names now, not at the next step
+        if not entry.settable:
+            raise ValueError(f"{name} is fixed at start: {entry.description}")
+        self._pending_flags[name] = int(value) if entry.kind == "int" else bool(value)
 
-    def flags(self) -> dict[str, bool]:
-        return {"ARC_GRAPH_DEVICE_LOOP": self.device_loop.enabled, "ARC_DEVICE_LOOP_KILLED": KILL_SWITCH.killed}
+    def flags(self) -> dict[str, bool | int]:
+        verify = self.runner.graphs.verify
+        return {"ARC_GRAPH_DEVICE_LOOP": self.device_loop.enabled, "ARC_DEVICE_LOOP_KILLED": KILL_SWITCH.killed,
+                "ARC_GRAPHS": self.runner.use_graphs,
+                "ARC_CAPTURE_STREAM": self.runner.graphs.mode is GraphMode.CUDA_GRAPHS,
+                "ARC_GRAPH_VERIFY_REPLAYS": verify.every, "ARC_GRAPH_VERIFY_ALWAYS": verify.always,
+                "ARC_LAYER_BISECT": verify.bisect}
 
     def _apply_flags(self) -> None:
+        verify = self.runner.graphs.verify
         for name, value in self._pending_flags.items():
-            if name == "ARC_GRAPH_DEVICE_LOOP":
-                self.device_loop.set_enabled(value)
-            elif name == "ARC_DEVICE_LOOP_KILLED":
-                KILL_SWITCH.kill("set by operator") if value else KILL_SWITCH.rearm()
+            match name:
+                case "ARC_GRAPH_DEVICE_LOOP":
+                    self.device_loop.set_enabled(bool(value))
+                case "ARC_DEVICE_LOOP_KILLED":
+                    KILL_SWITCH.kill("set by operator") if value else KILL_SWITCH.rearm()
+                case "ARC_GRAPHS":
+                    self.runner.use_graphs = bool(value)
+                case "ARC_GRAPH_VERIFY_REPLAYS":
+                    verify.every = int(value)
+                case "ARC_GRAPH_VERIFY_ALWAYS":
+                    verify.always = bool(value)
+                case "ARC_LAYER_BISECT":
+                    verify.bisect = bool(value)
         self._pending_flags.clear()
 
     def has_unfinished_requests(self) -> bool:

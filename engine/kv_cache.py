@@ -53,7 +53,9 @@ def blocks_needed(num_tokens: int, block_size: int) -> int:
 
 
 class PagedKVCache:
-    """Preallocated key and value slots for every layer: [layers, num_blocks * block_size, kv_heads, head_dim]."""
+    """Preallocated key and value slots for every layer: [layers, (num_blocks + 1) * block_size, kv_heads,
+    head_dim]. The extra block, `pad_block`, is never allocated: padding rows of a captured decode
+    graph write there, so they can never touch a sequence's keys and values."""
 
     def __init__(self, config: ModelConfig, num_blocks: int, block_size: int,
                  dtype: torch.dtype, device: torch.device | str) -> None:
@@ -61,7 +63,8 @@ class PagedKVCache:
             raise ValueError(f"block_size must be positive, got {block_size}")
         self.block_size = block_size
         self.num_blocks = num_blocks
-        shape = (config.num_hidden_layers, num_blocks * block_size, config.num_key_value_heads, config.head_dim)
+        self.pad_block = num_blocks
+        shape = (config.num_hidden_layers, (num_blocks + 1) * block_size, config.num_key_value_heads, config.head_dim)
         self.keys = torch.zeros(shape, dtype=dtype, device=device)
         self.values = torch.zeros(shape, dtype=dtype, device=device)
         self.allocator = BlockAllocator(num_blocks)

@@ -2,7 +2,8 @@
 
 Per row, in order: a parked token from the device loop (one-token decode steps only: the prefill
 guard), else a device-loop burst for the rows that are all eligible greedy decodes with room, else
-one ordinary forward and the sampler. Logits carry the ids of the sequences they were computed for;
+one ordinary forward and the sampler. With graphs on, decode-only forwards (bursts included) replay
+the captured graph of their batch-size bucket (engine/graphs.py). Logits carry the ids of the sequences they were computed for;
 sampling them for any other sequence fails the step loudly (AliasedLogitsError -> Error through the
 funnel) instead of producing a plausible wrong token.
 """
@@ -15,6 +16,7 @@ from typing import Callable
 import torch
 
 from engine.device_loop import DeviceLoop, Taken
+from engine.graphs import DecodeGraphs
 from engine.kv_cache import PagedKVCache
 from engine.loader import LoadedModel
 from engine.model import AttentionMetadata
@@ -41,8 +43,11 @@ def check_identity(logits: TaggedLogits, seqs: list[Sequence]) -> None:
 
 class ModelRunner:
     def __init__(self, loaded: LoadedModel, kv_cache: PagedKVCache, device_loop: DeviceLoop,
-                 reserve: Callable[[Sequence, int], bool], length_limit: int) -> None:
+                 reserve: Callable[[Sequence, int], bool], length_limit: int, graphs: DecodeGraphs,
+                 use_graphs: bool) -> None:
         self.loaded = loaded
+        self.graphs = graphs
+        self.use_graphs = use_graphs
         self.kv_cache = kv_cache
         self.device_loop = device_loop
         self.reserve = reserve  # the scheduler's: give a sequence KV room for N tokens, or say no
@@ -78,6 +83,11 @@ class ModelRunner:
     def forward(self, seqs: list[Sequence]) -> TaggedLogits:
         """Logits of each sequence's last fed token; feeds every token not yet in the cache."""
         device = self.loaded.device
+        if self._graphable(seqs):
+            ids = torch.tensor([s.token_ids[-1] for s in seqs], dtype=torch.long, device=device)
+            positions = torch.tensor([len(s.token_ids) - 1 for s in seqs], dtype=torch.long, device=device)
+            logits = self.graphs.run(ids, positions, [s.block_table for s in seqs])
+            return TaggedLogits(logits, tuple(s.seq_id for s in seqs))
         metadata = AttentionMetadata.build(
             block_size=self.kv_cache.block_size, block_tables=[s.block_table for s in seqs],
             cached_lens=[s.num_cached for s in seqs], query_lens=[_new_tokens(s) for s in seqs],
@@ -98,9 +108,16 @@ class ModelRunner:
             return None
         return self.device_loop.burst(rows, seqs, steps, self._burst_forward(seqs))
 
+    def _graphable(self, seqs: list[Sequence]) -> bool:
+        return (self.use_graphs and DecodeGraphs.bucket_for(len(seqs)) is not None
+                and all(_new_tokens(s) == 1 for s in seqs))
+
     def _burst_forward(self, seqs: list[Sequence]):
         model, device = self.loaded.model, self.loaded.device
         base = [len(s.token_ids) - 1 for s in seqs]
+        if self._graphable(seqs):
+            tables = [s.block_table for s in seqs]
+            return lambda input_ids, positions, index: self.graphs.run(input_ids, positions, tables)
 
         @torch.inference_mode()
         def step(input_ids: torch.Tensor, positions: torch.Tensor, index: int) -> torch.Tensor:

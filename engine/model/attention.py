@@ -82,6 +82,23 @@ class AttentionMetadata:
         )
 
 
+def decode_metadata(block_tables: torch.Tensor, positions: torch.Tensor, block_size: int,
+                    sliding_window: int | None, dtype: torch.dtype) -> AttentionMetadata:
+    """Metadata for a batch of one-token decodes, from device tensors by tensor operations only: what
+    a captured graph can recompute on replay from its static buffers, with no host values."""
+    batch, max_blocks = block_tables.shape
+    rows = torch.arange(batch, device=positions.device)
+    slots = block_tables[rows, positions // block_size] * block_size + positions % block_size
+    key_pos = torch.arange(max_blocks * block_size, device=positions.device)[None, :]
+    allowed = key_pos <= positions[:, None]
+    if sliding_window is not None:
+        allowed &= key_pos > positions[:, None] - sliding_window
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=positions.device).masked_fill_(~allowed, float("-inf"))
+    return AttentionMetadata(positions=positions, slot_mapping=slots, block_tables=block_tables,
+                             query_index=rows[:, None], valid_queries=rows, attn_mask=mask[:, None, None, :],
+                             last_token_index=rows, decode_only=True, block_size=block_size)
+
+
 class Attention(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()

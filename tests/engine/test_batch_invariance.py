@@ -53,7 +53,7 @@ def with_stop_strings(requests, solo_texts: dict[str, str], rng: random.Random):
 
 
 def run_solo(checkpoint, requests) -> dict[str, object]:
-    engine = Engine(EngineConfig(model=str(checkpoint), block_size=4, device_loop=False))
+    engine = Engine(EngineConfig(model=str(checkpoint), block_size=4, device_loop=False, graphs=False))
     return {rid: engine.generate([prompt], params)[0] for rid, prompt, params in requests}
 
 
@@ -83,9 +83,14 @@ def near_tie(engine: Engine, prompt_ids: list[int], solo: list[int], position: i
     return abs(float(logits[solo[position]] - logits[other])) <= NEAR_TIE
 
 
-@pytest.mark.parametrize("device_loop", [False, True], ids=["host-decode", "device-loop"])
+MODES = {"host-decode": dict(device_loop=False, graphs=False), "device-loop": dict(device_loop=True, graphs=False),
+         "graphs": dict(device_loop=False, graphs=True),
+         "graphs+device-loop+verify": dict(device_loop=True, graphs=True, verify_always=True)}
+
+
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("scheduler, swap_blocks", [("paged", 0), ("paged", 64), ("default", 0)])
-def test_every_request_gets_its_solo_tokens_in_a_mixed_batch(tiny_checkpoint, scheduler, swap_blocks, device_loop):
+def test_every_request_gets_its_solo_tokens_in_a_mixed_batch(tiny_checkpoint, scheduler, swap_blocks, mode):
     checkpoint = tiny_checkpoint("llama", seed=21)
     rng = random.Random(7)
     requests = workload(rng)
@@ -98,7 +103,7 @@ def test_every_request_gets_its_solo_tokens_in_a_mixed_batch(tiny_checkpoint, sc
     # Default scheduler reserves whole sequences up front, so its pool must hold the largest one.
     blocks = 30 if scheduler == "paged" else 40
     engine = Engine(EngineConfig(model=str(checkpoint), block_size=4, scheduler=scheduler, num_kv_blocks=blocks,
-                                 swap_blocks=swap_blocks, device_loop=device_loop))
+                                 swap_blocks=swap_blocks, **MODES[mode]))
     stood_down = []
     engine.stand_down_listeners.append(lambda seq: stood_down.append(type(seq.state).__name__))
     aborts = {"req-5": 3, "req-10": 9}
@@ -127,10 +132,13 @@ def test_every_request_gets_its_solo_tokens_in_a_mixed_batch(tiny_checkpoint, sc
             f"{rid}: tokens differ from its solo run at {position}: got {got[position:position + 5]}, " \
             f"solo {expected[position:position + 5]}"
         forgiven.append(rid)
-    print(f"\n{scheduler} swap={swap_blocks} device_loop={device_loop}: {len(forgiven)} near-tie divergence(s) "
-          f"forgiven: {forgiven}")
-    if device_loop:
+    print(f"\n{scheduler} swap={swap_blocks} {mode}: {len(forgiven)} near-tie divergence(s) forgiven: {forgiven}")
+    if MODES[mode]["device_loop"]:
         assert engine.device_loop.bursts > 0, "liveness: the device loop really ran bursts"
+    if MODES[mode]["graphs"]:
+        assert engine.runner.graphs.replays > 0, "liveness: decode steps really replayed graphs"
+    if MODES[mode].get("verify_always"):
+        assert all(r.max_abs_delta == 0.0 for r in engine.runner.graphs.verify.records)
     assert len(forgiven) <= 2
     if scheduler == "paged":
         assert engine.scheduler.num_preemptions > 0, "liveness: the small pool must force preemption"

@@ -50,6 +50,13 @@ MUTANTS = (
         (f"{LEAKS}::test_a_waitlisted_sequence_with_no_state_change_cannot_leak_into_the_next",),
     ),
     Mutant(
+        "static-buffer copy-in skipped",
+        "engine/graphs.py",
+        "        buffers.positions.copy_(positions)\n",
+        "",
+        ("tests/engine/test_graphs.py::test_graph_replays_match_eager_exactly_and_leave_the_cache_alone",),
+    ),
+    Mutant(
         "aliased-logits check removed",
         "engine/runner.py",
         "        check_identity(logits, rest_seqs)\n",

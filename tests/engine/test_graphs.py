@@ -1,0 +1,81 @@
+"""Captured decode graphs on the CPU replay backend, and replay verification with the layer bisect."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine import Engine, EngineConfig, SamplingParams
+from engine.graphs import DecodeGraphs, GraphMode
+
+GREEDY = dict(temperature=0, ignore_eos=True)
+PROMPTS = ["class Node:", "import os", [5, 6, 7], "def f(x):\n    return"]
+
+
+@pytest.fixture
+def checkpoint(tiny_checkpoint):
+    return tiny_checkpoint("llama", seed=11)
+
+
+def solo(checkpoint, prompt, params):
+    return Engine(EngineConfig(model=str(checkpoint), graphs=False, device_loop=False)).generate([prompt], params)[0]
+
+
+def test_buckets_round_up_and_stop():
+    assert [DecodeGraphs.bucket_for(n) for n in (1, 2, 3, 5, 9, 200, 256)] == [1, 2, 4, 8, 16, 256, 256]
+    assert DecodeGraphs.bucket_for(257) is None
+
+
+@pytest.mark.parametrize("device_loop", [False, True], ids=["host-decode", "device-loop"])
+def test_graph_replays_match_eager_exactly_and_leave_the_cache_alone(checkpoint, device_loop):
+    params = SamplingParams(max_tokens=12, **GREEDY)
+    engine = Engine(EngineConfig(model=str(checkpoint), graphs=True, device_loop=device_loop, verify_always=True,
+                                 layer_bisect=True))
+    results = engine.generate(PROMPTS, params)  # 4 sequences: bucket 4, then smaller as they finish
+    graphs = engine.runner.graphs
+    assert graphs.mode is GraphMode.CPU_REPLAY and graphs.replays > 0
+    records = list(graphs.verify.records)
+    assert len(records) == graphs.replays, "liveness: every replay was verified"
+    assert all(r.max_abs_delta == 0.0 and r.argmax_agrees and r.first_divergent_layer is None for r in records)
+    assert all(r.layer_deltas and len(r.layer_deltas) == 3 for r in records)
+    # Verification ran the eager forward too; the tokens are still each prompt's own.
+    assert [r.token_ids for r in results] == [solo(checkpoint, p, params).token_ids for p in PROMPTS]
+
+
+def test_a_replay_whose_inputs_were_not_copied_in_diverges_and_the_bisect_names_layer_0(checkpoint, monkeypatch):
+    params = SamplingParams(max_tokens=8, **GREEDY)
+    engine = Engine(EngineConfig(model=str(checkpoint), graphs=True, verify_always=True, layer_bisect=True))
+    graphs = engine.runner.graphs
+    real_copy_in = graphs._copy_in
+
+    def stale_positions(buffers, input_ids, positions, tables):
+        real_copy_in(buffers, input_ids, buffers.positions.clone(), tables)  # positions left from before
+
+    monkeypatch.setattr(graphs, "_copy_in", stale_positions)
+    [result] = engine.generate(["class Node:"], params)
+    diverged = [r for r in graphs.verify.records if r.max_abs_delta > 0]
+    assert diverged, "the stale replay must be caught"
+    # Positions feed RoPE in the first layer's attention: that is where eager and replay part.
+    assert diverged[0].first_divergent_layer == 0
+    assert result.token_ids != solo(checkpoint, "class Node:", params).token_ids
+
+
+def test_verifying_every_nth_replay(checkpoint):
+    engine = Engine(EngineConfig(model=str(checkpoint), graphs=True, verify_replays=3))
+    engine.generate(["import os"], SamplingParams(max_tokens=10, **GREEDY))
+    graphs = engine.runner.graphs
+    assert [r.replay for r in graphs.verify.records] == list(range(3, graphs.replays + 1, 3))
+
+
+def test_graphs_flip_at_runtime(checkpoint):
+    engine = Engine(EngineConfig(model=str(checkpoint), graphs=False))
+    engine.add_request("r", "import os", SamplingParams(max_tokens=10, **GREEDY))
+    engine.step()
+    engine.step()
+    assert engine.runner.graphs.replays == 0
+    engine.set_flag("ARC_GRAPHS", True)
+    outputs = []
+    while engine.has_unfinished_requests():
+        outputs += engine.step()
+    assert engine.runner.graphs.replays > 0 and engine.flags()["ARC_GRAPHS"] is True
+    with pytest.raises(ValueError, match="fixed at start"):
+        engine.set_flag("ARC_CAPTURE_STREAM", True)
