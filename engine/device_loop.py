@@ -30,6 +30,9 @@ from typing import Callable
 import torch
 
 from engine.sequence import Sequence
+from kernels.commit_token import commit_token
+from kernels.fault_word import fault_word
+from kernels.ring_argmax import ring_argmax
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +133,7 @@ class DeviceDecodeState:
     input_ids: torch.Tensor        # [rows] the last committed token of each row
     positions: torch.Tensor        # [rows] the position that token is fed at
     ring: torch.Tensor             # [K, rows] sampled tokens of the current burst
-    fault: torch.Tensor            # [] non-zero once a burst saw non-finite logits
+    fault: torch.Tensor            # int32 [1]: non-zero once a burst saw non-finite logits
     ring_head: int = 0
     primed_generation: int = -1
     row_owners: list[int] = field(default_factory=list)
@@ -195,21 +198,19 @@ class DeviceLoop:
         """Run `steps` decode steps for `seqs` (at decode-batch `rows`); park each row's tokens after
         the first and return the first ones. None when the burst faulted (the loop is then killed)."""
         state = self._engage(rows, seqs, steps)
-        ring = state.ring[:steps, : len(seqs)]
         for step in range(steps):
             logits = forward(state.input_ids[: len(seqs)], state.positions[: len(seqs)], step)
-            # On the device: fault word, argmax into the ring, commit into the next step's inputs.
-            state.fault |= (~torch.isfinite(logits)).any()
-            ring[step] = logits.argmax(dim=-1)
-            state.input_ids[: len(seqs)] = ring[step]
-            state.positions[: len(seqs)] += 1
+            # On the device (kernels/): fault word, argmax into the ring, commit into the next step's inputs.
+            fault_word(logits, state.fault)
+            ring_argmax(logits, state.ring, step)
+            commit_token(state.ring[step, : len(seqs)], state.input_ids[: len(seqs)], state.positions[: len(seqs)])
         state.ring_head = steps
         self.bursts += 1
         if bool(state.fault):  # the burst's one host sync, together with the ring read below
             KILL_SWITCH.kill(f"non-finite logits in a burst for seqs {[s.seq_id for s in seqs]}")
             state.primed_generation = -1
             return None
-        tokens = ring.t().tolist()  # [B, steps]
+        tokens = state.ring[:steps, : len(seqs)].t().tolist()  # [B, steps]
         for row, seq, row_tokens in zip(rows, seqs, tokens):
             self.parked.park(row, seq.seq_id, row_tokens[1:])
             self.eligible.add(seq.seq_id)
@@ -224,7 +225,7 @@ class DeviceLoop:
                 input_ids=torch.zeros(size, dtype=torch.long, device=self.device),
                 positions=torch.zeros(size, dtype=torch.long, device=self.device),
                 ring=torch.zeros(max(steps, self.burst_length), size, dtype=torch.long, device=self.device),
-                fault=torch.zeros((), dtype=torch.bool, device=self.device))
+                fault=torch.zeros(1, dtype=torch.int32, device=self.device))
         # Continue from the device buffers only if nothing stood down since they were primed and the
         # same sequences sit in the same rows; otherwise re-prime them from the host's view.
         if state.primed_generation != self.generation or state.row_owners != owners:

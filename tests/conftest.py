@@ -54,3 +54,13 @@ def tiny_checkpoint(tmp_path):
         return build_tiny_checkpoint(tmp_path / f"{model_type}-{next(counter)}", model_type, seed, **overrides)
 
     return make
+
+
+def pytest_collection_modifyitems(config, items):
+    """GPU-marked tests skip without CUDA; bench/gpu_check.sh runs them on a GPU machine."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (bench/gpu_check.sh runs it on one)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
