@@ -1,0 +1,172 @@
+"""The websocket API in-process (Channels' WebsocketCommunicator), where the engine can be inspected:
+multiplexing, cancel and disconnect reaching the engine, every protocol error, auth."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from channels.testing import WebsocketCommunicator
+
+from engine import Engine, EngineConfig, SamplingParams
+from workbench.asgi import application
+from workbench.serving import bridge
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
+
+
+async def connect(token: str | None) -> WebsocketCommunicator:
+    headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
+    communicator = WebsocketCommunicator(application, "/ws/v1/generate", headers=headers)
+    connected, _ = await communicator.connect()
+    assert connected
+    return communicator
+
+
+async def frames_until_done(ws: WebsocketCommunicator, request_ids: set[str], timeout: float = 30,
+                            end_on_error: bool = True) -> list[dict]:
+    frames, open_ids = [], set(request_ids)
+    while open_ids:
+        frame = json.loads(await ws.receive_from(timeout=timeout))
+        frames.append(frame)
+        ends = frame["type"] == "done" or (end_on_error and frame["type"] == "error")
+        if ends and frame.get("request_id") in open_ids:
+            open_ids.discard(frame["request_id"])
+    return frames
+
+
+def greedy_solo(prompt: str, max_tokens: int) -> list[int]:
+    engine = Engine(EngineConfig(model="demo"))
+    return engine.generate([prompt], SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True))[0].token_ids
+
+
+async def test_two_requests_multiplex_on_one_socket_and_each_gets_its_own_tokens(api_user):
+    ws = await connect(api_user[1])
+    prompts = {"a": "The list type", "b": "A dictionary is"}
+    for rid, prompt in prompts.items():
+        await ws.send_to(text_data=json.dumps({"type": "generate", "request_id": rid, "prompt": prompt,
+                                               "params": {"max_tokens": 16, "temperature": 0, "ignore_eos": True}}))
+    frames = await frames_until_done(ws, set(prompts))
+    for rid, prompt in prompts.items():
+        mine = [f for f in frames if f.get("request_id") == rid]
+        assert mine[0]["type"] == "accepted" and mine[-1]["type"] == "done"
+        deltas = [f for f in mine if f["type"] == "delta"]
+        assert [d["index"] for d in deltas] == [sum(len(x["token_ids"]) for x in deltas[:i]) for i in range(len(deltas))]
+        assert [t for d in deltas for t in d["token_ids"]] == greedy_solo(prompt, 16)
+        assert mine[-1]["finish_reason"] == "length" and mine[-1]["usage"]["completion_tokens"] == 16
+    await ws.disconnect()
+
+
+async def wait_for(predicate, timeout: float = 5.0) -> bool:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while asyncio.get_running_loop().time() < deadline:
+        if predicate():
+            return True
+        await asyncio.sleep(0.01)
+    return predicate()
+
+
+def engine_runs(fragment: str) -> bool:
+    return any(fragment in rid for rid in bridge.transport().running_request_ids())
+
+
+async def test_cancel_stops_the_sequence_in_the_engine(api_user):
+    ws = await connect(api_user[1])
+    await ws.send_to(text_data=json.dumps({"type": "generate", "request_id": "long", "prompt": "x",
+                                           "params": {"max_tokens": 400, "ignore_eos": True, "temperature": 0}}))
+    assert json.loads(await ws.receive_from(timeout=10))["type"] == "accepted"
+    assert json.loads(await ws.receive_from(timeout=10))["type"] == "delta"
+    assert engine_runs("-long"), "liveness: the engine is running it"
+    await ws.send_to(text_data=json.dumps({"type": "cancel", "request_id": "long"}))
+    frames = await frames_until_done(ws, {"long"})
+    assert frames[-1]["type"] == "done" and frames[-1]["finish_reason"] == "canceled"
+    assert frames[-1]["usage"]["completion_tokens"] < 400
+    assert not engine_runs("-long")
+    await ws.disconnect()
+
+
+async def test_disconnect_stops_the_sequence_in_the_engine(api_user):
+    ws = await connect(api_user[1])
+    await ws.send_to(text_data=json.dumps({"type": "generate", "request_id": "gone", "prompt": "x",
+                                           "params": {"max_tokens": 400, "ignore_eos": True, "temperature": 0}}))
+    await ws.receive_from(timeout=10)
+    await ws.receive_from(timeout=10)
+    assert engine_runs("-gone")
+    await ws.disconnect()
+    assert await wait_for(lambda: not engine_runs("-gone"))
+
+
+BAD_FRAMES = [
+    ("not json", "invalid_json"),
+    (json.dumps([1, 2]), "invalid_request"),
+    (json.dumps({"type": "launch", "request_id": "x"}), "unknown_type"),
+    (json.dumps({"type": "generate", "prompt": "hi"}), "invalid_request"),
+    (json.dumps({"type": "generate", "request_id": 7, "prompt": "hi"}), "invalid_request"),
+    (json.dumps({"type": "generate", "request_id": "p", "prompt": 5}), "invalid_request"),
+    (json.dumps({"type": "generate", "request_id": "p", "prompt": "a", "messages": []}), "invalid_request"),
+    (json.dumps({"type": "generate", "request_id": "p", "messages": [{"role": "user"}]}), "invalid_request"),
+    (json.dumps({"type": "generate", "request_id": "p", "prompt": "hi", "params": {"max_tokens": 0}}), "invalid_params"),
+    (json.dumps({"type": "generate", "request_id": "p", "prompt": "hi", "params": {"temprature": 1}}), "invalid_params"),
+    (json.dumps({"type": "generate", "request_id": "p", "prompt": "hi", "params": "fast"}), "invalid_params"),
+    (json.dumps({"type": "cancel", "request_id": "never-started"}), "unknown_request_id"),
+    (json.dumps({"type": "generate", "request_id": "big", "prompt": "x" * 300_000}), "frame_too_large"),
+]
+
+
+@pytest.mark.parametrize("frame, code", BAD_FRAMES)
+async def test_a_bad_frame_gets_an_error_and_the_socket_keeps_working(api_user, frame, code):
+    ws = await connect(api_user[1])
+    await ws.send_to(text_data=json.dumps({"type": "generate", "request_id": "ok", "prompt": "The list type",
+                                           "params": {"max_tokens": 24, "temperature": 0, "ignore_eos": True}}))
+    await ws.send_to(text_data=frame)
+    frames = await frames_until_done(ws, {"ok"})
+    errors = [f for f in frames if f["type"] == "error"]
+    assert [e["code"] for e in errors] == [code] and errors[0]["message"]
+    ok = [f for f in frames if f.get("request_id") == "ok"]
+    assert ok[-1]["type"] == "done" and [t for f in ok if f["type"] == "delta" for t in f["token_ids"]] == \
+        greedy_solo("The list type", 24)
+    await ws.disconnect()
+
+
+async def test_duplicate_request_id_is_refused_while_the_first_runs(api_user):
+    ws = await connect(api_user[1])
+    frame = json.dumps({"type": "generate", "request_id": "dup", "prompt": "x",
+                        "params": {"max_tokens": 40, "ignore_eos": True}})
+    await ws.send_to(text_data=frame)
+    await ws.send_to(text_data=frame)
+    frames = await frames_until_done(ws, {"dup"}, end_on_error=False)
+    assert [f["code"] for f in frames if f["type"] == "error"] == ["duplicate_request_id"]
+    assert frames[-1]["type"] == "done" and frames[-1]["usage"]["completion_tokens"] == 40
+    await ws.disconnect()
+
+
+async def test_another_users_request_cannot_be_cancelled(api_user, django_user_model):
+    from workbench.api.models import ApiToken
+
+    mallory = await asyncio.to_thread(django_user_model.objects.create_user, "mallory")
+    _, mallory_token = await asyncio.to_thread(ApiToken.issue, mallory)
+    alice, mallory_ws = await connect(api_user[1]), await connect(mallory_token)
+    await alice.send_to(text_data=json.dumps({"type": "generate", "request_id": "mine", "prompt": "x",
+                                              "params": {"max_tokens": 60, "ignore_eos": True}}))
+    await alice.receive_from(timeout=10)
+    await mallory_ws.send_to(text_data=json.dumps({"type": "cancel", "request_id": "mine"}))
+    error = json.loads(await mallory_ws.receive_from(timeout=10))
+    assert error["type"] == "error" and error["code"] == "unknown_request_id"
+    frames = await frames_until_done(alice, {"mine"})
+    assert frames[-1]["finish_reason"] == "length" and frames[-1]["usage"]["completion_tokens"] == 60
+    await alice.disconnect()
+    await mallory_ws.disconnect()
+
+
+@pytest.mark.parametrize("token", [None, "wb_not-a-real-token", "revoked"])
+async def test_a_socket_without_a_valid_token_is_refused(api_user, token):
+    if token == "revoked":
+        from workbench.api.models import ApiToken
+
+        token = api_user[1]
+        await asyncio.to_thread(lambda: ApiToken.objects.get(user=api_user[0]).revoke())
+    headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
+    communicator = WebsocketCommunicator(application, "/ws/v1/generate", headers=headers)
+    connected, code = await communicator.connect()
+    assert not connected and code == 4401

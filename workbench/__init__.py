@@ -1,0 +1,1 @@
+"""The Django project: settings, ASGI routing, and the apps (serving, api)."""

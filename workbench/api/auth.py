@@ -1,0 +1,40 @@
+"""Bearer-token authentication for API clients: `Authorization: Bearer <token>`, on websockets (as
+ASGI middleware in front of the session auth) and on the HTTP API."""
+
+from __future__ import annotations
+
+from channels.db import database_sync_to_async
+from django.contrib.auth.models import AnonymousUser
+
+from workbench.api.models import ApiToken
+
+
+def bearer_token(headers) -> str | None:
+    """From ASGI scope headers (a list of byte pairs) or a Django request's headers (a mapping)."""
+    items = headers.items() if hasattr(headers, "items") else headers
+    for name, value in items:
+        name = name.decode() if isinstance(name, bytes) else name
+        if name.lower() == "authorization":
+            value = value.decode() if isinstance(value, bytes) else value
+            scheme, _, token = value.partition(" ")
+            return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+    return None
+
+
+@database_sync_to_async
+def user_for_token(token: str):
+    return ApiToken.user_for(token)
+
+
+class BearerTokenMiddleware:
+    """Inside AuthMiddlewareStack: a bearer token, when sent, decides scope["user"] (an invalid or
+    revoked one means anonymous); otherwise the session's user stands."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+
+    async def __call__(self, scope, receive, send):
+        token = bearer_token(scope.get("headers", []))
+        if token is not None:
+            scope = {**scope, "user": await user_for_token(token) or AnonymousUser()}
+        return await self.inner(scope, receive, send)

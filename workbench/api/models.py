@@ -1,0 +1,50 @@
+"""API tokens: created and revoked by their user, stored only as a SHA-256 digest."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+TOKEN_PREFIX = "wb_"
+
+
+def digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class ApiToken(models.Model):
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
+    name = models.CharField(max_length=100, blank=True)
+    digest = models.CharField(max_length=64, unique=True)
+    prefix = models.CharField(max_length=12)  # shown in lists so a user can tell tokens apart
+    created_at = models.DateTimeField(default=timezone.now)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.prefix}... ({self.user}, {'revoked' if self.revoked_at else 'active'})"
+
+    @classmethod
+    def issue(cls, user, name: str = "") -> tuple["ApiToken", str]:
+        """A new token for `user`; the plaintext is returned once and never stored."""
+        plaintext = TOKEN_PREFIX + secrets.token_urlsafe(32)
+        token = cls.objects.create(user=user, name=name, digest=digest(plaintext), prefix=plaintext[:10])
+        return token, plaintext
+
+    @classmethod
+    def user_for(cls, plaintext: str):
+        """The active user a token belongs to, or None."""
+        if not plaintext.startswith(TOKEN_PREFIX):
+            return None
+        token = cls.objects.select_related("user").filter(digest=digest(plaintext), revoked_at__isnull=True).first()
+        return token.user if token and token.user.is_active else None
+
+    def revoke(self) -> None:
+        self.revoked_at = timezone.now()
+        self.save(update_fields=["revoked_at"])

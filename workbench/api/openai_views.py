@@ -1,0 +1,193 @@
+"""The OpenAI-compatible HTTP API: /v1/models, /v1/completions, /v1/chat/completions.
+
+Same engine, same tokens as the websocket API. `stream: true` answers with server-sent events ending
+in `data: [DONE]`; `stream_options.include_usage` adds a last chunk with the usage. A client that
+disconnects mid-stream aborts its sequence. Errors use OpenAI's shape: {"error": {message, type,
+param, code}} with a 4xx status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from engine import InvalidSamplingParams, SamplingParams
+from engine.tokenizer import TokenizerError
+from workbench.api.auth import bearer_token
+from workbench.api.models import ApiToken
+from workbench.serving import bridge
+
+# OpenAI request fields -> SamplingParams fields. Others are refused by name, except these, which
+# clients send routinely and which change nothing here.
+FIELD_MAP = {"max_tokens": "max_tokens", "max_completion_tokens": "max_tokens", "temperature": "temperature",
+             "top_p": "top_p", "top_k": "top_k", "min_p": "min_p", "seed": "seed", "stop": "stop",
+             "frequency_penalty": "frequency_penalty", "presence_penalty": "presence_penalty",
+             "repetition_penalty": "repetition_penalty", "ignore_eos": "ignore_eos"}
+IGNORED = {"model", "user", "n", "stream", "stream_options", "prompt", "messages", "logit_bias", "echo", "suffix"}
+FINISH_REASONS = {"stop": "stop", "length": "length", "tool_calls": "tool_calls", "canceled": "stop"}
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 kind: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+
+    def response(self) -> JsonResponse:
+        return JsonResponse({"error": {"message": self.message, "type": self.kind, "param": self.param,
+                                       "code": self.code}}, status=self.status)
+
+
+async def _authenticate(request: HttpRequest):
+    token = bearer_token(request.headers)
+    user = await sync_to_async(ApiToken.user_for)(token) if token else None
+    if user is None:
+        raise ApiError(401, "a valid API token is required: Authorization: Bearer <token>",
+                       code="invalid_api_key", kind="authentication_error")
+    return user
+
+
+def _body(request: HttpRequest) -> dict:
+    if len(request.body) > settings.WORKBENCH_MAX_FRAME_BYTES:
+        raise ApiError(413, f"request bodies are limited to {settings.WORKBENCH_MAX_FRAME_BYTES} bytes")
+    try:
+        body = json.loads(request.body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ApiError(400, f"the body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "the body must be a JSON object")
+    return body
+
+
+def _params(body: dict) -> SamplingParams:
+    values = {}
+    for key, value in body.items():
+        if key in FIELD_MAP:
+            if value is not None:
+                values[FIELD_MAP[key]] = value
+        elif key not in IGNORED:
+            raise ApiError(400, f"unsupported parameter {key!r}", param=key, code="unsupported_parameter")
+    if body.get("n", 1) != 1:
+        raise ApiError(400, "only n=1 is supported", param="n")
+    try:
+        return SamplingParams.from_dict(values)
+    except InvalidSamplingParams as exc:
+        raise ApiError(400, str(exc), param=exc.parameter) from None
+
+
+def _handler(kind: str):
+    """A view for `kind` ("chat" or "completion"): authenticate, check, then answer whole or streamed."""
+
+    async def view(request: HttpRequest) -> HttpResponse:
+        try:
+            if request.method != "POST":
+                raise ApiError(405, "use POST")
+            await _authenticate(request)
+            body = _body(request)
+            params = _params(body)
+            transport = await asyncio.to_thread(bridge.transport)
+            prompt = _prompt(kind, body, transport)
+        except ApiError as exc:
+            return exc.response()
+        request_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
+        stream = transport.submit(request_id, prompt, params)
+        meta = {"id": request_id, "created": int(time.time()), "model": body.get("model") or settings.WORKBENCH_MODEL}
+        if body.get("stream"):
+            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            response = StreamingHttpResponse(_sse(kind, stream, transport, meta, include_usage),
+                                             content_type="text/event-stream")
+            response["Cache-Control"] = "no-cache"
+            return response
+        return await _whole(kind, stream, transport, meta)
+
+    return csrf_exempt(view)
+
+
+def _prompt(kind: str, body: dict, transport) -> str | list[int]:
+    if kind == "chat":
+        try:
+            return transport.engine.tokenizer.encode_chat(body.get("messages"))
+        except TokenizerError as exc:
+            raise ApiError(400, str(exc), param="messages") from None
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]  # OpenAI accepts a list of prompts; one is what n=1 serves
+    if isinstance(prompt, str) or (isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)):
+        return prompt
+    raise ApiError(400, "prompt must be a string or a list of token ids", param="prompt")
+
+
+async def _whole(kind: str, stream, transport, meta: dict) -> HttpResponse:
+    text, event = "", None
+    try:
+        async for event in stream:
+            text += event.text
+    except asyncio.CancelledError:
+        transport.cancel(meta["id"])
+        raise
+    if event.error_code:
+        status = 400 if event.error_code in ("invalid_request", "invalid_params") else 500
+        return ApiError(status, event.error, code=event.error_code).response()
+    finish = FINISH_REASONS.get(event.finish_reason, event.finish_reason)
+    choice = {"index": 0, "finish_reason": finish, "logprobs": None}
+    if kind == "chat":
+        choice["message"] = {"role": "assistant", "content": text}
+        obj = "chat.completion"
+    else:
+        choice["text"] = text
+        obj = "text_completion"
+    return JsonResponse({**meta, "object": obj, "choices": [choice], "usage": event.usage})
+
+
+async def _sse(kind: str, stream, transport, meta: dict, include_usage: bool):
+    obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
+
+    def chunk(choices, usage=None) -> str:
+        payload = {**meta, "object": obj, "choices": choices}
+        if include_usage:
+            payload["usage"] = usage
+        return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+    finished = False
+    try:
+        if kind == "chat":
+            yield chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
+        async for event in stream:
+            if event.error_code:
+                error = {"message": event.error, "type": "server_error", "code": event.error_code}
+                yield f"data: {json.dumps({'error': error})}\n\n"
+                finished = True
+                break
+            finish = FINISH_REASONS.get(event.finish_reason, event.finish_reason) if event.finished else None
+            if event.text or finish:
+                body = {"delta": {"content": event.text}} if kind == "chat" else {"text": event.text}
+                yield chunk([{"index": 0, **body, "finish_reason": finish, "logprobs": None}])
+            if event.finished:
+                finished = True
+                if include_usage:
+                    yield chunk([], event.usage)
+        yield "data: [DONE]\n\n"
+    finally:
+        if not finished:  # the client went away mid-stream: stop the sequence in the engine
+            transport.cancel(meta["id"])
+
+
+@csrf_exempt
+async def models(request: HttpRequest) -> HttpResponse:
+    try:
+        await _authenticate(request)
+    except ApiError as exc:
+        return exc.response()
+    return JsonResponse({"object": "list", "data": [{"id": settings.WORKBENCH_MODEL, "object": "model",
+                                                     "created": 0, "owned_by": "workbench"}]})
+
+
+completions = _handler("completion")
+chat_completions = _handler("chat")

@@ -1,0 +1,24 @@
+"""ASGI entry point: `python -m daphne workbench.asgi:application`.
+
+HTTP goes to Django; websockets pass the allowed-hosts/origin check, the session auth and the bearer
+token auth before reaching their consumer.
+"""
+
+import os
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "workbench.settings")
+
+from django.core.asgi import get_asgi_application  # noqa: E402  (settings must be chosen first)
+
+django_application = get_asgi_application()
+
+from channels.auth import AuthMiddlewareStack  # noqa: E402
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from workbench.api.auth import BearerTokenMiddleware  # noqa: E402
+from workbench.api.origin import AllowedHostsOriginValidator  # noqa: E402
+from workbench.api.routing import websocket_urlpatterns  # noqa: E402
+
+application = ProtocolTypeRouter({
+    "http": django_application,
+    "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(BearerTokenMiddleware(URLRouter(websocket_urlpatterns)))),
+})
