@@ -16,9 +16,11 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from workbench.api.auth import BearerTokenMiddleware  # noqa: E402
 from workbench.api.origin import AllowedHostsOriginValidator  # noqa: E402
-from workbench.api.routing import websocket_urlpatterns  # noqa: E402
+from workbench.api.routing import websocket_urlpatterns as api_sockets  # noqa: E402
+from workbench.chat.routing import websocket_urlpatterns as chat_sockets  # noqa: E402
 
 application = ProtocolTypeRouter({
     "http": django_application,
-    "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(BearerTokenMiddleware(URLRouter(websocket_urlpatterns)))),
+    "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(BearerTokenMiddleware(
+        URLRouter(api_sockets + chat_sockets)))),
 })

@@ -32,7 +32,11 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "channels",
     "workbench.api",
+    "workbench.chat",
 ]
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "conversations"
+LOGOUT_REDIRECT_URL = "login"
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",

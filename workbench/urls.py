@@ -1,9 +1,18 @@
 from django.contrib import admin
+from django.contrib.auth import views as auth_views
 from django.urls import path
 
 from workbench.api import openai_views
+from workbench.chat import views as chat
 
 urlpatterns = [
+    path("", chat.conversations, name="conversations"),
+    path("c/<int:conversation_id>", chat.conversation, name="conversation"),
+    path("tokens", chat.tokens, name="tokens"),
+    path("tokens/<int:token_id>/revoke", chat.revoke_token, name="revoke_token"),
+    path("signup", chat.signup, name="signup"),
+    path("login", auth_views.LoginView.as_view(), name="login"),
+    path("logout", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
     path("v1/models", openai_views.models),
     path("v1/completions", openai_views.completions),

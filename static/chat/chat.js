@@ -1,0 +1,115 @@
+// The chat page: streams a reply over /ws/chat/<id>, token by token; stop, regenerate, edit.
+"use strict";
+
+const chat = document.getElementById("chat");
+const messages = document.getElementById("messages");
+const input = document.getElementById("input");
+const sendButton = document.getElementById("send");
+const stopButton = document.getElementById("stop-button");
+const statusLine = document.getElementById("status");
+let socket = null;
+let reply = null;        // {article, content, text} of the reply being streamed
+let sentAt = 0;
+
+document.querySelectorAll("[data-markdown]").forEach((el) => renderMarkdown(el, el.textContent));
+
+function connect() {
+  const scheme = location.protocol === "https:" ? "wss" : "ws";
+  socket = new WebSocket(`${scheme}://${location.host}/ws/chat/${chat.dataset.conversation}`);
+  socket.onmessage = (event) => handle(JSON.parse(event.data));
+  socket.onclose = () => { setBusy(false); statusLine.textContent = "Disconnected; reload the page."; };
+}
+
+function addMessage(role, text) {
+  const article = document.createElement("article");
+  article.className = `message ${role}`;
+  article.dataset.role = role;
+  const content = document.createElement("div");
+  content.className = "content";
+  renderMarkdown(content, text);
+  article.appendChild(content);
+  messages.appendChild(article);
+  article.scrollIntoView({block: "end"});
+  return {article, content, text};
+}
+
+function setBusy(busy) {
+  sendButton.disabled = busy;
+  stopButton.disabled = !busy;
+  document.getElementById("regenerate").disabled = busy;
+  document.getElementById("edit-last").disabled = busy;
+}
+
+function params() {
+  const value = (id) => document.getElementById(id).value.trim();
+  const p = {temperature: Number(value("temperature")), top_p: Number(value("top_p")),
+             top_k: Number(value("top_k")), max_tokens: Number(value("max_tokens"))};
+  if (value("stop")) p.stop = value("stop").split(",").map((s) => s.trim()).filter(Boolean);
+  if (value("seed") !== "") p.seed = Number(value("seed"));
+  return p;
+}
+
+function handle(frame) {
+  if (frame.type === "started") {
+    reply = addMessage("assistant", "");
+    reply.article.dataset.streaming = "true";
+  } else if (frame.type === "delta" && reply) {
+    reply.text += frame.text;
+    renderMarkdown(reply.content, reply.text);
+    reply.article.scrollIntoView({block: "end"});
+  } else if (frame.type === "done") {
+    if (reply) {
+      delete reply.article.dataset.streaming;
+      const meta = document.createElement("div");
+      meta.className = "meta";
+      const t = frame.timings || {};
+      const parts = [frame.finish_reason];
+      if (frame.usage) parts.push(`${frame.usage.completion_tokens} tokens`);
+      if (t.time_to_first_token != null) parts.push(`TTFT ${t.time_to_first_token.toFixed(3)} s`);
+      if (t.decode_tokens_per_s != null) parts.push(`${t.decode_tokens_per_s.toFixed(1)} tok/s`);
+      if (frame.error) parts.push(frame.error);
+      meta.textContent = parts.join(" · ");
+      reply.article.appendChild(meta);
+    }
+    reply = null;
+    setBusy(false);
+    statusLine.textContent = "";
+  } else if (frame.type === "error") {
+    statusLine.textContent = `Error: ${frame.message}`;
+    if (!reply) setBusy(false);
+  }
+}
+
+function send(frame) {
+  if (!socket || socket.readyState !== WebSocket.OPEN) { statusLine.textContent = "Not connected."; return; }
+  setBusy(true);
+  sentAt = performance.now();
+  socket.send(JSON.stringify({...frame, params: params()}));
+}
+
+document.getElementById("composer").addEventListener("submit", (event) => {
+  event.preventDefault();
+  const text = input.value;
+  if (!text.trim()) return;
+  addMessage("user", text);
+  input.value = "";
+  send({type: "send", content: text});
+});
+stopButton.addEventListener("click", () => socket.send(JSON.stringify({type: "stop"})));
+document.getElementById("regenerate").addEventListener("click", () => {
+  const last = messages.lastElementChild;
+  if (last && last.dataset.role === "assistant") last.remove();
+  send({type: "regenerate"});
+});
+document.getElementById("edit-last").addEventListener("click", () => {
+  const users = messages.querySelectorAll("[data-role=user]");
+  if (!users.length) return;
+  const lastUser = users[users.length - 1];
+  const text = prompt("Edit your last message", lastUser.textContent.trim());
+  if (text === null || !text.trim()) return;
+  while (lastUser.nextElementSibling) lastUser.nextElementSibling.remove();
+  renderMarkdown(lastUser.querySelector(".content"), text);
+  send({type: "edit", content: text});
+});
+
+connect();

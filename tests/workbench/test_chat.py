@@ -1,0 +1,128 @@
+"""The chat app: pages are private to their owner, and the chat socket stores what it streams."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from channels.routing import URLRouter
+from channels.testing import WebsocketCommunicator
+from django.contrib.auth.models import AnonymousUser
+
+from workbench.chat.models import Conversation, Message
+from workbench.chat.routing import websocket_urlpatterns
+
+
+def as_user(user):
+    router = URLRouter(websocket_urlpatterns)
+
+    async def app(scope, receive, send):  # what AuthMiddlewareStack does with a session, for one user
+        return await router({**scope, "user": user}, receive, send)
+
+    return app
+
+
+@pytest.fixture
+def users(django_user_model):
+    return (django_user_model.objects.create_user("alice", password="pw-alice-123"),
+            django_user_model.objects.create_user("bob", password="pw-bob-123"))
+
+
+@pytest.mark.django_db
+def test_a_conversation_page_is_only_its_owners(client, users):
+    alice, bob = users
+    conversation = Conversation.objects.create(owner=alice, title="Alice's secret")
+    assert client.get(f"/c/{conversation.pk}").status_code == 302  # anonymous: to the login page
+    client.force_login(bob)
+    assert client.get(f"/c/{conversation.pk}").status_code == 404
+    assert "Alice's secret" not in client.get("/").content.decode()
+    client.force_login(alice)
+    page = client.get(f"/c/{conversation.pk}")
+    assert page.status_code == 200 and "Alice&#x27;s secret" in page.content.decode()
+
+
+@pytest.mark.django_db
+def test_signup_logs_in_and_a_new_conversation_opens(client):
+    response = client.post("/signup", {"username": "carol", "password1": "a-long-pass-9!", "password2": "a-long-pass-9!"})
+    assert response.status_code == 302
+    response = client.post("/")
+    conversation = Conversation.objects.get(owner__username="carol")
+    assert response["Location"] == f"/c/{conversation.pk}"
+
+
+@pytest.mark.django_db
+def test_api_tokens_are_created_once_and_revoked(client, users):
+    from workbench.api.models import ApiToken
+
+    client.force_login(users[0])
+    page = client.post("/tokens", {"name": "laptop"}).content.decode()
+    token = ApiToken.objects.get(user=users[0])
+    plaintext = page.split('id="new-token">')[1].split("<")[0]
+    assert ApiToken.user_for(plaintext) == users[0] and token.digest not in page
+    client.post(f"/tokens/{token.pk}/revoke")
+    assert ApiToken.user_for(plaintext) is None
+    client.force_login(users[1])
+    assert client.post(f"/tokens/{token.pk}/revoke").status_code == 404
+
+
+async def talk(communicator, frame):
+    await communicator.send_to(text_data=json.dumps(frame))
+    frames = []
+    while True:
+        frames.append(json.loads(await communicator.receive_from(timeout=30)))
+        if frames[-1]["type"] in ("done", "error"):
+            return frames
+
+
+@pytest.mark.asyncio
+@pytest.mark.django_db(transaction=True)
+async def test_chat_socket_streams_stores_regenerates_and_refuses_strangers(users):
+    from asgiref.sync import sync_to_async
+
+    alice, bob = users
+    conversation = await sync_to_async(Conversation.objects.create)(owner=alice)
+    path = f"/ws/chat/{conversation.pk}"
+    for stranger in (bob, AnonymousUser()):
+        connected, code = await WebsocketCommunicator(as_user(stranger), path).connect()
+        assert not connected and code == 4404
+
+    ws = WebsocketCommunicator(as_user(alice), path)
+    assert (await ws.connect())[0]
+    params = {"temperature": 0, "max_tokens": 12, "ignore_eos": True}
+    frames = await talk(ws, {"type": "send", "content": "What is a list?", "params": params})
+    streamed = "".join(f["text"] for f in frames if f["type"] == "delta")
+    assert frames[0]["type"] == "started" and frames[-1]["type"] == "done" and streamed
+    stored = await sync_to_async(lambda: list(conversation.messages.values_list("role", "content", "finish_reason")))()
+    assert stored == [("user", "What is a list?", ""), ("assistant", streamed, "length")]
+
+    again = await talk(ws, {"type": "regenerate", "params": params})
+    assert "".join(f["text"] for f in again if f["type"] == "delta") == streamed  # greedy: the same reply
+    assert await sync_to_async(conversation.messages.count)() == 2
+
+    bad = await talk(ws, {"type": "send", "content": "   ", "params": params})
+    assert bad[-1]["type"] == "error" and bad[-1]["code"] == "invalid_request"
+    await ws.disconnect()
+    title = await sync_to_async(lambda: Conversation.objects.get(pk=conversation.pk).title)()
+    assert title == "What is a list?"
+
+
+@pytest.mark.asyncio
+@pytest.mark.django_db(transaction=True)
+async def test_stop_keeps_the_partial_reply_as_canceled(users):
+    from asgiref.sync import sync_to_async
+
+    conversation = await sync_to_async(Conversation.objects.create)(owner=users[0])
+    ws = WebsocketCommunicator(as_user(users[0]), f"/ws/chat/{conversation.pk}")
+    await ws.connect()
+    await ws.send_to(text_data=json.dumps({"type": "send", "content": "x",
+                                           "params": {"max_tokens": 400, "ignore_eos": True, "temperature": 0}}))
+    assert json.loads(await ws.receive_from(timeout=10))["type"] == "started"
+    assert json.loads(await ws.receive_from(timeout=10))["type"] == "delta"
+    await ws.send_to(text_data=json.dumps({"type": "stop"}))
+    frames = []
+    while not frames or frames[-1]["type"] != "done":
+        frames.append(json.loads(await ws.receive_from(timeout=10)))
+    assert frames[-1]["finish_reason"] == "canceled" and frames[-1]["usage"]["completion_tokens"] < 400
+    reply = await sync_to_async(lambda: Message.objects.get(conversation=conversation, role="assistant"))()
+    assert reply.finish_reason == "canceled" and reply.completion_tokens == frames[-1]["usage"]["completion_tokens"]
+    await ws.disconnect()

@@ -1,0 +1,134 @@
+"""The chat page's websocket, /ws/chat/<id>: send, stop, regenerate and edit for one conversation.
+
+Only the conversation's owner connects (anyone else is refused before accept). The user's message is
+stored before generation starts; the reply is stored when it ends, also when stopped (with the partial
+text and finish_reason "canceled") or when it fails ("error").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncWebsocketConsumer
+from django.utils import timezone
+
+from engine import InvalidSamplingParams, SamplingParams
+from engine.tokenizer import TokenizerError
+from workbench.chat.models import Conversation, Message
+from workbench.serving import bridge
+
+MAX_MESSAGE_CHARS = 20_000
+
+
+class ChatConsumer(AsyncWebsocketConsumer):
+    async def connect(self) -> None:
+        self.conversation = await self._conversation()
+        if self.conversation is None:
+            await self.close(code=4404)
+            return
+        self.generation: asyncio.Task | None = None
+        self.engine_id: str | None = None
+        await self.accept()
+
+    @database_sync_to_async
+    def _conversation(self) -> Conversation | None:
+        user = self.scope.get("user")
+        conversation_id = self.scope["url_route"]["kwargs"]["conversation_id"]
+        return Conversation.owned_by(user).filter(pk=conversation_id).first() if user else None
+
+    async def disconnect(self, code) -> None:
+        if getattr(self, "engine_id", None) and self.generation and not self.generation.done():
+            bridge.transport().cancel(self.engine_id)
+
+    async def receive(self, text_data=None, bytes_data=None) -> None:
+        try:
+            frame = json.loads(text_data or "")
+            if not isinstance(frame, dict):
+                raise ValueError("a frame must be a JSON object")
+        except ValueError as exc:
+            await self._error("invalid_frame", str(exc))
+            return
+        kind = frame.get("type")
+        if kind == "stop":
+            if self.engine_id and self.generation and not self.generation.done():
+                bridge.transport().cancel(self.engine_id)
+            return
+        if kind not in ("send", "regenerate", "edit"):
+            await self._error("unknown_type", f"unknown frame type {kind!r}")
+            return
+        if self.generation and not self.generation.done():
+            await self._error("busy", "a reply is still being generated; stop it first")
+            return
+        try:
+            params = SamplingParams.from_dict(frame.get("params") or {})
+        except (InvalidSamplingParams, TypeError) as exc:
+            await self._error("invalid_params", str(exc))
+            return
+        content = frame.get("content")
+        if kind in ("send", "edit") and (not isinstance(content, str) or not content.strip()
+                                         or len(content) > MAX_MESSAGE_CHARS):
+            await self._error("invalid_request", f"content must be 1-{MAX_MESSAGE_CHARS} characters of text")
+            return
+        history = await self._prepare(kind, content)
+        if history is None:
+            await self._error("invalid_request", "nothing to regenerate or edit yet")
+            return
+        self.generation = asyncio.create_task(self._generate(history, params))
+
+    @database_sync_to_async
+    def _prepare(self, kind: str, content: str | None) -> list[dict] | None:
+        """Apply the user's action to the stored conversation; returns the history to answer."""
+        conversation = self.conversation
+        messages = list(conversation.messages.all())
+        if kind == "send":
+            Message.objects.create(conversation=conversation, role="user", content=content)
+            if conversation.title == "New conversation":
+                conversation.title = content.strip().splitlines()[0][:60]
+        else:
+            last_user = next((m for m in reversed(messages) if m.role == "user"), None)
+            if last_user is None:
+                return None
+            # Drop the replies to the last user message; "edit" also replaces its text.
+            conversation.messages.filter(created_at__gte=last_user.created_at, role="assistant").delete()
+            if kind == "edit":
+                last_user.content = content
+                last_user.save(update_fields=["content"])
+        conversation.updated_at = timezone.now()
+        conversation.save(update_fields=["title", "updated_at"])
+        return conversation.history()
+
+    async def _generate(self, history: list[dict], params: SamplingParams) -> None:
+        transport = await asyncio.to_thread(bridge.transport)
+        try:
+            prompt = transport.engine.tokenizer.encode_chat(history)
+        except TokenizerError as exc:
+            await self._error("invalid_request", str(exc))
+            return
+        self.engine_id = f"chat-{self.conversation.pk}-{uuid.uuid4().hex}"
+        await self._send({"type": "started"})
+        text, event = "", None
+        async for event in transport.submit(self.engine_id, prompt, params):
+            if event.text:
+                text += event.text
+                await self._send({"type": "delta", "index": event.index, "text": event.text})
+        message = await self._store_reply(text, event)
+        await self._send({"type": "done", "message_id": message.pk, "finish_reason": event.finish_reason,
+                          "error": event.error, "usage": event.usage, "timings": event.timings})
+
+    @database_sync_to_async
+    def _store_reply(self, text: str, event) -> Message:
+        usage, timings = event.usage or {}, event.timings or {}
+        return Message.objects.create(
+            conversation=self.conversation, role="assistant", content=text, finish_reason=event.finish_reason or "",
+            error=event.error or "", prompt_tokens=usage.get("prompt_tokens"),
+            completion_tokens=usage.get("completion_tokens"), time_to_first_token=timings.get("time_to_first_token"),
+            decode_tokens_per_s=timings.get("decode_tokens_per_s"))
+
+    async def _error(self, code: str, message: str) -> None:
+        await self._send({"type": "error", "code": code, "message": message})
+
+    async def _send(self, frame: dict) -> None:
+        await self.send(text_data=json.dumps(frame, ensure_ascii=False))

@@ -1,0 +1,50 @@
+"""Conversations and their messages. Every query for them goes through `owned_by`, so a conversation
+is only ever reached by its owner."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+
+class Conversation(models.Model):
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="conversations")
+    title = models.CharField(max_length=200, default="New conversation")
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-updated_at"]
+
+    def __str__(self) -> str:
+        return f"{self.title} ({self.owner})"
+
+    @classmethod
+    def owned_by(cls, user):
+        return cls.objects.filter(owner=user) if user.is_authenticated else cls.objects.none()
+
+    def history(self) -> list[dict]:
+        """The conversation as chat-template messages, oldest first."""
+        return [{"role": m.role, "content": m.content} for m in self.messages.order_by("created_at", "id")]
+
+
+class Message(models.Model):
+    ROLES = [("system", "system"), ("user", "user"), ("assistant", "assistant")]
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="messages")
+    role = models.CharField(max_length=16, choices=ROLES)
+    content = models.TextField()
+    created_at = models.DateTimeField(default=timezone.now)
+    # Assistant replies only: how the generation ended, and what it cost.
+    finish_reason = models.CharField(max_length=16, blank=True)
+    error = models.TextField(blank=True)
+    prompt_tokens = models.PositiveIntegerField(null=True, blank=True)
+    completion_tokens = models.PositiveIntegerField(null=True, blank=True)
+    time_to_first_token = models.FloatField(null=True, blank=True)
+    decode_tokens_per_s = models.FloatField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.role}: {self.content[:40]}"

@@ -1,0 +1,50 @@
+"""The chat pages: sign up, the conversation list, a conversation, and the API-token page."""
+
+from __future__ import annotations
+
+from django.contrib.auth import login
+from django.contrib.auth.decorators import login_required
+from django.contrib.auth.forms import UserCreationForm
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
+
+from workbench.api.models import ApiToken
+from workbench.chat.models import Conversation
+
+
+def signup(request):
+    form = UserCreationForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        login(request, form.save())
+        return redirect("conversations")
+    return render(request, "registration/signup.html", {"form": form})
+
+
+@login_required
+def conversations(request):
+    if request.method == "POST":
+        return redirect("conversation", Conversation.objects.create(owner=request.user).pk)
+    return render(request, "chat/conversations.html", {"conversations": Conversation.owned_by(request.user)})
+
+
+@login_required
+def conversation(request, conversation_id: int):
+    # Someone else's conversation is "not found", not "forbidden": its existence is private too.
+    chat = get_object_or_404(Conversation.owned_by(request.user), pk=conversation_id)
+    return render(request, "chat/conversation.html", {"conversation": chat, "messages": chat.messages.all(),
+                                                       "conversations": Conversation.owned_by(request.user)})
+
+
+@login_required
+def tokens(request):
+    created = None
+    if request.method == "POST":
+        _, created = ApiToken.issue(request.user, request.POST.get("name", "")[:100])
+    return render(request, "chat/tokens.html", {"tokens": request.user.api_tokens.all(), "created": created})
+
+
+@login_required
+@require_POST
+def revoke_token(request, token_id: int):
+    get_object_or_404(ApiToken, pk=token_id, user=request.user).revoke()
+    return redirect("tokens")
