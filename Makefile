@@ -6,13 +6,20 @@ PY := $(VENV)/bin/python
 # The stamp names the dependency file's content, so editing pyproject.toml reinstalls.
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: run test install clean
+.PHONY: run test install clean chromium
 
 run: $(STAMP)
-	$(PY) -m engine generate --model demo --prompt "The list type" --max-tokens 64 --temperature 0
+	$(PY) manage.py migrate --noinput -v0
+	$(PY) manage.py ensureadmin
+	@echo "Workbench on http://127.0.0.1:8000  (admin / admin; sign up for a user account)"
+	$(PY) -m daphne -b 127.0.0.1 -p 8000 workbench.asgi:application
 
-test: $(STAMP)
+test: $(STAMP) chromium
 	$(PY) -m pytest
+
+# The browser tests drive Debian's Chromium (Playwright's own browser download cannot run here).
+chromium:
+	@command -v chromium >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
 
 install: $(STAMP)
 

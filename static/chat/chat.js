@@ -16,6 +16,7 @@ document.querySelectorAll("[data-markdown]").forEach((el) => renderMarkdown(el, 
 function connect() {
   const scheme = location.protocol === "https:" ? "wss" : "ws";
   socket = new WebSocket(`${scheme}://${location.host}/ws/chat/${chat.dataset.conversation}`);
+  socket.onopen = () => { setBusy(false); stopButton.disabled = true; };  // usable once connected
   socket.onmessage = (event) => handle(JSON.parse(event.data));
   socket.onclose = () => { setBusy(false); statusLine.textContent = "Disconnected; reload the page."; };
 }
@@ -112,4 +113,6 @@ document.getElementById("edit-last").addEventListener("click", () => {
   send({type: "edit", content: text});
 });
 
+setBusy(true);
+stopButton.disabled = true;
 connect();

@@ -1,0 +1,94 @@
+"""A real headless Chromium (Debian's, driven by Playwright) against a real Daphne: sign up, chat,
+watch tokens stream, stop, reload; a second user can open the first user's conversation neither by
+URL nor over the socket."""
+
+from __future__ import annotations
+
+import re
+import shutil
+
+import pytest
+
+playwright = pytest.importorskip("playwright.sync_api")
+CHROMIUM = shutil.which("chromium")
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (make test installs it)")
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with playwright.sync_playwright() as p:
+        instance = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield instance
+        instance.close()
+
+
+def sign_up(page, base: str, username: str) -> None:
+    page.goto(f"{base}/signup")
+    page.fill("#id_username", username)
+    page.fill("#id_password1", "a-long-pass-9!")
+    page.fill("#id_password2", "a-long-pass-9!")
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{base}/")
+
+
+def test_sign_up_chat_stream_stop_reload_and_privacy(browser, daphne_server):
+    base = f"http://{daphne_server[0]}"
+    alice = browser.new_context().new_page()
+    sign_up(alice, base, "alice")
+    alice.click("#new-conversation")
+    alice.wait_for_url(re.compile(r".*/c/\d+$"))
+    conversation_url = alice.url
+
+    alice.click("details summary")  # the sampling controls
+    alice.fill("#max_tokens", "400")
+    alice.fill("#temperature", "0")
+    alice.fill("#input", "Tell me about lists")
+    alice.click("#send")
+    streaming = alice.locator("article.assistant[data-streaming]")
+    streaming.wait_for()
+    # Tokens arrive one after another: the reply grows while it is still streaming.
+    alice.wait_for_function("document.querySelector('article.assistant[data-streaming] .content').textContent.length > 0")
+    first = streaming.inner_text()
+    alice.wait_for_function(f"document.querySelector('article.assistant .content').textContent.length > {len(first)}")
+    alice.click("#stop-button")
+    meta = alice.locator("article.assistant .meta")
+    meta.wait_for()
+    assert "canceled" in meta.inner_text()
+    partial = alice.locator("article.assistant .content").inner_text()
+
+    alice.reload()
+    assert alice.locator("article.user .content").inner_text() == "Tell me about lists"
+    assert alice.locator("article.assistant .content").inner_text() == partial
+    assert "canceled" in alice.locator("article.assistant .meta").inner_text()
+    assert alice.locator("#title").inner_text() == "Tell me about lists"
+
+    bob = browser.new_context().new_page()
+    sign_up(bob, base, "eve")
+    assert bob.goto(conversation_url).status == 404
+    conversation_id = conversation_url.rsplit("/", 1)[1]
+    close_code = bob.evaluate("""id => new Promise(resolve => {
+        const ws = new WebSocket(`ws://${location.host}/ws/chat/${id}`);
+        ws.onopen = () => resolve("opened");
+        ws.onclose = (event) => resolve(event.code);
+    })""", conversation_id)
+    assert close_code != "opened"
+
+
+def test_model_output_cannot_run_script(browser, daphne_server):
+    base = f"http://{daphne_server[0]}"
+    page = browser.new_context().new_page()
+    sign_up(page, base, "mallory")
+    page.click("#new-conversation")
+    page.wait_for_url(re.compile(r".*/c/\d+$"))
+    hostile = 'x <img src=x onerror="window.pwned=1"> <script>window.pwned=2</script> **bold** `code`\n```\n<b>x</b>\n```'
+    rendered = page.evaluate("""text => {
+        const target = document.createElement("div");
+        renderMarkdown(target, text);
+        document.body.appendChild(target);
+        return {html: target.innerHTML, pwned: window.pwned || 0};
+    }""", hostile)
+    assert rendered["pwned"] == 0 and "<img" not in rendered["html"] and "<script" not in rendered["html"]
+    assert "<strong>bold</strong>" in rendered["html"] and "<code>code</code>" in rendered["html"]
+    assert "&lt;b&gt;x&lt;/b&gt;" in rendered["html"]
