@@ -1,0 +1,167 @@
+"""Serving benchmark: the websocket API under 1, 8 and 32 concurrent clients, beside the engine alone.
+
+    .venv/bin/python bench/serving.py [--clients 1,8,32] [--requests-per-client 4] [--max-tokens 64]
+
+In the style of vLLM's benchmark_serving: each client sends its requests one after another; per request
+we record time to first token (TTFT), time per output token after the first (TPOT), inter-token
+latencies (ITL, a delta's gap divided over its tokens) and end-to-end latency; per run, delivered
+output tokens/s. "engine" runs the same requests at the same concurrency straight on an in-process
+Engine (no web, no websocket, no JSON), "websocket" through a real Daphne started here. The demo
+model, greedy, EOS ignored, so both produce the same tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import websockets  # noqa: E402
+
+from engine import Engine, EngineConfig, SamplingParams  # noqa: E402
+from tests.conftest import _free_port  # noqa: E402
+
+PROMPTS = ["The list type", "A dictionary is", "This module provides", "Return the number of",
+           "If the file does not exist,", "The default value is", "Raise an exception when", "Each thread has"]
+
+
+@dataclass
+class RequestRecord:
+    sent: float
+    first: float | None = None
+    done: float | None = None
+    tokens: int = 0
+    itls: list[float] = field(default_factory=list)
+
+
+def percentile(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q / 100 * (len(values) - 1))))] if values else float("nan")
+
+
+def summarize(records: list[RequestRecord], wall: float) -> dict:
+    ttft = [r.first - r.sent for r in records]
+    tpot = [(r.done - r.first) / (r.tokens - 1) for r in records if r.tokens > 1]
+    itl = [x for r in records for x in r.itls]
+    e2e = [r.done - r.sent for r in records]
+    return {"tok_s": sum(r.tokens for r in records) / wall, "ttft50": percentile(ttft, 50),
+            "ttft99": percentile(ttft, 99), "tpot50": percentile(tpot, 50), "itl50": percentile(itl, 50),
+            "itl99": percentile(itl, 99), "e2e50": percentile(e2e, 50), "e2e99": percentile(e2e, 99)}
+
+
+def engine_only(clients: int, total: int, params: SamplingParams) -> dict:
+    engine = Engine(EngineConfig(model="demo"))
+    engine.generate(PROMPTS[:2], params)  # warm-up
+    queue = [PROMPTS[i % len(PROMPTS)] for i in range(total)]
+    records: dict[str, RequestRecord] = {}
+    last_seen: dict[str, float] = {}
+    start, added = time.perf_counter(), 0
+    while added < total or engine.has_unfinished_requests():
+        while added < total and sum(1 for r in records.values() if r.done is None) < clients:
+            rid = f"r{added}"
+            records[rid] = RequestRecord(sent=time.perf_counter())
+            engine.add_request(rid, queue[added], params)
+            added += 1
+        for out in engine.step():
+            now, record = time.perf_counter(), records[out.request_id]
+            if out.token_ids:
+                if record.first is None:
+                    record.first = now
+                else:
+                    record.itls += [(now - last_seen[out.request_id]) / len(out.token_ids)] * len(out.token_ids)
+                last_seen[out.request_id] = now
+                record.tokens += len(out.token_ids)
+            if out.finished:
+                record.done = now
+    return summarize(list(records.values()), time.perf_counter() - start)
+
+
+async def websocket_run(address: str, token: str, clients: int, per_client: int, params: dict) -> dict:
+    records: list[RequestRecord] = []
+
+    async def client(index: int) -> None:
+        async with websockets.connect(f"ws://{address}/ws/v1/generate",
+                                      additional_headers={"Authorization": f"Bearer {token}"}) as ws:
+            for n in range(per_client):
+                record = RequestRecord(sent=time.perf_counter())
+                records.append(record)
+                prompt = PROMPTS[(index * per_client + n) % len(PROMPTS)]
+                await ws.send(json.dumps({"type": "generate", "request_id": str(n), "prompt": prompt, "params": params}))
+                last = None
+                while True:
+                    frame = json.loads(await ws.recv())
+                    now = time.perf_counter()
+                    if frame["type"] == "delta":
+                        count = len(frame["token_ids"])
+                        if record.first is None:
+                            record.first = now
+                        else:
+                            record.itls += [(now - last) / count] * count
+                        last = now
+                        record.tokens += count
+                    elif frame["type"] in ("done", "error"):
+                        record.done = now
+                        break
+
+    start = time.perf_counter()
+    await asyncio.gather(*(client(i) for i in range(clients)))
+    return summarize(records, time.perf_counter() - start)
+
+
+def start_daphne() -> tuple[subprocess.Popen, str, str]:
+    db = Path(tempfile.mkdtemp(prefix="serving-bench-")) / "db.sqlite3"
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "workbench.settings", "WORKBENCH_DB_PATH": str(db)}
+    manage = [sys.executable, str(ROOT / "manage.py")]
+    subprocess.run([*manage, "migrate", "-v0"], env=env, check=True, cwd=ROOT)
+    token = subprocess.run([*manage, "createapitoken", "bench"], env=env, check=True, cwd=ROOT,
+                           capture_output=True, text=True).stdout.strip().splitlines()[-1]
+    port = _free_port()
+    server = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+                               "workbench.asgi:application"], env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    time.sleep(3)
+    return server, f"127.0.0.1:{port}", token
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--clients", default="1,8,32")
+    parser.add_argument("--requests-per-client", type=int, default=4)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    args = parser.parse_args()
+    params = {"max_tokens": args.max_tokens, "temperature": 0, "ignore_eos": True}
+    server, address, token = start_daphne()
+    try:
+        asyncio.run(websocket_run(address, token, 1, 1, params))  # warm-up: the server loads its engine
+        print(f"{'clients':>7} {'mode':>9} {'tok/s':>8} {'TTFT p50':>9} {'p99':>7} {'TPOT p50':>9} "
+              f"{'ITL p50':>8} {'p99':>7} {'E2E p50':>8} {'p99':>7}  (ms)")
+        for clients in [int(c) for c in args.clients.split(",")]:
+            total = clients * args.requests_per_client
+            rows = {"engine": engine_only(clients, total, SamplingParams(**params)),
+                    "websocket": asyncio.run(websocket_run(address, token, clients, args.requests_per_client, params))}
+            for mode, r in rows.items():
+                ms = {k: v * 1000 for k, v in r.items() if k != "tok_s"}
+                print(f"{clients:>7} {mode:>9} {r['tok_s']:>8.1f} {ms['ttft50']:>9.1f} {ms['ttft99']:>7.1f} "
+                      f"{ms['tpot50']:>9.2f} {ms['itl50']:>8.2f} {ms['itl99']:>7.2f} {ms['e2e50']:>8.1f} "
+                      f"{ms['e2e99']:>7.1f}", flush=True)
+            e, w = rows["engine"], rows["websocket"]
+            print(f"{clients:>7} {'ratio':>9} delivered {w['tok_s'] / e['tok_s']:.0%} of engine-only, "
+                  f"TTFT p50 +{(w['ttft50'] - e['ttft50']) * 1000:.1f} ms", flush=True)
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+if __name__ == "__main__":
+    main()
