@@ -161,13 +161,28 @@ class DeviceLoop:
     def active(self) -> bool:
         return self.enabled and not KILL_SWITCH.killed
 
+    def forget_parked(self, seqs: list[Sequence]) -> None:
+        """These sequences are about to get this step's token without their parked queue (a prefill,
+        a new burst, host decode): tokens they parked earlier, at another row, are stale. Dropping
+        undrained tokens also means the device buffers ran ahead of the host: re-prime."""
+        if sum(self.parked.drop_owner(seq.seq_id) for seq in seqs):
+            self.generation += 1
+
+    def host_served(self, seqs: list[Sequence]) -> None:
+        """These sequences advanced on the host: device buffers primed for any of them are stale."""
+        if self.state and set(self.state.row_owners) & {seq.seq_id for seq in seqs}:
+            self.generation += 1
+
+    def _invalidate(self) -> None:
+        self.parked.clear()
+        self.eligible.clear()
+        self.generation += 1
+
     def set_enabled(self, enabled: bool) -> None:
         """Turning the loop off drops everything parked: host decode moves the sequences on, and a
         token parked before that would be stale the moment the loop came back."""
         if not enabled:
-            self.parked.clear()
-            self.eligible.clear()
-            self.generation += 1
+            self._invalidate()
         self.enabled = enabled
 
     def take(self, row: int, seq: Sequence) -> TakeResult:

@@ -67,12 +67,14 @@ class ModelRunner:
         if not rest:
             return tokens, logprobs
         rest_seqs = [seqs[row] for row in rest]
+        loop.forget_parked(rest_seqs)
         burst = self._try_burst(rest, rest_seqs) if loop.active else None
         if burst is not None:
             for row, token in zip(rest, burst):
                 tokens[row] = token
             return tokens, logprobs
         logits = self.forward(rest_seqs)
+        loop.host_served(rest_seqs)
         check_identity(logits, rest_seqs)
         sampled, records = sample(logits.values, [rows[row] for row in rest])
         for row, token, record in zip(rest, sampled, records):
@@ -106,7 +108,19 @@ class ModelRunner:
         # A burst writes keys/values for `steps` tokens per row: positions len-1 .. len+steps-2.
         if steps < 2 or not all(self.reserve(s, len(s.token_ids) + steps - 1) for s in seqs):
             return None
-        return self.device_loop.burst(rows, seqs, steps, self._burst_forward(seqs))
+        first = self.device_loop.burst(rows, seqs, steps, self._burst_forward(seqs))
+        if first is None:  # the burst faulted: what it wrote may be NaN, and masking cannot hide NaN
+            self._scrub(seqs, steps)
+        return first
+
+    def _scrub(self, seqs: list[Sequence], steps: int) -> None:
+        """Zero the KV slots a faulted burst wrote; host decode rewrites the ones it needs."""
+        size = self.kv_cache.block_size
+        slots = [s.block_table[p // size] * size + p % size
+                 for s in seqs for p in range(len(s.token_ids) - 1, len(s.token_ids) - 1 + steps)]
+        index = torch.tensor(slots, dtype=torch.long, device=self.loaded.device)
+        self.kv_cache.keys[:, index] = 0
+        self.kv_cache.values[:, index] = 0
 
     def _graphable(self, seqs: list[Sequence]) -> bool:
         return (self.use_graphs and DecodeGraphs.bucket_for(len(seqs)) is not None

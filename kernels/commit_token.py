@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 
+import numpy
 import torch
 
 from kernels.cupy_support import as_cupy, cupy_module, launch, use_cupy
@@ -36,7 +37,7 @@ def _kernel():
 def commit_token_cupy(sampled: torch.Tensor, input_ids: torch.Tensor, positions: torch.Tensor) -> None:
     rows = sampled.shape[0]
     launch(_kernel(), (rows + 127) // 128, 128,
-           (as_cupy(sampled.contiguous()), as_cupy(input_ids), as_cupy(positions), rows), sampled)
+           (as_cupy(sampled.contiguous()), as_cupy(input_ids), as_cupy(positions), numpy.int32(rows)), sampled)
 
 
 def commit_token(sampled: torch.Tensor, input_ids: torch.Tensor, positions: torch.Tensor) -> None:

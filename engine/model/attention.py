@@ -23,7 +23,7 @@ from engine.model.rope import apply_rope
 class AttentionMetadata:
     positions: torch.Tensor      # [N] position of each flat token
     slot_mapping: torch.Tensor   # [N] cache slot each token's key/value is written to
-    block_tables: torch.Tensor   # [B, max_blocks] each sequence's blocks, padded with block 0 (masked)
+    block_tables: torch.Tensor   # [B, max_blocks] each sequence's blocks, padded with its last (masked)
     query_index: torch.Tensor    # [B, Tq] flat index of each sequence's i-th query (padding points at 0)
     valid_queries: torch.Tensor  # [N] indices into the flattened [B * Tq] padded queries that are real
     attn_mask: torch.Tensor      # [B, 1, Tq, max_blocks * block_size] additive: 0 may attend, -inf not
@@ -56,7 +56,9 @@ class AttentionMetadata:
             query_pos.append(list(new) + [-1] * (max_q - count))
             flat += count
             last.append(flat - 1)
-        padded_tables = [t + [0] * (max_blocks - len(t)) for t in block_tables]
+        # Padded with the sequence's own last block: masked either way, but a sequence never reads
+        # another sequence's memory, whatever state it is in.
+        padded_tables = [t + t[-1:] * (max_blocks - len(t)) for t in block_tables]
 
         query_pos_t = torch.tensor(query_pos)[:, :, None]            # [B, Tq, 1]
         key_pos = torch.arange(max_blocks * block_size)[None, None]  # [1, 1, Tk]

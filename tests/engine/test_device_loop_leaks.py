@@ -273,3 +273,65 @@ def test_turning_the_loop_off_mid_drain_and_on_again_stays_exact(checkpoint):
     run_to_end(engine, outputs)
     assert engine.device_loop.bursts >= 2
     assert outputs["A"] == solo(checkpoint, PROMPT_A, params)
+
+
+# -- shapes a review found: a sequence's own stale slot, kill/re-arm mid-sequence, NaN in KV ------
+
+def test_a_sequence_served_at_another_row_never_drains_its_old_slot(checkpoint):
+    """Default scheduler, staggered arrivals: r2 parks at row 0, is then served at row 1 (a prefill took
+    row 0), and later returns to row 0. Its old slot must be gone by then."""
+    import random
+
+    rng = random.Random(0)
+    shapes = [(4, 1, 1), (8, 1, 0), (2, 7, 1), (7, 5, 6), (2, 16, 0)]  # (prompt length, max_tokens, arrival step)
+    prompts = [[rng.randrange(50, 4000) for _ in range(length)] for length, _, _ in shapes]
+    engine = Engine(EngineConfig(model=str(checkpoint), block_size=4, device_loop=True, burst_length=3,
+                                 scheduler="default", kv_cache_mb=4))
+    outputs: dict[str, list[int]] = {}
+    for step in range(200):
+        for i, ((_, max_tokens, arrival), prompt) in enumerate(zip(shapes, prompts)):
+            if arrival == step:
+                engine.add_request(f"r{i}", prompt, SamplingParams(max_tokens=max_tokens, **GREEDY))
+        if step > 6 and not engine.has_unfinished_requests():
+            break
+        for out in engine.step():
+            outputs.setdefault(out.request_id, []).extend(out.token_ids)
+    assert engine.device_loop.bursts >= 3, "liveness: bursts ran"
+    for i, ((_, max_tokens, _), prompt) in enumerate(zip(shapes, prompts)):
+        assert outputs[f"r{i}"] == solo(checkpoint, prompt, SamplingParams(max_tokens=max_tokens, **GREEDY)), f"r{i}"
+
+
+def test_killing_and_re_arming_mid_sequence_stays_exact(checkpoint):
+    params = SamplingParams(max_tokens=16, **GREEDY)
+    engine = loop_engine(checkpoint)
+    outputs = start_burst(engine, params)  # tokens parked
+    engine.set_flag("ARC_DEVICE_LOOP_KILLED", True)
+    for _ in range(2):  # host decode moves A on while its old tokens sit parked
+        for out in engine.step():
+            outputs.setdefault(out.request_id, []).extend(out.token_ids)
+    engine.set_flag("ARC_DEVICE_LOOP_KILLED", False)
+    run_to_end(engine, outputs)
+    assert engine.device_loop.bursts >= 2
+    assert outputs["A"] == solo(checkpoint, PROMPT_A, params)
+
+
+def test_a_faulted_burst_leaves_no_nan_in_the_kv_cache(checkpoint, monkeypatch):
+    params = SamplingParams(max_tokens=10, **GREEDY)
+    engine = loop_engine(checkpoint, num_kv_blocks=8)
+    layer = engine.loaded.model.model.layers[1]
+    real_forward, calls = layer.forward, {"n": 0}
+
+    def poisoned(*args, **kwargs):
+        calls["n"] += 1
+        out = real_forward(*args, **kwargs)
+        return out * float("nan") if calls["n"] == 3 else out  # call 1: prefill; 2, 3: burst steps
+
+    monkeypatch.setattr(layer, "forward", poisoned)
+    engine.add_request("A", PROMPT_A, params)
+    outputs = run_to_end(engine)
+    monkeypatch.undo()
+    assert KILL_SWITCH.killed, "liveness: the burst faulted"
+    assert outputs["A"] == solo(checkpoint, PROMPT_A, params)
+    assert not torch.isnan(engine.kv_cache.keys).any() and not torch.isnan(engine.kv_cache.values).any()
+    engine.add_request("B", [1577], params)  # reuses A's blocks
+    assert run_to_end(engine)["B"] == solo(checkpoint, [1577], params)

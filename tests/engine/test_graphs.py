@@ -27,10 +27,15 @@ def test_buckets_round_up_and_stop():
 
 @pytest.mark.parametrize("device_loop", [False, True], ids=["host-decode", "device-loop"])
 def test_graph_replays_match_eager_exactly_and_leave_the_cache_alone(checkpoint, device_loop):
-    params = SamplingParams(max_tokens=12, **GREEDY)
+    params = [SamplingParams(max_tokens=n, **GREEDY) for n in (12, 9, 7, 12)]
     engine = Engine(EngineConfig(model=str(checkpoint), graphs=True, device_loop=device_loop, verify_always=True,
                                  layer_bisect=True))
-    results = engine.generate(PROMPTS, params)  # 4 sequences: bucket 4, then smaller as they finish
+    buckets = []
+    real_run = engine.runner.graphs.run
+    engine.runner.graphs.run = lambda ids, pos, tables: (buckets.append(len(tables)), real_run(ids, pos, tables))[1]
+    # 4 sequences finishing at different steps: 3 rows replay bucket 4 (a padding row), 2 rows bucket 2.
+    results = engine.generate(PROMPTS, params)
+    assert 3 in buckets, "liveness: a bucket ran with a padding row"
     graphs = engine.runner.graphs
     assert graphs.mode is GraphMode.CPU_REPLAY and graphs.replays > 0
     records = list(graphs.verify.records)
@@ -38,7 +43,7 @@ def test_graph_replays_match_eager_exactly_and_leave_the_cache_alone(checkpoint,
     assert all(r.max_abs_delta == 0.0 and r.argmax_agrees and r.first_divergent_layer is None for r in records)
     assert all(r.layer_deltas and len(r.layer_deltas) == 3 for r in records)
     # Verification ran the eager forward too; the tokens are still each prompt's own.
-    assert [r.token_ids for r in results] == [solo(checkpoint, p, params).token_ids for p in PROMPTS]
+    assert [r.token_ids for r in results] == [solo(checkpoint, p, q).token_ids for p, q in zip(PROMPTS, params)]
 
 
 def test_a_replay_whose_inputs_were_not_copied_in_diverges_and_the_bisect_names_layer_0(checkpoint, monkeypatch):

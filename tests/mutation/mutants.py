@@ -57,6 +57,27 @@ MUTANTS = (
         ("tests/engine/test_graphs.py::test_graph_replays_match_eager_exactly_and_leave_the_cache_alone",),
     ),
     Mutant(
+        "padding rows write a real block",
+        "engine/graphs.py",
+        "        rows += [[pad] * self.max_blocks] * (bucket - batch)\n",
+        "        rows += [[0] * self.max_blocks] * (bucket - batch)\n",
+        ("tests/engine/test_graphs.py::test_graph_replays_match_eager_exactly_and_leave_the_cache_alone",),
+    ),
+    Mutant(
+        "stale slot kept when a sequence is served elsewhere",
+        "engine/runner.py",
+        "        loop.forget_parked(rest_seqs)\n",
+        "",
+        (f"{LEAKS}::test_a_sequence_served_at_another_row_never_drains_its_old_slot",),
+    ),
+    Mutant(
+        "faulted burst not scrubbed",
+        "engine/runner.py",
+        "            self._scrub(seqs, steps)\n",
+        "            pass\n",
+        (f"{LEAKS}::test_a_faulted_burst_leaves_no_nan_in_the_kv_cache",),
+    ),
+    Mutant(
         "aliased-logits check removed",
         "engine/runner.py",
         "        check_identity(logits, rest_seqs)\n",
