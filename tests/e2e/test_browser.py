@@ -24,6 +24,14 @@ def browser():
         instance.close()
 
 
+def signed_up_in_a_new_conversation(browser, base: str, username: str):
+    page = browser.new_context().new_page()
+    sign_up(page, base, username)
+    page.click("#new-conversation")
+    page.wait_for_url(re.compile(r".*/c/\d+$"))
+    return page
+
+
 def sign_up(page, base: str, username: str) -> None:
     page.goto(f"{base}/signup")
     page.fill("#id_username", username)
@@ -35,10 +43,7 @@ def sign_up(page, base: str, username: str) -> None:
 
 def test_sign_up_chat_stream_stop_reload_and_privacy(browser, daphne_server):
     base = f"http://{daphne_server[0]}"
-    alice = browser.new_context().new_page()
-    sign_up(alice, base, "alice")
-    alice.click("#new-conversation")
-    alice.wait_for_url(re.compile(r".*/c/\d+$"))
+    alice = signed_up_in_a_new_conversation(browser, base, "alice")
     conversation_url = alice.url
 
     alice.click("details summary")  # the sampling controls
@@ -78,10 +83,7 @@ def test_sign_up_chat_stream_stop_reload_and_privacy(browser, daphne_server):
 
 def test_model_output_cannot_run_script(browser, daphne_server):
     base = f"http://{daphne_server[0]}"
-    page = browser.new_context().new_page()
-    sign_up(page, base, "mallory")
-    page.click("#new-conversation")
-    page.wait_for_url(re.compile(r".*/c/\d+$"))
+    page = signed_up_in_a_new_conversation(browser, base, "mallory")
     hostile = 'x <img src=x onerror="window.pwned=1"> <script>window.pwned=2</script> **bold** `code`\n```\n<b>x</b>\n```'
     rendered = page.evaluate("""text => {
         const target = document.createElement("div");
