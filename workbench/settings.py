@@ -70,7 +70,8 @@ CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}
 
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
-STATIC_ROOT = BASE_DIR / "staticfiles"  # `manage.py collectstatic` for deployments
+# Deployments set WORKBENCH_STATIC_ROOT and run `manage.py collectstatic`; unset, nothing is collected.
+STATIC_ROOT = os.environ.get("WORKBENCH_STATIC_ROOT") or None
 WHITENOISE_USE_FINDERS = True  # the embedded default serves straight from static/ without collectstatic
 USE_TZ = True
 TIME_ZONE = "UTC"
