@@ -1,7 +1,8 @@
 """Django settings, from the environment; the defaults are the embedded single-process workbench.
 
 WORKBENCH_SECRET_KEY, WORKBENCH_DEBUG, WORKBENCH_ALLOWED_HOSTS (comma-separated), WORKBENCH_DB_PATH
-(SQLite file), WORKBENCH_MODEL ("demo" or a model directory), WORKBENCH_DEVICE, WORKBENCH_DTYPE.
+(SQLite file), WORKBENCH_MODEL ("demo" or a model directory), WORKBENCH_DEVICE, WORKBENCH_DTYPE,
+WORKBENCH_MAX_FRAME_BYTES, WORKBENCH_STATIC_ROOT. The engine's own ARC_* flags are read by the engine.
 """
 
 from __future__ import annotations
