@@ -22,15 +22,14 @@ from typing import Callable
 import torch
 
 from engine.detokenizer import IncrementalDetokenizer
-from engine.capabilities import capability
-from engine.device_loop import KILL_SWITCH, DeviceLoop
-from engine.graphs import GraphMode
+from engine.device_loop import DeviceLoop
 from engine.engine_config import EngineConfig
 from engine.graphs import DecodeGraphs
 from engine.kv_cache import PagedKVCache, blocks_needed
 from engine.loader import load_model
-from engine.outputs import GenerationResult, RequestOutput, Usage
+from engine.outputs import GenerationResult, RequestOutput, Usage, timings_of
 from engine.runner import ModelRunner
+from engine.runtime_flags import RuntimeFlags
 from engine.sampler import SampleRequest
 from engine.sampling_params import SamplingParams
 from engine.scheduler import SchedulerLimits, make_scheduler
@@ -86,7 +85,7 @@ class Engine:
         self.num_stand_downs = 0
         self._requests: dict[str, _Request] = {}
         self._seq_ids = itertools.count()
-        self._pending_flags: dict[str, bool] = {}
+        self.runtime_flags = RuntimeFlags(self.device_loop, self.runner)
 
     @property
     def tokenizer(self):
@@ -126,37 +125,11 @@ class Engine:
             self.abort(request_id)
 
     def set_flag(self, name: str, value: bool | int) -> None:
-        """Change a runtime flag; the engine applies it at the next step boundary."""
-        entry = capability(name)  # refuse unknown names now, not at the next step
-        if not entry.settable:
-            raise ValueError(f"{name} is fixed at start: {entry.description}")
-        self._pending_flags[name] = int(value) if entry.kind == "int" else bool(value)
+        """Change a runtime flag (engine/capabilities.py); applied at the next step boundary."""
+        self.runtime_flags.request(name, value)
 
     def flags(self) -> dict[str, bool | int]:
-        verify = self.runner.graphs.verify
-        return {"ARC_GRAPH_DEVICE_LOOP": self.device_loop.enabled, "ARC_DEVICE_LOOP_KILLED": KILL_SWITCH.killed,
-                "ARC_GRAPHS": self.runner.use_graphs,
-                "ARC_CAPTURE_STREAM": self.runner.graphs.mode is GraphMode.CUDA_GRAPHS,
-                "ARC_GRAPH_VERIFY_REPLAYS": verify.every, "ARC_GRAPH_VERIFY_ALWAYS": verify.always,
-                "ARC_LAYER_BISECT": verify.bisect}
-
-    def _apply_flags(self) -> None:
-        verify = self.runner.graphs.verify
-        for name, value in self._pending_flags.items():
-            match name:
-                case "ARC_GRAPH_DEVICE_LOOP":
-                    self.device_loop.set_enabled(bool(value))
-                case "ARC_DEVICE_LOOP_KILLED":
-                    KILL_SWITCH.kill("set by operator") if value else KILL_SWITCH.rearm()
-                case "ARC_GRAPHS":
-                    self.runner.use_graphs = bool(value)
-                case "ARC_GRAPH_VERIFY_REPLAYS":
-                    verify.every = int(value)
-                case "ARC_GRAPH_VERIFY_ALWAYS":
-                    verify.always = bool(value)
-                case "ARC_LAYER_BISECT":
-                    verify.bisect = bool(value)
-        self._pending_flags.clear()
+        return self.runtime_flags.in_force()
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._requests)
@@ -183,7 +156,7 @@ class Engine:
     # -- the step -------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        self._apply_flags()
+        self.runtime_flags.apply()
         outputs = self._apply_aborts()
         batch = self.scheduler.schedule()
         outputs += [self._finish(self._requests[seq.request_id]) for seq in batch.ignored]
@@ -272,7 +245,7 @@ class Engine:
         finish_reason = state.reason.finish_reason if isinstance(state, Done) else \
             "canceled" if isinstance(state, FinishedAborted) else "error"
         return self._delta(request, text, finished=True, finish_reason=finish_reason, error=error,
-                           usage=Usage(len(seq.prompt_ids), len(seq.output_ids)), timings=_timings(seq))
+                           usage=Usage(len(seq.prompt_ids), len(seq.output_ids)), timings=timings_of(seq.timings, len(seq.output_ids)))
 
     def _stand_down(self, seq: Sequence) -> None:
         self.num_stand_downs += 1
@@ -305,25 +278,5 @@ class Engine:
         while self.has_unfinished_requests():
             for output in self.step():
                 collected[output.request_id].append(output)
-        return [_result(collected[request_id]) for request_id in ids]
+        return [GenerationResult.from_deltas(collected[request_id]) for request_id in ids]
 
-
-def _result(deltas: list[RequestOutput]) -> GenerationResult:
-    last = deltas[-1]
-    logprobs = [lp for d in deltas for lp in (d.logprobs or [])] if last.logprobs is not None else None
-    return GenerationResult(text="".join(d.text for d in deltas), token_ids=[t for d in deltas for t in d.token_ids],
-                            finish_reason=last.finish_reason, usage=last.usage, timings=last.timings,
-                            logprobs=logprobs, error=last.error)
-
-
-def _timings(seq: Sequence) -> dict[str, float | None]:
-    t = seq.timings
-    finished = t.finished or time.monotonic()
-    decode_time = finished - t.first_token if t.first_token is not None else None
-    decoded = len(seq.output_ids) - 1
-    return {
-        "queue_time": None if t.first_scheduled is None else t.first_scheduled - t.arrival,
-        "time_to_first_token": None if t.first_token is None else t.first_token - t.arrival,
-        "decode_tokens_per_s": decoded / decode_time if decode_time and decoded > 0 else None,
-        "total_time": finished - t.arrival,
-    }

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from engine.sampler import TokenLogprob
+from engine.sequence import Timings
 
 
 @dataclass(frozen=True)
@@ -46,3 +48,25 @@ class GenerationResult:
     timings: dict[str, float | None] = field(default_factory=dict, repr=False)
     logprobs: list[TokenLogprob] | None = field(default=None, repr=False)
     error: str | None = None
+
+    @classmethod
+    def from_deltas(cls, deltas: list[RequestOutput]) -> "GenerationResult":
+        """A whole request from its streamed deltas (the last one carries usage and timings)."""
+        last = deltas[-1]
+        logprobs = [lp for d in deltas for lp in (d.logprobs or [])] if last.logprobs is not None else None
+        return cls(text="".join(d.text for d in deltas), token_ids=[t for d in deltas for t in d.token_ids],
+                   finish_reason=last.finish_reason, usage=last.usage, timings=last.timings, logprobs=logprobs,
+                   error=last.error)
+
+
+def timings_of(t: Timings, output_tokens: int) -> dict[str, float | None]:
+    """Queue time, time to first token, decode tokens/s and total time of a request, in seconds."""
+    finished = t.finished or time.monotonic()
+    decode_time = finished - t.first_token if t.first_token is not None else None
+    decoded = output_tokens - 1
+    return {
+        "queue_time": None if t.first_scheduled is None else t.first_scheduled - t.arrival,
+        "time_to_first_token": None if t.first_token is None else t.first_token - t.arrival,
+        "decode_tokens_per_s": decoded / decode_time if decode_time and decoded > 0 else None,
+        "total_time": finished - t.arrival,
+    }

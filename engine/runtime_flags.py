@@ -1,0 +1,51 @@
+"""RuntimeFlags: an operator's flag changes, queued and applied by the engine between steps.
+
+Every flag is an entry of engine/capabilities.py; a change to an unknown or start-only flag is
+refused when it is asked for, not at the next step.
+"""
+
+from __future__ import annotations
+
+from engine.capabilities import capability
+from engine.device_loop import KILL_SWITCH, DeviceLoop
+from engine.graphs import GraphMode
+from engine.runner import ModelRunner
+
+
+class RuntimeFlags:
+    def __init__(self, device_loop: DeviceLoop, runner: ModelRunner) -> None:
+        self._device_loop = device_loop
+        self._runner = runner
+        self._pending: dict[str, bool | int] = {}
+
+    def request(self, name: str, value: bool | int) -> None:
+        entry = capability(name)
+        if not entry.settable:
+            raise ValueError(f"{name} is fixed at start: {entry.description}")
+        self._pending[name] = int(value) if entry.kind == "int" else bool(value)
+
+    def in_force(self) -> dict[str, bool | int]:
+        graphs = self._runner.graphs
+        return {"ARC_GRAPH_DEVICE_LOOP": self._device_loop.enabled, "ARC_DEVICE_LOOP_KILLED": KILL_SWITCH.killed,
+                "ARC_GRAPHS": self._runner.use_graphs, "ARC_CAPTURE_STREAM": graphs.mode is GraphMode.CUDA_GRAPHS,
+                "ARC_GRAPH_VERIFY_REPLAYS": graphs.verify.every, "ARC_GRAPH_VERIFY_ALWAYS": graphs.verify.always,
+                "ARC_LAYER_BISECT": graphs.verify.bisect}
+
+    def apply(self) -> None:
+        """At a step boundary: apply every change asked for since the last one, in order."""
+        verify = self._runner.graphs.verify
+        for name, value in self._pending.items():
+            match name:
+                case "ARC_GRAPH_DEVICE_LOOP":
+                    self._device_loop.set_enabled(bool(value))
+                case "ARC_DEVICE_LOOP_KILLED":
+                    KILL_SWITCH.kill("set by operator") if value else KILL_SWITCH.rearm()
+                case "ARC_GRAPHS":
+                    self._runner.use_graphs = bool(value)
+                case "ARC_GRAPH_VERIFY_REPLAYS":
+                    verify.every = int(value)
+                case "ARC_GRAPH_VERIFY_ALWAYS":
+                    verify.always = bool(value)
+                case "ARC_LAYER_BISECT":
+                    verify.bisect = bool(value)
+        self._pending.clear()
