@@ -184,6 +184,13 @@ class DecodeGraphs:
         after = [c[:, slots].clone() for c in cache]
         for c, saved in zip(cache, before):
             c[:, slots] = saved
+        if self.verify.bisect and not replay_sums:
+            # A CUDA graph replay runs no module hooks: take the replay side's per-layer checksums from
+            # the same step recomputed eagerly over the static buffers, which is what the graph reads.
+            with self._layer_checksums(replay_sums):
+                self._forward(buffers.input_ids, buffers.positions, buffers.block_tables)
+            for c, saved in zip(cache, before):
+                c[:, slots] = saved
         with self._layer_checksums(eager_sums):
             eager = self._forward(input_ids, positions, tables)[:batch]
         for c, saved in zip(cache, after):

@@ -84,3 +84,35 @@ def test_graphs_flip_at_runtime(checkpoint):
     assert engine.runner.graphs.replays > 0 and engine.flags()["ARC_GRAPHS"] is True
     with pytest.raises(ValueError, match="fixed at start"):
         engine.set_flag("ARC_CAPTURE_STREAM", True)
+
+
+def test_the_bisect_still_names_the_layer_when_replays_run_no_hooks(checkpoint, monkeypatch):
+    """CUDA graph replays run no module hooks; simulated here by replays that hide the hooks."""
+    engine = Engine(EngineConfig(model=str(checkpoint), graphs=True, verify_always=True, layer_bisect=True))
+    graphs = engine.runner.graphs
+    layers = engine.loaded.model.model.layers
+    real_graph, real_copy_in = graphs._graph, graphs._copy_in
+
+    def hookless(bucket):
+        buffers, replay = real_graph(bucket)
+
+        def replay_without_hooks():
+            saved = [dict(layer._forward_hooks) for layer in layers]
+            for layer in layers:
+                layer._forward_hooks.clear()
+            try:
+                replay()
+            finally:
+                for layer, hooks in zip(layers, saved):
+                    layer._forward_hooks.update(hooks)
+
+        return buffers, replay_without_hooks
+
+    def stale_positions(buffers, input_ids, positions, tables):
+        real_copy_in(buffers, input_ids, buffers.positions.clone(), tables)
+
+    monkeypatch.setattr(graphs, "_graph", hookless)
+    monkeypatch.setattr(graphs, "_copy_in", stale_positions)
+    engine.generate(["class Node:"], SamplingParams(max_tokens=6, **GREEDY))
+    diverged = [r for r in graphs.verify.records if r.max_abs_delta > 0]
+    assert diverged and diverged[0].layer_deltas and diverged[0].first_divergent_layer == 0
