@@ -59,22 +59,16 @@ def capability(name: str) -> Capability:
         raise UnknownFlag(f"unknown flag {name!r}; registered: {', '.join(BY_NAME)}") from None
 
 
-def env_int(name: str) -> int:
-    """A registered integer flag from the environment; a value that is not an integer is an error."""
-    entry = capability(name)
-    raw = os.environ.get(name)
-    if raw is None:
-        return int(entry.default)
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValueError(f"{name} must be an integer, got {raw!r}") from None
-
-
-def env_flag(name: str) -> bool:
-    """A registered boolean flag from the environment ("1", "true", "yes", "on" are true)."""
+def env_value(name: str) -> bool | int:
+    """A registered flag from the environment, by its kind: booleans are true for "1", "true", "yes",
+    "on"; an integer flag that is not an integer is an error naming it."""
     entry = capability(name)
     raw = os.environ.get(name)
     if raw is None:
         return entry.default
-    return raw.strip().lower() in ("1", "true", "yes", "on")
+    if entry.kind == "bool":
+        return raw.strip().lower() in ("1", "true", "yes", "on")
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be an integer, got {raw!r}") from None

@@ -86,8 +86,8 @@ class ParkedQueue:
         self.taken += 1
         return Taken(slot.tokens.popleft())
 
-    def drop_owner(self, seq_id: int) -> int:
-        rows = [row for row, slot in self._slots.items() if slot.owner == seq_id]
+    def drop_owners(self, seq_ids: set[int]) -> int:
+        rows = [row for row, slot in self._slots.items() if slot.owner in seq_ids]
         dropped = sum(len(self._slots[row].tokens) for row in rows)
         for row in rows:
             del self._slots[row]
@@ -100,11 +100,6 @@ class ParkedQueue:
 
     def pending(self, seq_id: int | None = None) -> int:
         return sum(len(s.tokens) for s in self._slots.values() if seq_id is None or s.owner == seq_id)
-
-    def snapshot(self) -> list[dict]:
-        """Rows, owners and counts, for the operator dashboard."""
-        return [{"row": row, "owner": slot.owner, "tokens": len(slot.tokens)}
-                for row, slot in sorted(self._slots.items()) if slot.tokens]
 
 
 class KillSwitch:
@@ -165,7 +160,7 @@ class DeviceLoop:
         """These sequences are about to get this step's token without their parked queue (a prefill,
         a new burst, host decode): tokens they parked earlier, at another row, are stale. Dropping
         undrained tokens also means the device buffers ran ahead of the host: re-prime."""
-        if sum(self.parked.drop_owner(seq.seq_id) for seq in seqs):
+        if self.parked.drop_owners({seq.seq_id for seq in seqs}):
             self.generation += 1
 
     def host_served(self, seqs: list[Sequence]) -> None:
@@ -196,7 +191,7 @@ class DeviceLoop:
 
     def stand_down(self, seq: Sequence) -> None:
         """The funnel's hook: this sequence left the running set."""
-        dropped = self.parked.drop_owner(seq.seq_id)
+        dropped = self.parked.drop_owners({seq.seq_id})
         if dropped:
             log.info("ArcGraph: stand-down of seq %d dropped %d parked tokens", seq.seq_id, dropped)
         self.eligible.discard(seq.seq_id)
@@ -244,8 +239,8 @@ class DeviceLoop:
         # Continue from the device buffers only if nothing stood down since they were primed and the
         # same sequences sit in the same rows; otherwise re-prime them from the host's view.
         if state.primed_generation != self.generation or state.row_owners != owners:
-            state.input_ids[: len(seqs)] = torch.tensor([s.token_ids[-1] for s in seqs], device=self.device)
-            state.positions[: len(seqs)] = torch.tensor([len(s.token_ids) - 1 for s in seqs], device=self.device)
+            state.input_ids[: len(seqs)] = torch.tensor([s.last_token for s in seqs], device=self.device)
+            state.positions[: len(seqs)] = torch.tensor([s.num_tokens - 1 for s in seqs], device=self.device)
             state.ring_head = 0
             state.fault.zero_()
             state.primed_generation = self.generation

@@ -82,7 +82,6 @@ class Engine:
                                   self.length_limit, graphs, config.graphs)
         # Called after the device loop with each sequence the funnel stands down (metrics, tests).
         self.stand_down_listeners: list[Callable[[Sequence], None]] = []
-        self.num_stand_downs = 0
         self._requests: dict[str, _Request] = {}
         self._seq_ids = itertools.count()
         self.runtime_flags = RuntimeFlags(self.device_loop, self.runner)
@@ -182,7 +181,7 @@ class Engine:
 
     def _postprocess(self, request: _Request, token: int, logprob) -> RequestOutput:
         seq = request.seq
-        seq.num_cached = len(seq.token_ids)
+        seq.num_cached = seq.num_tokens
         if isinstance(seq.state, RunningPrompt):
             seq.set_state(RunningCompletion())
         seq.output_ids.append(token)
@@ -212,7 +211,7 @@ class Engine:
             return StopReason.LOW_CONFIDENCE
         if len(seq.output_ids) >= params.max_tokens:
             return StopReason.LENGTH
-        if len(seq.token_ids) >= self.length_limit:
+        if seq.num_tokens >= self.length_limit:
             return StopReason.MODEL_LENGTH
         return None
 
@@ -248,7 +247,6 @@ class Engine:
                            usage=Usage(len(seq.prompt_ids), len(seq.output_ids)), timings=timings_of(seq.timings, len(seq.output_ids)))
 
     def _stand_down(self, seq: Sequence) -> None:
-        self.num_stand_downs += 1
         self.device_loop.stand_down(seq)
         for listener in self.stand_down_listeners:
             listener(seq)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import enum
 import logging
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -198,19 +199,16 @@ class DecodeGraphs:
         self._record(buffers, batch, replayed, eager, replay_sums, eager_sums)
         return replayed
 
+    @contextmanager
     def _layer_checksums(self, sink: list):
-        model, bisect = self.model, self.verify.bisect
-
-        class Hooks:
-            def __enter__(self):
-                self.handles = [layer.register_forward_hook(lambda _m, _i, out: sink.append(float(out.double().sum())))
-                                for layer in model.model.layers] if bisect else []
-
-            def __exit__(self, *exc):
-                for handle in self.handles:
-                    handle.remove()
-
-        return Hooks()
+        """With the bisect on, append each layer's output checksum to `sink` while the block runs."""
+        hooks = [layer.register_forward_hook(lambda _m, _i, out: sink.append(float(out.double().sum())))
+                 for layer in self.model.model.layers] if self.verify.bisect else []
+        try:
+            yield
+        finally:
+            for hook in hooks:
+                hook.remove()
 
     def _record(self, buffers, batch, replayed, eager, replay_sums, eager_sums) -> None:
         delta = float((replayed.float() - eager.float()).abs().max())

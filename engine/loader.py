@@ -9,13 +9,13 @@ the tensor, before any of it reaches a forward pass.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 
+from engine.json_files import read_json_object
 from engine.model import ConfigError, LlamaForCausalLM, ModelConfig
 from engine.tokenizer import Tokenizer, TokenizerError
 
@@ -53,12 +53,9 @@ def read_json(path: Path) -> dict:
     if not path.is_file():
         raise ModelLoadError(f"{path.parent}: {path.name} is missing")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ModelLoadError(f"{path}: not valid JSON ({exc})") from exc
-    if not isinstance(data, dict):
-        raise ModelLoadError(f"{path}: expected a JSON object")
-    return data
+        return read_json_object(path)
+    except ValueError as exc:
+        raise ModelLoadError(str(exc)) from exc
 
 
 def load_config(path: Path) -> ModelConfig:

@@ -59,7 +59,7 @@ class ModelRunner:
         loop = self.device_loop
         if loop.active:
             for row, seq in enumerate(seqs):
-                if _new_tokens(seq) == 1:  # the prefill guard: parked tokens never replace a prefill
+                if seq.num_uncached == 1:  # the prefill guard: parked tokens never replace a prefill
                     taken = loop.take(row, seq)
                     if isinstance(taken, Taken):
                         tokens[row] = taken.token
@@ -86,27 +86,27 @@ class ModelRunner:
         """Logits of each sequence's last fed token; feeds every token not yet in the cache."""
         device = self.loaded.device
         if self._graphable(seqs):
-            ids = torch.tensor([s.token_ids[-1] for s in seqs], dtype=torch.long, device=device)
-            positions = torch.tensor([len(s.token_ids) - 1 for s in seqs], dtype=torch.long, device=device)
+            ids = torch.tensor([s.last_token for s in seqs], dtype=torch.long, device=device)
+            positions = torch.tensor([s.num_tokens - 1 for s in seqs], dtype=torch.long, device=device)
             logits = self.graphs.run(ids, positions, [s.block_table for s in seqs])
             return TaggedLogits(logits, tuple(s.seq_id for s in seqs))
         metadata = AttentionMetadata.build(
             block_size=self.kv_cache.block_size, block_tables=[s.block_table for s in seqs],
-            cached_lens=[s.num_cached for s in seqs], query_lens=[_new_tokens(s) for s in seqs],
+            cached_lens=[s.num_cached for s in seqs], query_lens=[s.num_uncached for s in seqs],
             sliding_window=self.loaded.config.sliding_window, device=device, dtype=self.loaded.dtype)
-        ids = torch.tensor([t for s in seqs for t in s.token_ids[s.num_cached:]], dtype=torch.long, device=device)
+        ids = torch.tensor([t for s in seqs for t in s.uncached_tokens()], dtype=torch.long, device=device)
         model = self.loaded.model
         hidden = model(ids, metadata.positions, metadata, self.kv_cache)
         return TaggedLogits(model.logits(hidden[metadata.last_token_index]), tuple(s.seq_id for s in seqs))
 
     def _try_burst(self, rows: list[int], seqs: list[Sequence]) -> list[int] | None:
-        if not all(_new_tokens(s) == 1 and self.device_loop.can_burst(s) for s in seqs):
+        if not all(s.num_uncached == 1 and self.device_loop.can_burst(s) for s in seqs):
             return None
         steps = min([self.device_loop.burst_length]
                     + [s.params.max_tokens - len(s.output_ids) for s in seqs]
-                    + [self.length_limit - len(s.token_ids) for s in seqs])
+                    + [self.length_limit - s.num_tokens for s in seqs])
         # A burst writes keys/values for `steps` tokens per row: positions len-1 .. len+steps-2.
-        if steps < 2 or not all(self.reserve(s, len(s.token_ids) + steps - 1) for s in seqs):
+        if steps < 2 or not all(self.reserve(s, s.num_tokens + steps - 1) for s in seqs):
             return None
         first = self.device_loop.burst(rows, seqs, steps, self._burst_forward(seqs))
         if first is None:  # the burst faulted: what it wrote may be NaN, and masking cannot hide NaN
@@ -117,18 +117,18 @@ class ModelRunner:
         """Zero the KV slots a faulted burst wrote; host decode rewrites the ones it needs."""
         size = self.kv_cache.block_size
         slots = [s.block_table[p // size] * size + p % size
-                 for s in seqs for p in range(len(s.token_ids) - 1, len(s.token_ids) - 1 + steps)]
+                 for s in seqs for p in range(s.num_tokens - 1, s.num_tokens - 1 + steps)]
         index = torch.tensor(slots, dtype=torch.long, device=self.loaded.device)
         self.kv_cache.keys[:, index] = 0
         self.kv_cache.values[:, index] = 0
 
     def _graphable(self, seqs: list[Sequence]) -> bool:
         return (self.use_graphs and DecodeGraphs.bucket_for(len(seqs)) is not None
-                and all(_new_tokens(s) == 1 for s in seqs))
+                and all(s.num_uncached == 1 for s in seqs))
 
     def _burst_forward(self, seqs: list[Sequence]):
         model, device = self.loaded.model, self.loaded.device
-        base = [len(s.token_ids) - 1 for s in seqs]
+        base = [s.num_tokens - 1 for s in seqs]
         if self._graphable(seqs):
             tables = [s.block_table for s in seqs]
             return lambda input_ids, positions, index: self.graphs.run(input_ids, positions, tables)
@@ -144,7 +144,3 @@ class ModelRunner:
             return model.logits(model(input_ids, positions, metadata, self.kv_cache))
 
         return step
-
-
-def _new_tokens(seq: Sequence) -> int:
-    return len(seq.token_ids) - seq.num_cached

@@ -121,6 +121,25 @@ class Sequence:
         return self.prompt_ids + self.output_ids
 
     @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def last_token(self) -> int:
+        return self.output_ids[-1] if self.output_ids else self.prompt_ids[-1]
+
+    def uncached_tokens(self) -> list[int]:
+        """The tokens the next forward must feed (a decode touches only the output's tail)."""
+        if self.num_cached >= len(self.prompt_ids):
+            return self.output_ids[self.num_cached - len(self.prompt_ids):]
+        return self.token_ids[self.num_cached:]
+
+    @property
+    def num_uncached(self) -> int:
+        """Tokens the next forward must feed: the whole prompt for a prefill, 1 for a decode."""
+        return self.num_tokens - self.num_cached
+
+    @property
     def is_finished(self) -> bool:
         return isinstance(self._state, (Done, Error, FinishedAborted, FinishedIgnored))
 

@@ -18,6 +18,8 @@ from jinja2.ext import Extension
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as BackendTokenizer
 
+from engine.json_files import read_json_object
+
 
 class TokenizerError(ValueError):
     """Tokenizer files or a chat request that cannot be used, with the reason."""
@@ -68,11 +70,9 @@ class Tokenizer:
         config = {}
         if config_file.is_file():
             try:
-                config = json.loads(config_file.read_text(encoding="utf-8"))
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                raise TokenizerError(f"{config_file}: not valid JSON ({exc})") from exc
-            if not isinstance(config, dict):
-                raise TokenizerError(f"{config_file}: expected a JSON object")
+                config = read_json_object(config_file)
+            except ValueError as exc:
+                raise TokenizerError(str(exc)) from exc
         return cls(backend, config, _find_chat_template(path, config))
 
     @property

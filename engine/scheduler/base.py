@@ -80,6 +80,3 @@ class SchedulerBase:
             f"needs {needed} KV blocks of {self.block_size} tokens ({tokens} tokens) but the whole pool has "
             f"{self.kv_cache.num_blocks}; shorten the prompt or max_tokens"))
         return True
-
-    def _new_tokens(self, seq: Sequence) -> int:
-        return len(seq.token_ids) - seq.num_cached

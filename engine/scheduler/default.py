@@ -36,7 +36,7 @@ class DefaultScheduler(SchedulerBase):
             return batch
         buckets: dict[int, list[Sequence]] = defaultdict(list)
         for seq in self.running:
-            buckets[len(seq.token_ids)].append(seq)
+            buckets[seq.num_tokens].append(seq)
         # Most urgent bucket first; among equals the larger one (more work per forward), then shorter.
         urgency = self._urgency
         chosen_length = max(buckets, key=lambda length: (max(urgency.get(s.seq_id, 0) for s in buckets[length]),

@@ -74,7 +74,7 @@ class PagedScheduler(SchedulerBase):
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch()
         preempted = self._keep_running_room()
-        budget = self.limits.max_num_batched_tokens - sum(self._new_tokens(s) for s in self.running)
+        budget = self.limits.max_num_batched_tokens - sum(s.num_uncached for s in self.running)
         if not preempted:
             budget = self._swap_in(budget)
             if not self.swapped:  # swapped sequences come back before anyone new is admitted
@@ -89,7 +89,7 @@ class PagedScheduler(SchedulerBase):
         kept, preempted = [], False
         while by_age:
             seq = by_age.pop(0)
-            while not self.reserve(seq, len(seq.token_ids)):
+            while not self.reserve(seq, seq.num_tokens):
                 victim = by_age.pop() if by_age else seq
                 self._preempt(victim)
                 preempted = True
@@ -115,8 +115,8 @@ class PagedScheduler(SchedulerBase):
     def _swap_in(self, budget: int) -> int:
         while self.swapped and len(self.running) < self.limits.max_num_seqs:
             seq = self.swapped[0]
-            needed = blocks_needed(len(seq.token_ids), self.block_size)
-            if needed > self.kv_cache.allocator.num_free or budget < self._new_tokens(seq):
+            needed = blocks_needed(seq.num_tokens, self.block_size)
+            if needed > self.kv_cache.allocator.num_free or budget < seq.num_uncached:
                 break
             self.swapped.popleft()
             blocks = self.kv_cache.allocator.allocate(needed)
@@ -124,12 +124,12 @@ class PagedScheduler(SchedulerBase):
             seq.block_table = blocks
             seq.set_state(RunningCompletion())
             self.running.append(seq)
-            budget -= self._new_tokens(seq)
+            budget -= seq.num_uncached
         return budget
 
     def _admit(self, batch: ScheduledBatch, budget: int) -> None:
         for seq in list(self.waiting):
-            tokens = len(seq.token_ids)
+            tokens = seq.num_tokens
             if self._ignore_if_never_fits(seq, tokens):
                 batch.ignored.append(seq)
                 continue

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.capabilities import REGISTRY, UnknownFlag, capability, env_flag
+from engine.capabilities import REGISTRY, UnknownFlag, capability, env_value
 
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCTION = [p for part in ("engine", "kernels", "workbench") for p in (ROOT / part).rglob("*.py")]
@@ -64,9 +64,14 @@ def test_unknown_flags_are_refused_and_env_flags_parse(monkeypatch):
     with pytest.raises(UnknownFlag):
         capability("ARC_NO_SUCH_FLAG")
     monkeypatch.setenv("ARC_GRAPH_DEVICE_LOOP", "yes")
-    assert env_flag("ARC_GRAPH_DEVICE_LOOP") is True
+    assert env_value("ARC_GRAPH_DEVICE_LOOP") is True
     monkeypatch.setenv("ARC_GRAPH_DEVICE_LOOP", "0")
-    assert env_flag("ARC_GRAPH_DEVICE_LOOP") is False
+    assert env_value("ARC_GRAPH_DEVICE_LOOP") is False
+    monkeypatch.setenv("ARC_GRAPH_VERIFY_REPLAYS", "8")
+    assert env_value("ARC_GRAPH_VERIFY_REPLAYS") == 8
+    monkeypatch.setenv("ARC_GRAPH_VERIFY_REPLAYS", "often")
+    with pytest.raises(ValueError, match="ARC_GRAPH_VERIFY_REPLAYS must be an integer"):
+        env_value("ARC_GRAPH_VERIFY_REPLAYS")
 
 
 CITATION = re.compile(r"`([\w/]+\.py):([\w.]+)`")

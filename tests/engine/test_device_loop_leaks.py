@@ -117,6 +117,7 @@ def test_a_sequence_stopping_mid_burst_leaves_no_parked_tail(checkpoint, path, m
         engine.add_request("B", PROMPT_B, SamplingParams(max_tokens=3, **GREEDY))
         monkeypatch.setattr(engine.loaded.model, "forward", lambda *a: (_ for _ in ()).throw(RuntimeError("boom")))
     assert engine.device_loop.parked.pending() >= 1  # liveness: a tail is parked when A stops
+    assert 0 in engine.device_loop.eligible  # A (seq 0) is published as eligible while it bursts
     run_to_end(engine, outputs)
     monkeypatch.undo()
 
@@ -127,6 +128,7 @@ def test_a_sequence_stopping_mid_burst_leaves_no_parked_tail(checkpoint, path, m
     state_of_a = [state for rid, state in stood_down if rid == "A"][0]
     assert state_of_a == expected_state if expected_state else isinstance(state_of_a, Error)
     assert engine.device_loop.parked.pending() == 0, "A's undrained tail outlived it"
+    assert 0 not in engine.device_loop.eligible, "the stand-down clears A's eligibility"
     # The next sequence decodes on its own logits, through bursts of its own.
     after = run_to_end_single(engine, "C", PROMPT_B)
     assert after == solo(checkpoint, PROMPT_B, SamplingParams(max_tokens=10, **GREEDY))

@@ -38,7 +38,7 @@ MUTANTS = (
     Mutant(
         "prefill guard removed",
         "engine/runner.py",
-        "                if _new_tokens(seq) == 1:  # the prefill guard",
+        "                if seq.num_uncached == 1:  # the prefill guard",
         "                if True:  # the prefill guard",
         (f"{LEAKS}::test_parked_tokens_never_replace_a_prefill",),
     ),
