@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # The stamp names the dependency file's content, so editing pyproject.toml reinstalls.
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: run test install clean chromium
+.PHONY: run test install clean chromium redis
 
 run: $(STAMP)
 	$(PY) manage.py migrate --noinput -v0
@@ -14,8 +14,14 @@ run: $(STAMP)
 	@echo "Workbench on http://127.0.0.1:8000  (admin / admin; sign up for a user account)"
 	$(PY) -m daphne -b 127.0.0.1 -p 8000 workbench.asgi:application
 
-test: $(STAMP) chromium
+test: $(STAMP) chromium redis
 	$(PY) -m pytest
+
+# The distributed transport's tests use the machine's Redis on 6379 (each run under a queue prefix of
+# its own) and start private ones for the tests that stop Redis.
+redis:
+	@command -v redis-server >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server; }
+	@redis-cli -h 127.0.0.1 ping >/dev/null 2>&1 || redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no
 
 # The browser tests drive Debian's Chromium (Playwright's own browser download cannot run here).
 chromium:

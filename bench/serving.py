@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 import websockets  # noqa: E402
 
 from engine import Engine, EngineConfig, SamplingParams  # noqa: E402
-from tests.conftest import _free_port  # noqa: E402
+from tests.cluster import free_port  # noqa: E402
 
 PROMPTS = ["The list type", "A dictionary is", "This module provides", "Return the number of",
            "If the file does not exist,", "The default value is", "Raise an exception when", "Each thread has"]
@@ -126,7 +126,7 @@ def start_daphne() -> tuple[subprocess.Popen, str, str]:
     subprocess.run([*manage, "migrate", "-v0"], env=env, check=True, cwd=ROOT)
     token = subprocess.run([*manage, "createapitoken", "bench"], env=env, check=True, cwd=ROOT,
                            capture_output=True, text=True).stdout.strip().splitlines()[-1]
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
                                "workbench.asgi:application"], env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL)

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
 from engine.loader import DEMO_MODEL_DIR
+from tests.cluster import Cluster, free_port, wait_for_port
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
@@ -72,35 +71,55 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+@pytest.fixture(scope="session")
+def celery_cluster(tmp_path_factory):
+    """Two real Celery GPU workers on the machine's Redis, under a queue prefix of their own."""
+    from django.conf import settings
+
+    cluster = Cluster(settings.REDIS_URL, tmp_path_factory.mktemp("cluster"))
+    try:
+        cluster.start_workers(2)
+        yield cluster
+    finally:
+        cluster.stop()
 
 
-@pytest.fixture(scope="module")
-def daphne_server(tmp_path_factory):
-    """A real Daphne on 127.0.0.1 with a fresh SQLite database; yields (base_url, api_token)."""
+@pytest.fixture(params=["inprocess", "celery"])
+def serving_transport(request):
+    """Run a test against each transport: the engine on a thread here, or the Celery workers (the
+    bridge keeps one of each alive across tests)."""
+    from django.conf import settings
+
+    saved = settings.WORKBENCH_TRANSPORT, settings.WORKBENCH_QUEUE_PREFIX
+    if request.param == "celery":
+        settings.WORKBENCH_TRANSPORT = "celery"
+        settings.WORKBENCH_QUEUE_PREFIX = request.getfixturevalue("celery_cluster").prefix
+    yield request.param
+    settings.WORKBENCH_TRANSPORT, settings.WORKBENCH_QUEUE_PREFIX = saved
+
+
+@pytest.fixture(scope="module", params=["inprocess", "celery"])
+def daphne_server(request, tmp_path_factory):
+    """A real Daphne on 127.0.0.1 with a fresh SQLite database, serving through each transport in turn;
+    yields (address, api_token)."""
     db = tmp_path_factory.mktemp("daphne") / "db.sqlite3"
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "workbench.settings", "WORKBENCH_DB_PATH": str(db)}
+    if request.param == "celery":
+        env = {**request.getfixturevalue("celery_cluster").env, "WORKBENCH_DB_PATH": str(db)}
     manage = [sys.executable, str(ROOT / "manage.py")]
     subprocess.run([*manage, "migrate", "-v0"], env=env, check=True, cwd=ROOT)
     token = subprocess.run([*manage, "createapitoken", "bob"], env=env, check=True, cwd=ROOT, capture_output=True,
                            text=True).stdout.strip().splitlines()[-1]
-    port = _free_port()
+    port = free_port()
+    log = db.with_name("daphne.log")
     server = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
                                "workbench.asgi:application"], env=env, cwd=ROOT,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            break
-        except OSError:
-            time.sleep(0.2)
-    else:
+                              stdout=subprocess.DEVNULL, stderr=open(log, "w"))
+    try:
+        wait_for_port(port, server, "daphne")
+    except RuntimeError:
         server.kill()
-        raise RuntimeError(f"daphne did not start: {server.stderr.read().decode()[-2000:]}")
+        raise RuntimeError(f"daphne did not start: {log.read_text()[-2000:]}") from None
     yield f"127.0.0.1:{port}", token
     server.terminate()
     server.wait(timeout=10)

@@ -1,14 +1,19 @@
 """Django settings, from the environment; the defaults are the embedded single-process workbench.
 
-WORKBENCH_SECRET_KEY, WORKBENCH_DEBUG, WORKBENCH_ALLOWED_HOSTS (comma-separated), WORKBENCH_DB_PATH
-(SQLite file), WORKBENCH_MODEL ("demo" or a model directory), WORKBENCH_DEVICE, WORKBENCH_DTYPE,
-WORKBENCH_MAX_FRAME_BYTES, WORKBENCH_STATIC_ROOT. The engine's own ARC_* flags are read by the engine.
+WORKBENCH_SECRET_KEY, WORKBENCH_DEBUG, WORKBENCH_ALLOWED_HOSTS (comma-separated), DATABASE_URL (any
+database dj-database-url reads, e.g. postgres://...; unset: SQLite at WORKBENCH_DB_PATH), WORKBENCH_MODEL
+("demo" or a model directory), WORKBENCH_DEVICE, WORKBENCH_DTYPE, WORKBENCH_MAX_FRAME_BYTES,
+WORKBENCH_STATIC_ROOT; the transport: WORKBENCH_TRANSPORT ("inprocess" or "celery"), REDIS_URL,
+WORKBENCH_QUEUE_PREFIX, WORKBENCH_WORKER_CAPACITY, WORKBENCH_HEARTBEAT_S, WORKBENCH_WORKER_LOST_S.
+docs/OPERATIONS.md says what each is for. The engine's own ARC_* flags are read by the engine.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+
+import dj_database_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -64,10 +69,29 @@ TEMPLATES = [{
     ]},
 }]
 
-DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3",
-                         "NAME": os.environ.get("WORKBENCH_DB_PATH", str(BASE_DIR / "workbench.sqlite3"))}}
+_SQLITE_URL = "sqlite:///" + os.environ.get("WORKBENCH_DB_PATH", str(BASE_DIR / "workbench.sqlite3"))
+DATABASES = {"default": dj_database_url.config(default=_SQLITE_URL)}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
-CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+# "inprocess": the engine on a thread of this process (the embedded default). "celery": requests go to
+# Celery GPU workers over Redis, and tokens come back through the channels-redis layer.
+WORKBENCH_TRANSPORT = os.environ.get("WORKBENCH_TRANSPORT", "inprocess")
+if WORKBENCH_TRANSPORT not in ("inprocess", "celery"):
+    raise ValueError(f"WORKBENCH_TRANSPORT must be inprocess or celery, not {WORKBENCH_TRANSPORT!r}")
+REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+if WORKBENCH_TRANSPORT == "celery":
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer",
+                                  "CONFIG": {"hosts": [REDIS_URL], "capacity": 1000, "expiry": 60}}}
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+# Every worker's Celery queue is <prefix>.<worker id>; several deployments can share one Redis.
+WORKBENCH_QUEUE_PREFIX = os.environ.get("WORKBENCH_QUEUE_PREFIX", "workbench")
+# Requests (running + waiting) one worker accepts before the web side answers "overloaded".
+WORKBENCH_WORKER_CAPACITY = int(os.environ.get("WORKBENCH_WORKER_CAPACITY", 256))
+# A worker publishes its heartbeat every HEARTBEAT_S; one silent for WORKER_LOST_S is lost, and its
+# requests end with an error.
+WORKBENCH_HEARTBEAT_S = float(os.environ.get("WORKBENCH_HEARTBEAT_S", 1.0))
+WORKBENCH_WORKER_LOST_S = float(os.environ.get("WORKBENCH_WORKER_LOST_S", 4.0))
 
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]

@@ -76,6 +76,7 @@ async def talk(communicator, frame):
 
 @pytest.mark.asyncio
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("serving_transport")
 async def test_chat_socket_streams_stores_regenerates_and_refuses_strangers(users):
     from asgiref.sync import sync_to_async
 
@@ -108,6 +109,7 @@ async def test_chat_socket_streams_stores_regenerates_and_refuses_strangers(user
 
 @pytest.mark.asyncio
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("serving_transport")
 async def test_stop_keeps_the_partial_reply_as_canceled(users):
     from asgiref.sync import sync_to_async
 

@@ -11,7 +11,7 @@ from asgiref.testing import ApplicationCommunicator
 from workbench.asgi import application
 from workbench.serving import bridge
 
-pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("serving_transport")]
 
 
 def running_completions() -> set[str]:
@@ -32,6 +32,10 @@ async def test_disconnect_mid_stream_aborts_the_sequence(api_user):
     assert start["type"] == "http.response.start" and start["status"] == 200
     first = await client.receive_output(timeout=20)
     assert first["type"] == "http.response.body" and first["body"].startswith(b"data: ")
+    for _ in range(500):
+        if running_completions():
+            break
+        await asyncio.sleep(0.01)
     assert running_completions(), "liveness: the engine runs the request"
     await client.send_input({"type": "http.disconnect"})
     for _ in range(500):

@@ -1,5 +1,6 @@
 """The websocket API in-process (Channels' WebsocketCommunicator), where the engine can be inspected:
-multiplexing, cancel and disconnect reaching the engine, every protocol error, auth."""
+multiplexing, cancel and disconnect reaching the engine, every protocol error, auth; each against the
+in-process engine and against real Celery workers over Redis."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from engine import Engine, EngineConfig, SamplingParams
 from workbench.asgi import application
 from workbench.serving import bridge
 
-pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("serving_transport")]
 
 
 async def connect(token: str | None) -> WebsocketCommunicator:
@@ -77,12 +78,12 @@ async def test_cancel_stops_the_sequence_in_the_engine(api_user):
                                            "params": {"max_tokens": 400, "ignore_eos": True, "temperature": 0}}))
     assert json.loads(await ws.receive_from(timeout=10))["type"] == "accepted"
     assert json.loads(await ws.receive_from(timeout=10))["type"] == "delta"
-    assert engine_runs("-long"), "liveness: the engine is running it"
+    assert await wait_for(lambda: engine_runs("-long")), "liveness: the engine is running it"
     await ws.send_to(text_data=json.dumps({"type": "cancel", "request_id": "long"}))
     frames = await frames_until_done(ws, {"long"})
     assert frames[-1]["type"] == "done" and frames[-1]["finish_reason"] == "canceled"
     assert frames[-1]["usage"]["completion_tokens"] < 400
-    assert not engine_runs("-long")
+    assert await wait_for(lambda: not engine_runs("-long"))
     await ws.disconnect()
 
 
@@ -92,7 +93,7 @@ async def test_disconnect_stops_the_sequence_in_the_engine(api_user):
                                            "params": {"max_tokens": 400, "ignore_eos": True, "temperature": 0}}))
     await ws.receive_from(timeout=10)
     await ws.receive_from(timeout=10)
-    assert engine_runs("-gone")
+    assert await wait_for(lambda: engine_runs("-gone")), "liveness: the engine is running it"
     await ws.disconnect()
     assert await wait_for(lambda: not engine_runs("-gone"))
 

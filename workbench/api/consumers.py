@@ -102,7 +102,7 @@ class GenerateConsumer(AsyncWebsocketConsumer):
                 raise ProtocolError("invalid_request", "prompt must be a string or a list of token ids", request_id)
             return prompt
         try:
-            return transport.engine.tokenizer.encode_chat(frame["messages"])
+            return transport.tokenizer.encode_chat(frame["messages"])
         except TokenizerError as exc:
             raise ProtocolError("invalid_request", str(exc), request_id) from None
 

@@ -113,7 +113,7 @@ def _handler(kind: str):
 def _prompt(kind: str, body: dict, transport) -> str | list[int]:
     if kind == "chat":
         try:
-            return transport.engine.tokenizer.encode_chat(body.get("messages"))
+            return transport.tokenizer.encode_chat(body.get("messages"))
         except TokenizerError as exc:
             raise ApiError(400, str(exc), param="messages") from None
     prompt = body.get("prompt")

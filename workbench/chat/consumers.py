@@ -103,7 +103,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
     async def _generate(self, history: list[dict], params: SamplingParams) -> None:
         transport = await asyncio.to_thread(bridge.transport)
         try:
-            prompt = transport.engine.tokenizer.encode_chat(history)
+            prompt = transport.tokenizer.encode_chat(history)
         except TokenizerError as exc:
             await self._error("invalid_request", str(exc))
             return

@@ -1,7 +1,10 @@
-"""The serving bridge's entry point: which transport serves this process, created on first use.
+"""The serving bridge: the one door from the web side to the engine, whichever transport is behind it.
 
+Both transports offer the same interface: `submit(request_id, prompt, params) -> RequestStream` (from an
+event loop), `cancel(request_id)`, `tokenizer`, `running_request_ids()`, `stop()`. WORKBENCH_TRANSPORT
+picks one: "inprocess" (the engine on a thread of this process) or "celery" (GPU workers over Redis).
 Nothing heavy happens at import or in AppConfig.ready() (which runs for every management command):
-the engine starts the first time a request needs it.
+the transport starts the first time a request needs it.
 """
 
 from __future__ import annotations
@@ -10,29 +13,39 @@ import threading
 
 from django.conf import settings
 
-from engine import Engine, EngineConfig
-from workbench.serving.inprocess import EngineThread
-
 _lock = threading.Lock()
-_transport: EngineThread | None = None
+# One transport per kind, created on first use. A deployment only ever uses the kind its setting
+# names; the tests flip the setting to run the same test against both.
+_transports: dict[str, object] = {}
 
 
-def transport() -> EngineThread:
-    global _transport
+def _inprocess():
+    from engine import Engine, EngineConfig
+    from workbench.serving.inprocess import EngineThread
+
+    config = EngineConfig(model=settings.WORKBENCH_MODEL, device=settings.WORKBENCH_DEVICE,
+                          dtype=settings.WORKBENCH_DTYPE)
+    return EngineThread(lambda: Engine(config))
+
+
+def _celery():
+    from workbench.serving.celery_transport import CeleryTransport
+
+    return CeleryTransport()
+
+
+def transport():
+    kind = settings.WORKBENCH_TRANSPORT
     with _lock:
-        if _transport is None:
-            config = EngineConfig(model=settings.WORKBENCH_MODEL, device=settings.WORKBENCH_DEVICE,
-                                  dtype=settings.WORKBENCH_DTYPE)
-            started = EngineThread(lambda: Engine(config))
+        if kind not in _transports:
+            started = _celery() if kind == "celery" else _inprocess()
             started.start()
-            _transport = started
-        return _transport
+            _transports[kind] = started
+        return _transports[kind]
 
 
 def shutdown() -> None:
-    """Stop the engine thread (tests, and processes that want a clean exit)."""
-    global _transport
+    """Stop the transports (tests, and processes that want a clean exit); the next use starts anew."""
     with _lock:
-        if _transport is not None:
-            _transport.stop()
-            _transport = None
+        while _transports:
+            _transports.popitem()[1].stop()

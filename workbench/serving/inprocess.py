@@ -1,8 +1,9 @@
-"""The in-process transport: the engine runs on a thread of the web process (the embedded default).
+"""The engine's own thread: the in-process transport, and the heart of each Celery worker.
 
-The engine is single-threaded by design, so the thread owns it: the web side only enqueues commands
+The engine is single-threaded by design, so the thread owns it: other threads only enqueue commands
 (add, abort), and the thread applies them between steps, steps while any request is unfinished, and
-hands each output to its request's stream. A cancel therefore reaches the engine at its next step.
+hands each output to its request's sink (a RequestStream in the web process, the worker's outbox in a
+Celery worker). A cancel therefore reaches the engine at its next step.
 """
 
 from __future__ import annotations
@@ -11,25 +12,45 @@ import asyncio
 import logging
 import queue
 import threading
-from typing import Callable
+import time
+from dataclasses import dataclass
+from typing import Callable, Protocol
 
 from engine import Engine, InvalidSamplingParams, PromptError, RequestError, SamplingParams
 from engine.outputs import RequestOutput
-from engine.tokenizer import TokenizerError
+from engine.tokenizer import Tokenizer, TokenizerError
 from workbench.serving.streams import RequestStream, StreamEvent
 
 log = logging.getLogger(__name__)
+
+# A cancel can overtake its request (the Celery task and the cancel travel separately): such a cancel
+# is remembered this long, and the request, when it comes, ends canceled without running.
+EARLY_CANCEL_MEMORY_S = 120.0
+
+
+class Sink(Protocol):
+    def push_threadsafe(self, event: StreamEvent) -> None: ...
+
+
+@dataclass(frozen=True)
+class Load:
+    """What the engine holds, as of its last step: read by other threads without touching the engine."""
+    running: int = 0
+    waiting: int = 0
+    request_ids: tuple[str, ...] = ()
 
 
 class EngineThread:
     def __init__(self, engine_factory: Callable[[], Engine]) -> None:
         self._factory = engine_factory
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
-        self._streams: dict[str, RequestStream] = {}
+        self._sinks: dict[str, Sink] = {}
+        self._canceled_early: dict[str, float] = {}
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
         self.engine: Engine | None = None
         self.startup_error: BaseException | None = None
+        self.load = Load()
 
     def start(self) -> None:
         self._thread.start()
@@ -41,19 +62,26 @@ class EngineThread:
         self._commands.put(("stop",))
         self._thread.join(timeout=10)
 
-    # -- called from the event loop --------------------------------------------------------------
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.engine.tokenizer
+
+    # -- called from other threads --------------------------------------------------------------
 
     def submit(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> RequestStream:
+        """From an event loop: the request's outputs arrive on the returned stream, in that loop."""
         stream = RequestStream(request_id, asyncio.get_running_loop())
-        self._commands.put(("add", request_id, prompt, params, stream))
+        self.add(request_id, prompt, params, stream)
         return stream
+
+    def add(self, request_id: str, prompt: str | list[int], params: SamplingParams, sink: Sink) -> None:
+        self._commands.put(("add", request_id, prompt, params, sink))
 
     def cancel(self, request_id: str) -> None:
         self._commands.put(("abort", request_id))
 
     def running_request_ids(self) -> set[str]:
-        engine = self.engine
-        return {seq.request_id for seq in engine.scheduler.running} if engine else set()
+        return set(self.load.request_ids)
 
     # -- the engine thread ----------------------------------------------------------------------
 
@@ -77,38 +105,52 @@ class EngineThread:
                 self._apply(command)
             if self.engine.has_unfinished_requests():
                 self._step()
+            self._publish_load()
 
     def _apply(self, command: tuple) -> None:
         if command[0] == "abort":
-            self.engine.abort(command[1])
+            if not self.engine.abort(command[1]):
+                self._remember_early_cancel(command[1])
             return
-        _, request_id, prompt, params, stream = command
+        _, request_id, prompt, params, sink = command
+        if self._canceled_early.pop(request_id, None) is not None:
+            sink.push_threadsafe(StreamEvent(finished=True, finish_reason="canceled"))
+            return
         try:
             self.engine.add_request(request_id, prompt, params)
         except (PromptError, InvalidSamplingParams, RequestError, TokenizerError) as exc:
             code = "invalid_params" if isinstance(exc, InvalidSamplingParams) else "invalid_request"
-            stream.push_threadsafe(StreamEvent(finished=True, finish_reason="error", error_code=code, error=str(exc)))
+            sink.push_threadsafe(StreamEvent.failure(code, str(exc)))
             return
-        self._streams[request_id] = stream
+        self._sinks[request_id] = sink
+
+    def _remember_early_cancel(self, request_id: str) -> None:
+        now = time.monotonic()
+        self._canceled_early = {rid: t for rid, t in self._canceled_early.items() if now - t < EARLY_CANCEL_MEMORY_S}
+        self._canceled_early[request_id] = now
 
     def _step(self) -> None:
         try:
             outputs = self.engine.step()
         except Exception as exc:  # the engine isolates forward errors; anything else is a bug
             log.exception("engine step failed")
-            for request_id, stream in list(self._streams.items()):
-                stream.push_threadsafe(StreamEvent(finished=True, finish_reason="error", error_code="engine_error",
-                                                   error=f"{type(exc).__name__}: {exc}"))
+            for request_id, sink in list(self._sinks.items()):
+                sink.push_threadsafe(StreamEvent.failure("engine_error", f"{type(exc).__name__}: {exc}"))
                 self.engine.abort(request_id)
-            self._streams.clear()
+            self._sinks.clear()
             return
         for output in outputs:
-            stream = self._streams.get(output.request_id)
-            if stream is None:
+            sink = self._sinks.get(output.request_id)
+            if sink is None:
                 continue
-            stream.push_threadsafe(_event(output))
+            sink.push_threadsafe(_event(output))
             if output.finished:
-                del self._streams[output.request_id]
+                del self._sinks[output.request_id]
+
+    def _publish_load(self) -> None:
+        scheduler = self.engine.scheduler
+        self.load = Load(running=len(scheduler.running), waiting=len(scheduler.waiting),
+                         request_ids=tuple(self._sinks))
 
 
 def _event(output: RequestOutput) -> StreamEvent:

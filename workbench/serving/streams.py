@@ -8,7 +8,7 @@ that grows without bound, and every delta still says at which token offset it st
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 
 @dataclass
@@ -24,6 +24,26 @@ class StreamEvent:
     error_code: str | None = None
     error: str | None = None
 
+    @classmethod
+    def failure(cls, code: str, message: str) -> "StreamEvent":
+        return cls(finished=True, finish_reason="error", error_code=code, error=message)
+
+    def merge(self, later: "StreamEvent") -> None:
+        """Append a later delta of the same request: this one keeps its index (where it starts)."""
+        self.text += later.text
+        self.token_ids += later.token_ids
+        self.finished, self.finish_reason = later.finished, later.finish_reason
+        self.usage, self.timings = later.usage or self.usage, later.timings or self.timings
+        self.error_code, self.error = later.error_code or self.error_code, later.error or self.error
+
+    def as_message(self) -> dict:
+        """A plain dict for the channel layer (msgpack) between a worker and a web process."""
+        return asdict(self)
+
+    @classmethod
+    def from_message(cls, message: dict) -> "StreamEvent":
+        return cls(**{name: message[name] for name in cls.__dataclass_fields__ if name in message})
+
 
 class RequestStream:
     def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop) -> None:
@@ -38,15 +58,12 @@ class RequestStream:
         self._loop.call_soon_threadsafe(self._push, event)
 
     def _push(self, event: StreamEvent) -> None:
+        if self.closed or (self._pending is not None and self._pending.finished):
+            return  # nothing follows a request's last event (a late duplicate error, say)
         if self._pending is None:
             self._pending = event
         else:
-            p = self._pending
-            p.text += event.text
-            p.token_ids += event.token_ids
-            p.finished, p.finish_reason = event.finished, event.finish_reason
-            p.usage, p.timings = event.usage or p.usage, event.timings or p.timings
-            p.error_code, p.error = event.error_code or p.error_code, event.error or p.error
+            self._pending.merge(event)
         self._ready.set()
 
     async def next(self) -> StreamEvent:

@@ -1,0 +1,130 @@
+"""Real processes for the distributed transport's tests: Celery GPU workers, Daphne, a private Redis.
+
+Each test cluster gets its own queue prefix, so several share the machine's Redis without seeing each
+other's workers; a test that stops Redis starts a Redis of its own. Worker logs are kept to count
+admissions (a request admitted twice anywhere would be a request run twice).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_port(port: int, process: subprocess.Popen, what: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{what} exited with {process.returncode}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"{what} did not listen on {port} within {timeout} s")
+
+
+class RedisServer:
+    """redis-server on a free port, keeping nothing on disk; stop() and start() keep the port."""
+
+    def __init__(self) -> None:
+        if shutil.which("redis-server") is None:
+            raise RuntimeError("redis-server is not installed (make test installs it)")
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> "RedisServer":
+        self.process = subprocess.Popen(["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
+                                         "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL)
+        wait_for_port(self.port, self.process, "redis-server")
+        return self
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            self.process.wait(timeout=10)
+            self.process = None
+
+
+class Cluster:
+    """Workers (and optionally a Daphne) for one queue prefix on one Redis."""
+
+    def __init__(self, redis_url: str, log_dir: Path, **env) -> None:
+        self.prefix = f"wbtest-{uuid.uuid4().hex[:8]}"
+        self.log_dir = log_dir
+        self.env = {**os.environ, "DJANGO_SETTINGS_MODULE": "workbench.settings", "REDIS_URL": redis_url,
+                    "WORKBENCH_TRANSPORT": "celery", "WORKBENCH_QUEUE_PREFIX": self.prefix,
+                    "WORKBENCH_DRAIN_S": "2", **{k: str(v) for k, v in env.items()}}
+        self.workers: list[subprocess.Popen] = []
+        self.daphne: subprocess.Popen | None = None
+
+    def start_workers(self, count: int, timeout: float = 90) -> list[subprocess.Popen]:
+        started = []
+        for _ in range(count):
+            log = open(self.log_dir / f"worker-{len(self.workers)}.log", "w")
+            process = subprocess.Popen([sys.executable, "-m", "celery", "-A", "workbench", "worker", "--pool", "solo",
+                                        "--without-mingle", "--without-gossip", "--loglevel", "INFO"],
+                                       env=self.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+            process.log_path = log.name
+            self.workers.append(process)
+            started.append(process)
+        deadline = time.monotonic() + timeout
+        for process in started:
+            while "ready: model" not in Path(process.log_path).read_text():
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"worker did not start:\n{Path(process.log_path).read_text()[-3000:]}")
+                time.sleep(0.2)
+        time.sleep(1.5)  # its first heartbeat is in Redis
+        return started
+
+    def worker_id(self, process: subprocess.Popen) -> str:
+        return re.search(r"worker (\S+) ready", Path(process.log_path).read_text()).group(1)
+
+    def admissions(self) -> dict[str, list[str]]:
+        """request id -> the workers that admitted it (more than one would mean it ran twice)."""
+        admitted: dict[str, list[str]] = {}
+        for process in self.workers:
+            for request_id in re.findall(r"admitted (\S+)", Path(process.log_path).read_text()):
+                admitted.setdefault(request_id, []).append(self.worker_id(process))
+        return admitted
+
+    def kill(self, process: subprocess.Popen) -> None:
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=10)
+
+    def start_daphne(self, db_path: Path) -> str:
+        port = free_port()
+        env = {**self.env, "WORKBENCH_DB_PATH": str(db_path)}
+        self.daphne = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+                                        "workbench.asgi:application"], env=env, cwd=ROOT,
+                                       stdout=subprocess.DEVNULL, stderr=open(self.log_dir / "daphne.log", "w"))
+        wait_for_port(port, self.daphne, "daphne")
+        return f"127.0.0.1:{port}"
+
+    def stop(self) -> None:
+        for process in [*self.workers, self.daphne]:
+            if process is not None and process.poll() is None:
+                process.terminate()
+        for process in [*self.workers, self.daphne]:
+            if process is not None:
+                try:
+                    process.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    process.kill()

@@ -1,0 +1,67 @@
+"""The Celery app: `celery -A workbench worker --pool solo` starts a GPU worker (docs/OPERATIONS.md).
+
+Why these settings (the full reasoning is in docs/OPERATIONS.md):
+- The task only admits a request into the worker's engine and returns in milliseconds; the engine
+  batches everything it holds. So one solo pool per process (one engine per GPU), no prefork.
+- Early acks (acks_late off): a task is acknowledged when received, so a worker that dies never has
+  its tasks redelivered to another; a lost worker is detected by its heartbeat instead, and its
+  clients get an error. A request therefore never runs twice (and `admit_once` refuses any that would).
+- Each worker consumes only its own queue, named with a per-start id: the web side routes a request
+  to a live worker it chose, and a restarted worker never picks up its predecessor's leftovers.
+- No result backend, no remote control, gossip or mingle: results travel on the channel layer, and
+  the heartbeat in Redis is the presence signal.
+"""
+
+from __future__ import annotations
+
+import os
+
+from celery import Celery, signals
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "workbench.settings")
+
+from django.conf import settings  # noqa: E402  (settings module chosen first)
+
+app = Celery("workbench", include=["workbench.serving.tasks"])
+app.conf.update(
+    broker_url=settings.REDIS_URL,
+    broker_connection_retry_on_startup=True,
+    broker_connection_timeout=3,
+    broker_transport_options={"socket_timeout": 5, "socket_connect_timeout": 3},
+    task_acks_late=False,
+    task_ignore_result=True,
+    task_serializer="json",
+    accept_content=["json"],
+    worker_prefetch_multiplier=1,
+    worker_enable_remote_control=False,
+    worker_send_task_events=False,
+    worker_hijack_root_logger=False,
+    task_default_queue=f"{settings.WORKBENCH_QUEUE_PREFIX}.unrouted",
+)
+
+
+@signals.celeryd_after_setup.connect
+def _worker_identity(sender, instance, **kwargs) -> None:
+    from workbench.serving import worker
+
+    pool = getattr(instance.pool_cls, "__module__", str(instance.pool_cls))
+    if not pool.endswith(("solo", "thread")):
+        raise SystemExit(f"the workbench worker needs --pool solo (one engine per process), not {pool}")
+    host = worker.prepare_host()
+    queues = instance.app.amqp.queues
+    queues.select_add(host.queue)
+    queues.deselect(instance.app.conf.task_default_queue)  # only its own queue: the web side routes
+
+
+@signals.worker_ready.connect
+def _worker_engine(sender, **kwargs) -> None:
+    from workbench.serving import worker
+
+    worker.host().start()
+
+
+@signals.worker_shutdown.connect
+def _worker_drain(sender, **kwargs) -> None:
+    from workbench.serving import worker
+
+    worker.stop_host()

@@ -1,0 +1,208 @@
+"""The Celery transport, web side: requests go to GPU workers over Redis, tokens come back to this process.
+
+The same interface as the in-process EngineThread (submit, cancel, tokenizer, running_request_ids,
+stop), so consumers cannot tell which one serves them. One link thread with its own event loop holds
+this process's reply channel and does all the Redis work: it picks a live worker for each request
+(the least loaded by its heartbeat and what this process sent it since), publishes the Celery task,
+relays the coalesced deltas to each request's RequestStream, sends cancels to the owning worker's
+control channel, and ends a request with an error when its worker is lost, so no client hangs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import threading
+import time
+from dataclasses import asdict, dataclass
+
+from django.conf import settings
+
+from engine import SamplingParams
+from engine.loader import resolve_model_path
+from engine.tokenizer import Tokenizer
+from workbench.celery import app as celery_app
+from workbench.serving import wire
+from workbench.serving.presence import Heartbeat, Presence
+from workbench.serving.streams import RequestStream, StreamEvent
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Pending:
+    stream: RequestStream
+    worker_id: str
+    confirmed_at: float  # last time the worker was seen holding it, or a delta of it arrived
+    next_index: int = 0  # the token offset the next delta must start at
+
+
+class CeleryTransport:
+    def __init__(self) -> None:
+        self.tokenizer = Tokenizer.from_dir(resolve_model_path(settings.WORKBENCH_MODEL))
+        self.lost_after_s = settings.WORKBENCH_WORKER_LOST_S
+        self._pending: dict[str, _Pending] = {}
+        self._workers: dict[str, Heartbeat] = {}  # as of the last successful poll
+        self._polled_at = 0.0
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="celery-link", daemon=True)
+        self._tasks: list[asyncio.Task] = []
+
+    def start(self) -> None:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._open(), self._loop).result(timeout=30)
+
+    async def _open(self) -> None:
+        self.layer = wire.make_layer()
+        self.presence = Presence(settings.REDIS_URL, settings.WORKBENCH_QUEUE_PREFIX, self.lost_after_s)
+        self.reply_channel = await self.layer.new_channel(prefix="workbench-web.")
+        try:
+            await self._refresh()
+        except Exception as exc:  # Redis away at start: the poll loop keeps trying
+            log.warning("cannot reach Redis yet: %s", exc)
+        self._tasks = [asyncio.create_task(self._receive_forever()), asyncio.create_task(self._poll_forever())]
+
+    def stop(self) -> None:
+        async def close() -> None:
+            for task in self._tasks:
+                task.cancel()
+            await self.presence.close()
+        asyncio.run_coroutine_threadsafe(close(), self._loop).result(timeout=10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+
+    # -- the interface (called from the consumers' event loop) -----------------------------------
+
+    def submit(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> RequestStream:
+        stream = RequestStream(request_id, asyncio.get_running_loop())
+        self._loop.call_soon_threadsafe(self._dispatch, request_id, prompt, params, stream)
+        return stream
+
+    def cancel(self, request_id: str) -> None:
+        self._loop.call_soon_threadsafe(self._cancel, request_id)
+
+    def running_request_ids(self) -> set[str]:
+        return {rid for beat in list(self._workers.values()) for rid in beat.requests}
+
+    def workers(self) -> dict[str, Heartbeat]:
+        return dict(self._workers)
+
+    # -- the link loop ---------------------------------------------------------------------------
+
+    def _dispatch(self, request_id: str, prompt, params: SamplingParams, stream: RequestStream) -> None:
+        """Choose a worker and register the request before anything awaits, so a cancel that follows
+        finds where it went."""
+        if not self._workers:
+            stream.push_threadsafe(StreamEvent.failure("unavailable", "no GPU worker is available; try again later"))
+            return
+        worker = self._least_loaded()
+        if worker is None:
+            stream.push_threadsafe(StreamEvent.failure("overloaded", "every GPU worker is at capacity; try again later"))
+            return
+        self._pending[request_id] = _Pending(stream, worker.worker_id, time.monotonic())
+        self._loop.create_task(self._publish(request_id, prompt, params, worker))
+
+    def _least_loaded(self) -> Heartbeat | None:
+        def held(beat: Heartbeat) -> int:
+            sent_here = {rid for rid, p in self._pending.items() if p.worker_id == beat.worker_id}
+            return len(sent_here | set(beat.requests))
+
+        loads = [(held(beat), beat) for beat in self._workers.values()]
+        open_loads = [(n, beat) for n, beat in loads if n < beat.capacity and not beat.draining]
+        if not open_loads:
+            return None
+        least = min(n for n, _ in open_loads)
+        return random.choice([beat for n, beat in open_loads if n == least])
+
+    async def _publish(self, request_id: str, prompt, params: SamplingParams, worker: Heartbeat) -> None:
+        def send() -> None:
+            celery_app.send_task(wire.GENERATE_TASK, args=[request_id, prompt, asdict(params), self.reply_channel],
+                                 queue=worker.queue, expires=wire.TASK_EXPIRES_S, retry=False)
+        try:
+            await self._loop.run_in_executor(None, send)
+        except Exception as exc:
+            log.warning("could not send %s to %s: %s", request_id, worker.worker_id, exc)
+            self._fail(request_id, "unavailable", "the request could not reach a GPU worker (is Redis up?)")
+
+    def _cancel(self, request_id: str) -> None:
+        pending = self._pending.get(request_id)
+        if pending is not None:
+            self._loop.create_task(self._send_cancel(pending.worker_id, request_id))
+
+    async def _send_cancel(self, worker_id: str, request_id: str) -> None:
+        try:
+            await self.layer.send(wire.control_channel(worker_id), wire.cancel_message(request_id))
+        except Exception as exc:  # the worker's heartbeat watch ends the request if it cannot be reached
+            log.warning("could not cancel %s on %s: %s", request_id, worker_id, exc)
+
+    def _fail(self, request_id: str, code: str, message: str) -> None:
+        pending = self._pending.pop(request_id, None)
+        if pending is not None:
+            pending.stream.push_threadsafe(StreamEvent.failure(code, message))
+
+    async def _receive_forever(self) -> None:
+        while True:
+            try:
+                message = await self.layer.receive(self.reply_channel)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("reply channel: %s: %s; retrying", type(exc).__name__, exc)
+                await asyncio.sleep(0.5)
+                continue
+            for request_id, event in wire.events_of(message):
+                self._relay(request_id, event)
+
+    def _relay(self, request_id: str, event: StreamEvent) -> None:
+        pending = self._pending.get(request_id)
+        if pending is None:
+            return  # ended here already (lost, or failed to send); its worker has been told or is gone
+        if event.token_ids and event.index != pending.next_index:
+            self._cancel(request_id)
+            self._fail(request_id, "delivery_gap", f"tokens {pending.next_index}-{event.index - 1} were lost in transit")
+            return
+        pending.next_index += len(event.token_ids)
+        pending.confirmed_at = time.monotonic()
+        pending.stream.push_threadsafe(event)
+        if event.finished:
+            del self._pending[request_id]
+
+    async def _poll_forever(self) -> None:
+        while True:
+            try:
+                await self._refresh()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("presence: %s: %s", type(exc).__name__, exc)
+                if time.monotonic() - self._polled_at > self.lost_after_s:
+                    self._workers = {}  # nothing known for that long: no worker counts as live
+            else:
+                self._watch()
+            self._watch_silence()
+            await asyncio.sleep(settings.WORKBENCH_HEARTBEAT_S / 2)
+
+    async def _refresh(self) -> None:
+        await self.presence.mark_web(self.reply_channel)
+        self._workers = await self.presence.workers()
+        self._polled_at = time.monotonic()
+
+    def _watch(self) -> None:
+        """After a fresh poll: confirm the requests their worker holds; end those whose worker is gone."""
+        now = time.monotonic()
+        for request_id, pending in list(self._pending.items()):
+            worker = self._workers.get(pending.worker_id)
+            if worker is not None and request_id in worker.requests:
+                pending.confirmed_at = now
+            elif worker is None and now - pending.confirmed_at > 1.0:
+                self._fail(request_id, "worker_lost", "the GPU worker serving this request stopped; "
+                                                      "its output so far is kept")
+
+    def _watch_silence(self) -> None:
+        """End the requests nothing has confirmed for lost_after_s (Redis away, or a task that never ran)."""
+        now = time.monotonic()
+        for request_id, pending in list(self._pending.items()):
+            if now - pending.confirmed_at > self.lost_after_s:
+                self._cancel(request_id)
+                self._fail(request_id, "worker_lost", "the GPU worker serving this request stopped answering")

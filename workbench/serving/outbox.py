@@ -1,0 +1,74 @@
+"""A worker's outbox: engine outputs waiting to go back to the web processes, coalesced.
+
+The engine thread pushes every delta; the worker's link loop takes everything pending in one go and
+sends one message per web process. While a send is in flight (or Redis is away), new deltas of a
+request merge into its pending delta, which keeps its starting offset: a slow link costs one growing
+delta per request, never a backlog, and order within a request is kept.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable
+
+from workbench.serving.streams import StreamEvent
+
+
+class Outbox:
+    def __init__(self, wake: Callable[[], None]) -> None:
+        self._wake = wake  # called (from any thread) when something became pending
+        self._lock = threading.Lock()
+        self._pending: dict[str, dict[str, StreamEvent]] = {}  # reply channel -> request id -> delta
+        self._failing_since: dict[str, float] = {}  # reply channel -> first failed send
+
+    def sink(self, reply_channel: str, request_id: str) -> "OutboxSink":
+        return OutboxSink(self, reply_channel, request_id)
+
+    def push(self, reply_channel: str, request_id: str, event: StreamEvent) -> None:
+        with self._lock:
+            waiting = self._pending.setdefault(reply_channel, {})
+            if request_id in waiting:
+                waiting[request_id].merge(event)
+            else:
+                waiting[request_id] = event
+        self._wake()
+
+    def take(self) -> dict[str, dict[str, StreamEvent]]:
+        with self._lock:
+            taken, self._pending = self._pending, {}
+        return taken
+
+    def sent(self, reply_channel: str) -> None:
+        self._failing_since.pop(reply_channel, None)
+
+    def put_back(self, reply_channel: str, events: dict[str, StreamEvent]) -> float:
+        """A send failed: its deltas go back in front of anything newer. Returns how long this reply
+        channel has been failing, in seconds."""
+        with self._lock:
+            newer = self._pending.get(reply_channel, {})
+            for request_id, event in newer.items():
+                if request_id in events:
+                    events[request_id].merge(event)
+                else:
+                    events[request_id] = event
+            self._pending[reply_channel] = events
+        first = self._failing_since.setdefault(reply_channel, time.monotonic())
+        return time.monotonic() - first
+
+    def discard(self, reply_channel: str) -> list[str]:
+        """Give up on a reply channel; returns the request ids whose deltas were dropped."""
+        with self._lock:
+            dropped = self._pending.pop(reply_channel, {})
+        self._failing_since.pop(reply_channel, None)
+        return list(dropped)
+
+
+class OutboxSink:
+    """One request's sink for the engine thread (workbench.serving.inprocess.Sink)."""
+
+    def __init__(self, outbox: Outbox, reply_channel: str, request_id: str) -> None:
+        self.outbox, self.reply_channel, self.request_id = outbox, reply_channel, request_id
+
+    def push_threadsafe(self, event: StreamEvent) -> None:
+        self.outbox.push(self.reply_channel, self.request_id, event)

@@ -1,0 +1,90 @@
+"""Who is alive, in Redis: the workers' heartbeats and the web processes' presence.
+
+A worker writes its heartbeat (device, model, load, the requests it holds) every WORKBENCH_HEARTBEAT_S
+under a key that expires after WORKBENCH_WORKER_LOST_S, so a worker killed without a word disappears
+by itself. A web process marks its reply channel the same way, so a worker can drop the requests of a
+web process that died instead of generating for nobody. Both sides use plain redis-py: these keys are
+read far more often than they change, and Celery's own worker events carry none of this.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+
+import redis.asyncio as aioredis
+
+WORKER_KEY = "{prefix}:worker:{worker_id}"
+WEB_KEY = "{prefix}:web:{reply_channel}"
+ADMITTED_KEY = "{prefix}:admitted:{request_id}"
+
+
+@dataclass
+class Heartbeat:
+    worker_id: str
+    queue: str
+    control_channel: str
+    hostname: str
+    pid: int
+    device: str
+    model: str
+    capacity: int
+    started_at: float
+    running: int = 0
+    waiting: int = 0
+    requests: list[str] = field(default_factory=list)
+    flags: dict = field(default_factory=dict)
+    draining: bool = False  # shutting down: finishing what it holds, taking nothing new
+    sent_at: float = 0.0
+
+    @property
+    def held(self) -> int:
+        return len(self.requests)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> "Heartbeat":
+        data = json.loads(raw)
+        return cls(**{name: data[name] for name in cls.__dataclass_fields__ if name in data})
+
+
+class Presence:
+    """The Redis side of presence for one process (worker or web), on its own event loop."""
+
+    def __init__(self, redis_url: str, prefix: str, lost_after_s: float) -> None:
+        self.redis = aioredis.from_url(redis_url, socket_timeout=2, socket_connect_timeout=2)
+        self.prefix = prefix
+        self.ttl_ms = int(lost_after_s * 1000)
+
+    async def beat(self, heartbeat: Heartbeat) -> None:
+        heartbeat.sent_at = time.time()
+        key = WORKER_KEY.format(prefix=self.prefix, worker_id=heartbeat.worker_id)
+        await self.redis.set(key, heartbeat.to_json(), px=self.ttl_ms)
+
+    async def retire(self, worker_id: str) -> None:
+        await self.redis.delete(WORKER_KEY.format(prefix=self.prefix, worker_id=worker_id))
+
+    async def workers(self) -> dict[str, Heartbeat]:
+        keys = [key async for key in self.redis.scan_iter(match=WORKER_KEY.format(prefix=self.prefix, worker_id="*"))]
+        values = await self.redis.mget(keys) if keys else []
+        beats = (Heartbeat.from_json(raw) for raw in values if raw is not None)
+        return {beat.worker_id: beat for beat in beats}
+
+    async def mark_web(self, reply_channel: str) -> None:
+        await self.redis.set(WEB_KEY.format(prefix=self.prefix, reply_channel=reply_channel), "1", px=self.ttl_ms)
+
+    async def webs_alive(self, reply_channels: list[str]) -> set[str]:
+        keys = [WEB_KEY.format(prefix=self.prefix, reply_channel=c) for c in reply_channels]
+        values = await self.redis.mget(keys) if keys else []
+        return {channel for channel, value in zip(reply_channels, values) if value is not None}
+
+    async def admit_once(self, request_id: str, worker_id: str) -> bool:
+        """True the first time a request id is admitted anywhere; a redelivered task gets False."""
+        key = ADMITTED_KEY.format(prefix=self.prefix, request_id=request_id)
+        return bool(await self.redis.set(key, worker_id, nx=True, ex=24 * 3600))
+
+    async def close(self) -> None:
+        await self.redis.aclose()

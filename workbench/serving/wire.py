@@ -1,0 +1,47 @@
+"""What travels between web processes and Celery workers, and on what.
+
+- A request: a Celery task (`workbench.generate`) on the chosen worker's own queue, `<prefix>.<worker id>`.
+- Tokens back: `events` messages on the channels-redis layer, sent to the web process's reply channel;
+  each carries every pending delta of that web process's requests on that worker (coalesced), and each
+  delta says at which token offset it starts, so the web side can tell a gap from a late delta.
+- Cancel: a `cancel` message on the worker's control channel, `<prefix>.control.<worker id>`. Celery's
+  revoke cannot stop a task that already runs, and our task only admits; the engine holds the request.
+"""
+
+from __future__ import annotations
+
+from channels_redis.core import RedisChannelLayer
+from django.conf import settings
+
+from workbench.serving.streams import StreamEvent
+
+GENERATE_TASK = "workbench.generate"
+EVENTS = "workbench.events"
+CANCEL = "workbench.cancel"
+# A task not started within this long is dropped by Celery unrun: its client has had an error by then.
+TASK_EXPIRES_S = 60
+
+
+def make_layer() -> RedisChannelLayer:
+    """A channels-redis layer of our own for the transport (the Channels default may be in-memory)."""
+    return RedisChannelLayer(hosts=[settings.REDIS_URL], capacity=1000, expiry=60)
+
+
+def queue_name(worker_id: str) -> str:
+    return f"{settings.WORKBENCH_QUEUE_PREFIX}.{worker_id}"
+
+
+def control_channel(worker_id: str) -> str:
+    return f"{settings.WORKBENCH_QUEUE_PREFIX}.control.{worker_id}"
+
+
+def events_message(events: dict[str, StreamEvent]) -> dict:
+    return {"type": EVENTS, "events": [{"request_id": rid, **event.as_message()} for rid, event in events.items()]}
+
+
+def events_of(message: dict) -> list[tuple[str, StreamEvent]]:
+    return [(item["request_id"], StreamEvent.from_message(item)) for item in message.get("events", [])]
+
+
+def cancel_message(request_id: str) -> dict:
+    return {"type": CANCEL, "request_id": request_id}

@@ -1,0 +1,209 @@
+"""A Celery GPU worker's host: one engine per process, and the link that connects it to the web side.
+
+`celery -A workbench worker --pool solo` (docs/OPERATIONS.md) runs one of these. The engine is
+created when the worker is ready, in the process that will run it: the solo pool never forks, so
+CUDA is never touched before a fork, and a prefork pool is refused outright (it would put one engine
+per child on the same GPU). The `workbench.generate` task only admits a request; the engine thread
+batches every admitted request continuously; the link loop (its own thread and event loop) sends the
+outputs back, takes cancels from the control channel, publishes the heartbeat, and drops the requests
+of web processes that went away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import socket
+import threading
+import time
+import uuid
+
+from django.conf import settings
+
+from engine import Engine, EngineConfig, InvalidSamplingParams, SamplingParams
+from workbench.serving import wire
+from workbench.serving.inprocess import EngineThread
+from workbench.serving.outbox import Outbox
+from workbench.serving.presence import Heartbeat, Presence
+from workbench.serving.streams import StreamEvent
+
+log = logging.getLogger(__name__)
+
+# A web process unreachable this long (Redis away, or it died) loses its requests here: they are
+# aborted rather than generated for nobody. Its clients have had an error from their own side by then.
+UNDELIVERABLE_S = 30.0
+# On a warm shutdown, held requests get this long to finish before they are canceled.
+DRAIN_S = float(os.environ.get("WORKBENCH_DRAIN_S", 30))
+
+
+def new_worker_id() -> str:
+    """Unique per process start, so a restarted worker never reads its predecessor's queue."""
+    host = re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:40]
+    return f"{host}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+class WorkerHost:
+    def __init__(self, worker_id: str, engine_config: EngineConfig) -> None:
+        self.worker_id = worker_id
+        self.queue = wire.queue_name(worker_id)
+        self.control_channel = wire.control_channel(worker_id)
+        self.engine_config = engine_config
+        self.engine_thread = EngineThread(lambda: Engine(engine_config))
+        self.started_at = time.time()
+        self._loop = asyncio.new_event_loop()
+        self._wake = asyncio.Event()
+        self.outbox = Outbox(lambda: self._loop.call_soon_threadsafe(self._wake.set))
+        self._reply_of: dict[str, str] = {}  # request id -> reply channel, while the engine holds it
+        self._reply_lock = threading.Lock()
+        self._draining = False
+        self._retired = False
+        self._tasks: list[asyncio.Task] = []
+        self._thread = threading.Thread(target=self._loop.run_forever, name="worker-link", daemon=True)
+
+    def start(self) -> None:
+        self.engine_thread.start()  # loads the model; raises if it cannot
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._open(), self._loop).result(timeout=30)
+        log.info("worker %s ready: model %s on %s, queue %s", self.worker_id, self.engine_config.model,
+                 self.engine_config.device, self.queue)
+
+    async def _open(self) -> None:
+        self.layer = wire.make_layer()
+        self.presence = Presence(settings.REDIS_URL, settings.WORKBENCH_QUEUE_PREFIX, settings.WORKBENCH_WORKER_LOST_S)
+        for loop in (self._heartbeats, self._control, self._deliveries, self._orphans):
+            self._tasks.append(asyncio.create_task(_forever(loop)))
+
+    def stop(self) -> None:
+        """Warm shutdown: leave the live set, let held requests finish (up to DRAIN_S), then cancel."""
+        self._draining = True
+        deadline = time.monotonic() + DRAIN_S
+        while self.engine_thread.load.request_ids and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for request_id in self.engine_thread.load.request_ids:
+            self.engine_thread.cancel(request_id)
+        time.sleep(0.5)  # the cancels' final events reach the outbox and go out
+        self.engine_thread.stop()
+        self._retired = True
+        asyncio.run_coroutine_threadsafe(self.presence.retire(self.worker_id), self._loop).result(timeout=5)
+
+    # -- the Celery task's side (the worker's main thread) --------------------------------------
+
+    def admit(self, request_id: str, prompt: str | list[int], params: dict, reply_channel: str) -> None:
+        sink = self.outbox.sink(reply_channel, request_id)
+        first_time = asyncio.run_coroutine_threadsafe(self.presence.admit_once(request_id, self.worker_id),
+                                                      self._loop).result(timeout=10)
+        if not first_time:
+            # A redelivered task: the request ran (or runs) already. Never twice; the client has its answer.
+            log.warning("refused %s: admitted before", request_id)
+            return
+        log.info("admitted %s", request_id)
+        try:
+            sampling = SamplingParams.from_dict(params)
+        except (InvalidSamplingParams, TypeError) as exc:
+            sink.push_threadsafe(StreamEvent.failure("invalid_params", str(exc)))
+            return
+        with self._reply_lock:
+            self._reply_of[request_id] = reply_channel
+        self.engine_thread.add(request_id, prompt, sampling, sink)
+
+    # -- the link loop ---------------------------------------------------------------------------
+
+    async def _heartbeats(self) -> None:
+        while not self._retired:
+            load = self.engine_thread.load
+            await self.presence.beat(Heartbeat(
+                worker_id=self.worker_id, queue=self.queue, control_channel=self.control_channel,
+                hostname=socket.gethostname(), pid=os.getpid(), device=self.engine_config.device,
+                model=self.engine_config.model, capacity=settings.WORKBENCH_WORKER_CAPACITY,
+                started_at=self.started_at, running=load.running, waiting=load.waiting,
+                requests=list(load.request_ids), flags=self.engine_thread.engine.flags(),
+                draining=self._draining))
+            await asyncio.sleep(settings.WORKBENCH_HEARTBEAT_S)
+
+    async def _control(self) -> None:
+        while True:
+            message = await self.layer.receive(self.control_channel)
+            if message.get("type") == wire.CANCEL and isinstance(message.get("request_id"), str):
+                self.engine_thread.cancel(message["request_id"])
+
+    async def _deliveries(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            for reply_channel, events in self.outbox.take().items():
+                await self._deliver(reply_channel, events)
+
+    async def _deliver(self, reply_channel: str, events: dict[str, StreamEvent]) -> None:
+        try:
+            await self.layer.send(reply_channel, wire.events_message(events))
+        except Exception as exc:  # Redis away, or the web process's channel full: keep, merge, retry
+            failing_for = self.outbox.put_back(reply_channel, events)
+            if failing_for > UNDELIVERABLE_S:
+                log.warning("giving up on %s after %.0f s: %s", reply_channel, failing_for, exc)
+                self._abandon(reply_channel)
+            else:
+                self._loop.call_later(0.5, self._wake.set)
+            return
+        self.outbox.sent(reply_channel)
+        with self._reply_lock:
+            for request_id, event in events.items():
+                if event.finished:
+                    self._reply_of.pop(request_id, None)
+
+    async def _orphans(self) -> None:
+        """Requests whose web process is gone are canceled (its clients can never be answered)."""
+        while True:
+            await asyncio.sleep(2 * settings.WORKBENCH_HEARTBEAT_S)
+            with self._reply_lock:
+                channels = sorted(set(self._reply_of.values()))
+            alive = await self.presence.webs_alive(channels)
+            for channel in set(channels) - alive:
+                log.warning("web process of %s is gone; canceling its requests", channel)
+                self._abandon(channel)
+
+    def _abandon(self, reply_channel: str) -> None:
+        self.outbox.discard(reply_channel)
+        with self._reply_lock:
+            orphans = [rid for rid, channel in self._reply_of.items() if channel == reply_channel]
+            for request_id in orphans:
+                del self._reply_of[request_id]
+        for request_id in orphans:
+            self.engine_thread.cancel(request_id)
+
+
+async def _forever(loop) -> None:
+    """Run one of the link's loops, surviving Redis going away and coming back."""
+    while True:
+        try:
+            await loop()
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.warning("%s: %s: %s; retrying", loop.__name__, type(exc).__name__, exc)
+            await asyncio.sleep(0.5)
+
+
+_host: WorkerHost | None = None
+
+
+def host() -> WorkerHost:
+    if _host is None:
+        raise RuntimeError("no engine in this process: start it with `celery -A workbench worker --pool solo`")
+    return _host
+
+
+def prepare_host() -> WorkerHost:
+    """Before the worker consumes: its identity and queue (the engine loads later, in start())."""
+    global _host
+    config = EngineConfig(model=settings.WORKBENCH_MODEL, device=settings.WORKBENCH_DEVICE,
+                          dtype=settings.WORKBENCH_DTYPE)
+    _host = WorkerHost(new_worker_id(), config)
+    return _host
+
+
+def stop_host() -> None:
+    if _host is not None:
+        _host.stop()
