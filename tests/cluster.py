@@ -109,14 +109,19 @@ class Cluster:
         process.send_signal(signal.SIGKILL)
         process.wait(timeout=10)
 
-    def start_daphne(self, db_path: Path) -> str:
-        port = free_port()
+    def start_daphne(self, db_path: Path) -> tuple[str, str]:
+        """A Daphne over this cluster with a fresh database; returns (address, an API token)."""
         env = {**self.env, "WORKBENCH_DB_PATH": str(db_path)}
+        manage = [sys.executable, str(ROOT / "manage.py")]
+        subprocess.run([*manage, "migrate", "-v0"], env=env, check=True, cwd=ROOT)
+        token = subprocess.run([*manage, "createapitoken", "bob"], env=env, check=True, cwd=ROOT,
+                               capture_output=True, text=True).stdout.strip().splitlines()[-1]
+        port = free_port()
         self.daphne = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
                                         "workbench.asgi:application"], env=env, cwd=ROOT,
                                        stdout=subprocess.DEVNULL, stderr=open(self.log_dir / "daphne.log", "w"))
         wait_for_port(port, self.daphne, "daphne")
-        return f"127.0.0.1:{port}"
+        return f"127.0.0.1:{port}", token
 
     def stop(self) -> None:
         for process in [*self.workers, self.daphne]:

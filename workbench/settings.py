@@ -79,11 +79,10 @@ WORKBENCH_TRANSPORT = os.environ.get("WORKBENCH_TRANSPORT", "inprocess")
 if WORKBENCH_TRANSPORT not in ("inprocess", "celery"):
     raise ValueError(f"WORKBENCH_TRANSPORT must be inprocess or celery, not {WORKBENCH_TRANSPORT!r}")
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
-if WORKBENCH_TRANSPORT == "celery":
-    CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer",
-                                  "CONFIG": {"hosts": [REDIS_URL], "capacity": 1000, "expiry": 60}}}
-else:
-    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+# The consumers' own layer stays in memory even with the Celery transport: the transport keeps a
+# channels-redis layer of its own (workbench/serving/wire.py), so a Redis outage ends requests with a
+# clear error instead of crashing every open websocket in Channels' dispatch loop.
+CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 # Every worker's Celery queue is <prefix>.<worker id>; several deployments can share one Redis.
 WORKBENCH_QUEUE_PREFIX = os.environ.get("WORKBENCH_QUEUE_PREFIX", "workbench")
 # Requests (running + waiting) one worker accepts before the web side answers "overloaded".

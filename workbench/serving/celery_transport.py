@@ -46,12 +46,16 @@ class CeleryTransport:
         self._workers: dict[str, Heartbeat] = {}  # as of the last successful poll
         self._polled_at = 0.0
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="celery-link", daemon=True)
+        self._thread = threading.Thread(target=self._run_loop, name="celery-link", daemon=True)
         self._tasks: list[asyncio.Task] = []
 
     def start(self) -> None:
         self._thread.start()
         asyncio.run_coroutine_threadsafe(self._open(), self._loop).result(timeout=30)
+
+    def _run_loop(self) -> None:
+        self._loop.run_forever()
+        self._loop.close()  # here, where no other loop runs: channels-redis closes its pools on close
 
     async def _open(self) -> None:
         self.layer = wire.make_layer()
@@ -68,6 +72,7 @@ class CeleryTransport:
             for task in self._tasks:
                 task.cancel()
             await self.presence.close()
+            await self.layer.close_pools()
         asyncio.run_coroutine_threadsafe(close(), self._loop).result(timeout=10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)

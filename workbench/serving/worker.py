@@ -126,6 +126,7 @@ class WorkerHost:
         while True:
             message = await self.layer.receive(self.control_channel)
             if message.get("type") == wire.CANCEL and isinstance(message.get("request_id"), str):
+                log.info("cancel %s", message["request_id"])
                 self.engine_thread.cancel(message["request_id"])
 
     async def _deliveries(self) -> None:

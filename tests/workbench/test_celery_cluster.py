@@ -1,0 +1,243 @@
+"""The Celery transport with real worker processes over a real Redis: spreading, cancel to the right
+worker, a worker killed mid-stream, Redis stopped and restarted, no worker or every worker full, and a
+task delivered twice still running once."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from contextlib import contextmanager
+
+import pytest
+import websockets
+from asgiref.sync import sync_to_async
+from channels.testing import WebsocketCommunicator
+from django.conf import settings
+
+from engine import SamplingParams
+from tests.cluster import Cluster, RedisServer
+from tests.workbench.test_chat import as_user
+from tests.workbench.test_websocket_api import connect, frames_until_done, greedy_solo, wait_for
+from workbench.celery import app as celery_app
+from workbench.chat.models import Conversation, Message
+from workbench.serving import bridge, wire
+
+pytestmark = pytest.mark.django_db(transaction=True)
+PROMPTS = ["The list type", "A dictionary is", "This module provides", "Return the number of",
+           "If the file does not exist,", "The default value is"]
+
+
+@contextmanager
+def served_by(cluster: Cluster):
+    """This process's web side talks to `cluster` (its own queue prefix) for the test's duration."""
+    saved = settings.WORKBENCH_TRANSPORT, settings.WORKBENCH_QUEUE_PREFIX
+    bridge.shutdown()
+    settings.WORKBENCH_TRANSPORT, settings.WORKBENCH_QUEUE_PREFIX = "celery", cluster.prefix
+    try:
+        yield bridge.transport()
+    finally:
+        bridge.shutdown()
+        settings.WORKBENCH_TRANSPORT, settings.WORKBENCH_QUEUE_PREFIX = saved
+
+
+def generate(request_id: str, prompt: str, max_tokens: int) -> str:
+    return json.dumps({"type": "generate", "request_id": request_id, "prompt": prompt,
+                       "params": {"max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}})
+
+
+def tokens_of(frames: list[dict], request_id: str) -> list[int]:
+    return [t for f in frames if f.get("request_id") == request_id and f["type"] == "delta" for t in f["token_ids"]]
+
+
+def holder(transport, engine_id_fragment: str) -> str | None:
+    for worker_id, beat in transport.workers().items():
+        if any(engine_id_fragment in rid for rid in beat.requests):
+            return worker_id
+    return None
+
+
+@pytest.mark.asyncio
+async def test_requests_spread_over_two_workers_and_each_matches_its_solo_run(api_user, celery_cluster):
+    with served_by(celery_cluster):
+        ws = await connect(api_user[1])
+        for i, prompt in enumerate(PROMPTS):
+            await ws.send_to(text_data=generate(f"r{i}", prompt, 24))
+        frames = await frames_until_done(ws, {f"r{i}" for i in range(len(PROMPTS))})
+        for i, prompt in enumerate(PROMPTS):
+            assert tokens_of(frames, f"r{i}") == greedy_solo(prompt, 24), f"r{i} differs from its solo run"
+        admitted = {rid: workers for rid, workers in celery_cluster.admissions().items()
+                    if rid.endswith(tuple(f"-r{i}" for i in range(len(PROMPTS))))}
+        assert len(admitted) == len(PROMPTS) and all(len(w) == 1 for w in admitted.values())
+        per_worker = {w[0] for w in admitted.values()}
+        assert len(per_worker) == 2, f"all on one worker: {admitted}"
+        await ws.disconnect()
+
+
+@pytest.mark.asyncio
+async def test_a_cancel_reaches_the_worker_that_holds_the_request(api_user, celery_cluster):
+    with served_by(celery_cluster) as transport:
+        ws = await connect(api_user[1])
+        await ws.send_to(text_data=generate("keep", "x", 300))
+        await ws.send_to(text_data=generate("stop", "x", 300))
+        assert await wait_for(lambda: holder(transport, "-keep") and holder(transport, "-stop"))
+        keep_worker, stop_worker = holder(transport, "-keep"), holder(transport, "-stop")
+        assert keep_worker != stop_worker, "liveness: the two requests run on different workers"
+        await ws.send_to(text_data=json.dumps({"type": "cancel", "request_id": "stop"}))
+        frames = await frames_until_done(ws, {"keep", "stop"})
+        done = {f["request_id"]: f for f in frames if f["type"] == "done"}
+        assert done["stop"]["finish_reason"] == "canceled" and done["stop"]["usage"]["completion_tokens"] < 300
+        assert done["keep"]["finish_reason"] == "length" and tokens_of(frames, "keep") == greedy_solo("x", 300)
+        cancels = {celery_cluster.worker_id(p): [line for line in open(p.log_path) if "cancel " in line]
+                   for p in celery_cluster.workers}
+        assert any("-stop" in line for line in cancels[stop_worker])
+        assert not any("-stop" in line for line in cancels[keep_worker])
+        await ws.disconnect()
+
+
+async def chat_reply_started(user, conversation) -> WebsocketCommunicator:
+    ws = WebsocketCommunicator(as_user(user), f"/ws/chat/{conversation.pk}")
+    assert (await ws.connect())[0]
+    await ws.send_to(text_data=json.dumps({"type": "send", "content": "x",
+                                           "params": {"max_tokens": 3000, "ignore_eos": True, "temperature": 0}}))
+    assert json.loads(await ws.receive_from(timeout=10))["type"] == "started"
+    return ws
+
+
+@pytest.mark.asyncio
+async def test_a_worker_killed_mid_stream(api_user, django_user_model, tmp_path):
+    cluster = Cluster(settings.REDIS_URL, tmp_path)
+    try:
+        cluster.start_workers(2)
+        with served_by(cluster) as transport:
+            carol = await sync_to_async(django_user_model.objects.create_user)("carol")
+            conversation = await sync_to_async(Conversation.objects.create)(owner=carol)
+            chat = await chat_reply_started(carol, conversation)
+            api = await connect(api_user[1])
+            for rid in ("a1", "a2", "a3"):
+                await api.send_to(text_data=generate(rid, "The list type", 400 if rid != "a1" else 3000))
+            assert await wait_for(lambda: all(holder(transport, f) for f in ("chat-", "-a1", "-a2", "-a3")))
+            victim_id = holder(transport, "chat-")
+            victim = next(p for p in cluster.workers if cluster.worker_id(p) == victim_id)
+            on_victim = {rid for rid in ("a1", "a2", "a3") if holder(transport, f"-{rid}") == victim_id}
+            survivors = {"a1", "a2", "a3"} - on_victim
+            assert survivors, "liveness: some requests run on the other worker"
+            partial = json.loads(await chat.receive_from(timeout=10))
+            assert partial["type"] == "delta"
+
+            cluster.kill(victim)
+            killed_at = time.monotonic()
+            frames = []
+            while True:
+                frame = json.loads(await chat.receive_from(timeout=15))
+                frames.append(frame)
+                if frame["type"] == "done":
+                    break
+            assert time.monotonic() - killed_at < 10, "the chat client waited too long for its error"
+            assert frames[-1]["finish_reason"] == "error" and "worker" in frames[-1]["error"]
+            streamed = partial["text"] + "".join(f["text"] for f in frames if f["type"] == "delta")
+            reply = await sync_to_async(Message.objects.get)(conversation=conversation, role="assistant")
+            assert reply.finish_reason == "error" and reply.error and reply.content == streamed and streamed
+
+            api_frames = await frames_until_done(api, {"a1", "a2", "a3"}, timeout=30)
+            for rid in on_victim:
+                assert [f["code"] for f in api_frames if f["type"] == "error" and f["request_id"] == rid] == \
+                    ["worker_lost"]
+            for rid in survivors - {"a1"}:
+                assert tokens_of(api_frames, rid) == greedy_solo("The list type", 400), "a survivor was disturbed"
+
+            # The web side goes on with the worker that is left, and nothing ever runs twice.
+            await api.send_to(text_data=generate("after", "A dictionary is", 16))
+            after = await frames_until_done(api, {"after"})
+            assert tokens_of(after, "after") == greedy_solo("A dictionary is", 16)
+            cluster.start_workers(1)
+            await asyncio.sleep(2)
+            assert all(len(workers) == 1 for workers in cluster.admissions().values())
+            await chat.disconnect()
+            await api.disconnect()
+    finally:
+        cluster.stop()
+
+
+@pytest.mark.asyncio
+async def test_no_worker_gives_unavailable_and_full_workers_give_overloaded(tmp_path):
+    cluster = Cluster(settings.REDIS_URL, tmp_path, WORKBENCH_WORKER_CAPACITY=1)
+    try:
+        with served_by(cluster) as transport:
+            params = SamplingParams(max_tokens=2000, ignore_eos=True)
+            nobody = await transport.submit("n1", "x", params).next()
+            assert nobody.finished and nobody.error_code == "unavailable"
+            await asyncio.to_thread(cluster.start_workers, 1)
+            assert await wait_for(lambda: transport.workers(), timeout=10)
+            first = transport.submit("f1", "x", params)
+            assert (await first.next()).token_ids, "liveness: the worker serves one"
+            second = await transport.submit("f2", "x", params).next()
+            assert second.finished and second.error_code == "overloaded"
+            transport.cancel("f1")
+            async for event in first:
+                pass
+            assert event.finish_reason == "canceled"
+    finally:
+        cluster.stop()
+
+
+@pytest.mark.asyncio
+async def test_a_task_delivered_twice_runs_once(celery_cluster):
+    """The worker refuses a request id it admitted before, so a redelivered task never runs again."""
+    with served_by(celery_cluster) as transport:
+        beat = next(iter(transport.workers().values()))
+        layer = wire.make_layer()
+        reply = await layer.new_channel()
+        params = {"max_tokens": 8, "temperature": 0, "ignore_eos": True}
+        for _ in range(2):
+            celery_app.send_task(wire.GENERATE_TASK, args=["twice-1", "The list type", params, reply], queue=beat.queue)
+        tokens, finished = [], 0
+        while finished < 1:
+            message = await asyncio.wait_for(layer.receive(reply), 10)
+            for request_id, event in wire.events_of(message):
+                assert request_id == "twice-1" and event.index == len(tokens)
+                tokens += event.token_ids
+                finished += event.finished
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(layer.receive(reply), 2)  # nothing from a second run
+        await layer.close_pools()
+        assert tokens == greedy_solo("The list type", 8)
+        assert celery_cluster.admissions()["twice-1"] == [beat.worker_id]
+
+
+def test_redis_stopped_and_restarted(tmp_path):
+    """Requests while Redis is down get a clear error, not a hang; once it is back, new requests succeed
+    with the same web process and worker (no restart)."""
+    redis_server = RedisServer().start()
+    cluster = Cluster(redis_server.url, tmp_path)
+    try:
+        cluster.start_workers(1)
+        address, token = cluster.start_daphne(tmp_path / "db.sqlite3")
+
+        async def ask(request_id: str, timeout: float = 20) -> dict:
+            async with websockets.connect(f"ws://{address}/ws/v1/generate",
+                                          additional_headers={"Authorization": f"Bearer {token}"}) as ws:
+                await ws.send(generate(request_id, "The list type", 8))
+                while True:
+                    frame = json.loads(await asyncio.wait_for(ws.recv(), timeout))
+                    if frame["type"] in ("done", "error"):
+                        return frame
+
+        assert asyncio.run(ask("before"))["type"] == "done"
+        redis_server.stop()
+        started = time.monotonic()
+        down = asyncio.run(ask("during"))
+        assert down["type"] == "error" and down["code"] in ("unavailable", "worker_lost")
+        assert time.monotonic() - started < 15
+        redis_server.start()
+        deadline, answer = time.monotonic() + 30, None
+        while time.monotonic() < deadline:
+            answer = asyncio.run(ask(f"after-{time.monotonic()}"))
+            if answer["type"] == "done":
+                break
+            time.sleep(0.5)
+        assert answer["type"] == "done" and answer["usage"]["completion_tokens"] == 8
+        assert cluster.daphne.poll() is None and all(p.poll() is None for p in cluster.workers)
+    finally:
+        cluster.stop()
+        redis_server.stop()
