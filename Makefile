@@ -6,13 +6,18 @@ PY := $(VENV)/bin/python
 # The stamp names the dependency file's content, so editing pyproject.toml reinstalls.
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: run test install clean chromium redis
+.PHONY: run stack test install clean chromium redis
 
 run: $(STAMP)
 	$(PY) manage.py migrate --noinput -v0
 	$(PY) manage.py ensureadmin
 	@echo "Workbench on http://127.0.0.1:8000  (admin / admin; sign up for a user account)"
 	$(PY) -m daphne -b 127.0.0.1 -p 8000 workbench.asgi:application
+
+# The multi-process deployment on this machine: Redis (the one at REDIS_URL, or one it starts), Daphne
+# and WORKBENCH_WORKERS (default 2) Celery GPU workers; docs/OPERATIONS.md.
+stack: $(STAMP)
+	$(PY) -m scripts.stack
 
 test: $(STAMP) chromium redis
 	$(PY) -m pytest

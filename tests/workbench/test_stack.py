@@ -1,0 +1,63 @@
+"""`make stack`'s script end to end: with no Redis at REDIS_URL it starts one, serves a request through
+two real workers, and Ctrl-C stops every process it started, Redis included."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import redis
+import websockets
+
+from tests.cluster import ROOT, free_port, wait_for_port
+
+
+def test_stack_starts_serves_and_stops_everything(tmp_path):
+    redis_url, port = f"redis://127.0.0.1:{free_port()}/0", free_port()
+    env = {"PATH": "/usr/bin:/bin:/usr/local/bin", "REDIS_URL": redis_url, "WORKBENCH_DB_PATH": str(tmp_path / "db"),
+           "WORKBENCH_ADMIN_PASSWORD": "pw-admin-123", "WORKBENCH_DRAIN_S": "2", "HOME": str(tmp_path)}
+    log = open(tmp_path / "stack.log", "w")
+    stack = subprocess.Popen([sys.executable, "-m", "scripts.stack", "--workers", "2", "--port", str(port)],
+                             env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_for_port(port, stack, "the stack's daphne", timeout=60)
+        assert redis.Redis.from_url(redis_url).ping(), "it started its own Redis"
+        token = subprocess.run([sys.executable, "manage.py", "createapitoken", "admin"], env=env, cwd=ROOT,
+                               check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
+
+        async def ask() -> dict:
+            async with websockets.connect(f"ws://127.0.0.1:{port}/ws/v1/generate",
+                                          additional_headers={"Authorization": f"Bearer {token}"}) as ws:
+                await ws.send(json.dumps({"type": "generate", "request_id": "s", "prompt": "The list type",
+                                          "params": {"max_tokens": 8, "temperature": 0}}))
+                while True:
+                    frame = json.loads(await asyncio.wait_for(ws.recv(), 30))
+                    if frame["type"] in ("done", "error"):
+                        return frame
+
+        deadline, frame = time.monotonic() + 60, None
+        while time.monotonic() < deadline:  # the workers load their engines after daphne listens
+            frame = asyncio.run(ask())
+            if frame["type"] == "done":
+                break
+            assert frame["code"] == "unavailable", frame
+            time.sleep(0.5)
+        assert frame["type"] == "done" and frame["usage"]["completion_tokens"] == 8
+        workers = redis.Redis.from_url(redis_url).keys("workbench:worker:*")
+        assert len(workers) == 2
+    finally:
+        stack.send_signal(signal.SIGINT)
+        stack.wait(timeout=60)
+    output = (tmp_path / "stack.log").read_text()
+    assert "stack: stopped" in output, output[-3000:]
+    try:
+        redis.Redis.from_url(redis_url, socket_connect_timeout=1).ping()
+        raise AssertionError("the stack's Redis is still running")
+    except redis.ConnectionError:
+        pass
+    leftover = subprocess.run(["pgrep", "-f", f"daphne.*-p {port}"], capture_output=True, text=True).stdout
+    assert not leftover.strip(), "daphne outlived the stack"
