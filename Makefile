@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # The stamp names the dependency file's content, so editing pyproject.toml reinstalls.
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: run stack test install clean chromium redis
+.PHONY: run stack test install clean chromium redis compose
 
 run: $(STAMP)
 	$(PY) manage.py migrate --noinput -v0
@@ -19,7 +19,7 @@ run: $(STAMP)
 stack: $(STAMP)
 	$(PY) -m scripts.stack
 
-test: $(STAMP) chromium redis
+test: $(STAMP) chromium redis compose
 	$(PY) -m pytest
 
 # The distributed transport's tests use the machine's Redis on 6379 (each run under a queue prefix of
@@ -31,6 +31,12 @@ redis:
 # The browser tests drive Debian's Chromium (Playwright's own browser download cannot run here).
 chromium:
 	@command -v chromium >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
+
+# Where a docker client exists, the deployment test checks docker-compose.yml with `docker compose config`;
+# Debian's docker-compose stands in when the client lacks the compose plugin.
+compose:
+	@! command -v docker >/dev/null || docker compose version >/dev/null 2>&1 || command -v docker-compose >/dev/null || \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose; }
 
 install: $(STAMP)
 

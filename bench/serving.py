@@ -1,13 +1,15 @@
 """Serving benchmark: the websocket API under 1, 8 and 32 concurrent clients, beside the engine alone.
 
     .venv/bin/python bench/serving.py [--clients 1,8,32] [--requests-per-client 4] [--max-tokens 64]
+                                      [--transports inprocess,celery]
 
 In the style of vLLM's benchmark_serving: each client sends its requests one after another; per request
 we record time to first token (TTFT), time per output token after the first (TPOT), inter-token
 latencies (ITL, a delta's gap divided over its tokens) and end-to-end latency; per run, delivered
 output tokens/s. "engine" runs the same requests at the same concurrency straight on an in-process
-Engine (no web, no websocket, no JSON), "websocket" through a real Daphne started here. The demo
-model, greedy, EOS ignored, so both produce the same tokens.
+Engine (no web, no websocket, no JSON); "inprocess" through a real Daphne with the engine on its
+thread; "celery" through a real Daphne and one real Celery worker (one engine, as in the others) over
+the machine's Redis (REDIS_URL). The demo model, greedy, EOS ignored, so all produce the same tokens.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 import websockets  # noqa: E402
 
 from engine import Engine, EngineConfig, SamplingParams  # noqa: E402
-from tests.cluster import free_port  # noqa: E402
+from tests.cluster import Cluster, free_port, wait_for_port  # noqa: E402
 
 PROMPTS = ["The list type", "A dictionary is", "This module provides", "Return the number of",
            "If the file does not exist,", "The default value is", "Raise an exception when", "Each thread has"]
@@ -119,9 +121,10 @@ async def websocket_run(address: str, token: str, clients: int, per_client: int,
     return summarize(records, time.perf_counter() - start)
 
 
-def start_daphne() -> tuple[subprocess.Popen, str, str]:
-    db = Path(tempfile.mkdtemp(prefix="serving-bench-")) / "db.sqlite3"
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "workbench.settings", "WORKBENCH_DB_PATH": str(db)}
+def start_inprocess(workdir: Path) -> tuple[list[subprocess.Popen], str, str]:
+    db = workdir / "inprocess.sqlite3"
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "workbench.settings", "WORKBENCH_DB_PATH": str(db),
+           "WORKBENCH_TRANSPORT": "inprocess"}
     manage = [sys.executable, str(ROOT / "manage.py")]
     subprocess.run([*manage, "migrate", "-v0"], env=env, check=True, cwd=ROOT)
     token = subprocess.run([*manage, "createapitoken", "bench"], env=env, check=True, cwd=ROOT,
@@ -130,8 +133,15 @@ def start_daphne() -> tuple[subprocess.Popen, str, str]:
     server = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
                                "workbench.asgi:application"], env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL)
-    time.sleep(3)
-    return server, f"127.0.0.1:{port}", token
+    wait_for_port(port, server, "daphne")
+    return [server], f"127.0.0.1:{port}", token
+
+
+def start_celery(workdir: Path) -> tuple[Cluster, str, str]:
+    cluster = Cluster(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"), workdir)
+    cluster.start_workers(1)
+    address, token = cluster.start_daphne(workdir / "celery.sqlite3")
+    return cluster, address, token
 
 
 def main() -> None:
@@ -139,28 +149,43 @@ def main() -> None:
     parser.add_argument("--clients", default="1,8,32")
     parser.add_argument("--requests-per-client", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--transports", default="inprocess,celery")
     args = parser.parse_args()
     params = {"max_tokens": args.max_tokens, "temperature": 0, "ignore_eos": True}
-    server, address, token = start_daphne()
+    workdir = Path(tempfile.mkdtemp(prefix="serving-bench-"))
+    servers = {}
     try:
-        asyncio.run(websocket_run(address, token, 1, 1, params))  # warm-up: the server loads its engine
+        for transport in args.transports.split(","):
+            started = start_celery(workdir) if transport == "celery" else start_inprocess(workdir)
+            servers[transport] = started
+            asyncio.run(websocket_run(started[1], started[2], 1, 1, params))  # warm-up: the engine loads
         print(f"{'clients':>7} {'mode':>9} {'tok/s':>8} {'TTFT p50':>9} {'p99':>7} {'TPOT p50':>9} "
               f"{'ITL p50':>8} {'p99':>7} {'E2E p50':>8} {'p99':>7}  (ms)")
         for clients in [int(c) for c in args.clients.split(",")]:
             total = clients * args.requests_per_client
-            rows = {"engine": engine_only(clients, total, SamplingParams(**params)),
-                    "websocket": asyncio.run(websocket_run(address, token, clients, args.requests_per_client, params))}
+            rows = {"engine": engine_only(clients, total, SamplingParams(**params))}
+            for transport, (_, address, token) in servers.items():
+                rows[transport] = asyncio.run(websocket_run(address, token, clients, args.requests_per_client, params))
             for mode, r in rows.items():
                 ms = {k: v * 1000 for k, v in r.items() if k != "tok_s"}
                 print(f"{clients:>7} {mode:>9} {r['tok_s']:>8.1f} {ms['ttft50']:>9.1f} {ms['ttft99']:>7.1f} "
                       f"{ms['tpot50']:>9.2f} {ms['itl50']:>8.2f} {ms['itl99']:>7.2f} {ms['e2e50']:>8.1f} "
                       f"{ms['e2e99']:>7.1f}", flush=True)
-            e, w = rows["engine"], rows["websocket"]
-            print(f"{clients:>7} {'ratio':>9} delivered {w['tok_s'] / e['tok_s']:.0%} of engine-only, "
-                  f"TTFT p50 +{(w['ttft50'] - e['ttft50']) * 1000:.1f} ms", flush=True)
+            e = rows["engine"]
+            for transport in servers:
+                w = rows[transport]
+                print(f"{clients:>7} {'ratio':>9} {transport}: delivered {w['tok_s'] / e['tok_s']:.0%} of engine-only"
+                      + (f", {w['tok_s'] / rows['inprocess']['tok_s']:.0%} of inprocess"
+                         if transport != "inprocess" and "inprocess" in rows else "")
+                      + f", TTFT p50 +{(w['ttft50'] - e['ttft50']) * 1000:.1f} ms", flush=True)
     finally:
-        server.terminate()
-        server.wait(timeout=10)
+        for started in servers.values():
+            if isinstance(started[0], Cluster):
+                started[0].stop()
+            else:
+                for process in started[0]:
+                    process.terminate()
+                    process.wait(timeout=10)
 
 
 if __name__ == "__main__":

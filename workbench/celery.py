@@ -60,6 +60,13 @@ def _worker_engine(sender, **kwargs) -> None:
     worker.host().start()
 
 
+@signals.worker_shutting_down.connect
+def _worker_stops_taking(sig, how, exitcode, **kwargs) -> None:
+    from workbench.serving import worker
+
+    worker.begin_drain()
+
+
 @signals.worker_shutdown.connect
 def _worker_drain(sender, **kwargs) -> None:
     from workbench.serving import worker

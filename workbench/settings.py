@@ -4,13 +4,15 @@ WORKBENCH_SECRET_KEY, WORKBENCH_DEBUG, WORKBENCH_ALLOWED_HOSTS (comma-separated)
 database dj-database-url reads, e.g. postgres://...; unset: SQLite at WORKBENCH_DB_PATH), WORKBENCH_MODEL
 ("demo" or a model directory), WORKBENCH_DEVICE, WORKBENCH_DTYPE, WORKBENCH_MAX_FRAME_BYTES,
 WORKBENCH_STATIC_ROOT; the transport: WORKBENCH_TRANSPORT ("inprocess" or "celery"), REDIS_URL,
-WORKBENCH_QUEUE_PREFIX, WORKBENCH_WORKER_CAPACITY, WORKBENCH_HEARTBEAT_S, WORKBENCH_WORKER_LOST_S.
+WORKBENCH_QUEUE_PREFIX, WORKBENCH_WORKER_CAPACITY, WORKBENCH_HEARTBEAT_S, WORKBENCH_WORKER_LOST_S,
+WORKBENCH_DRAIN_S.
 docs/OPERATIONS.md says what each is for. The engine's own ARC_* flags are read by the engine.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import dj_database_url
@@ -70,7 +72,7 @@ TEMPLATES = [{
 }]
 
 _SQLITE_URL = "sqlite:///" + os.environ.get("WORKBENCH_DB_PATH", str(BASE_DIR / "workbench.sqlite3"))
-DATABASES = {"default": dj_database_url.config(default=_SQLITE_URL)}
+DATABASES = {"default": dj_database_url.parse(os.environ.get("DATABASE_URL") or _SQLITE_URL)}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # "inprocess": the engine on a thread of this process (the embedded default). "celery": requests go to
@@ -85,12 +87,16 @@ REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 # Every worker's Celery queue is <prefix>.<worker id>; several deployments can share one Redis.
 WORKBENCH_QUEUE_PREFIX = os.environ.get("WORKBENCH_QUEUE_PREFIX", "workbench")
+if not re.fullmatch(r"[A-Za-z0-9_-]{1,32}", WORKBENCH_QUEUE_PREFIX):
+    raise ValueError("WORKBENCH_QUEUE_PREFIX must be 1-32 letters, digits, '-' or '_'")
 # Requests (running + waiting) one worker accepts before the web side answers "overloaded".
 WORKBENCH_WORKER_CAPACITY = int(os.environ.get("WORKBENCH_WORKER_CAPACITY", 256))
 # A worker publishes its heartbeat every HEARTBEAT_S; one silent for WORKER_LOST_S is lost, and its
 # requests end with an error.
 WORKBENCH_HEARTBEAT_S = float(os.environ.get("WORKBENCH_HEARTBEAT_S", 1.0))
 WORKBENCH_WORKER_LOST_S = float(os.environ.get("WORKBENCH_WORKER_LOST_S", 4.0))
+# On a warm shutdown (SIGTERM) a worker takes nothing new and gives what it holds this long to finish.
+WORKBENCH_DRAIN_S = float(os.environ.get("WORKBENCH_DRAIN_S", 30))
 
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]

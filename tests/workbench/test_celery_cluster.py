@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from contextlib import contextmanager
 
@@ -18,7 +19,7 @@ from django.conf import settings
 from engine import SamplingParams
 from tests.cluster import Cluster, RedisServer
 from tests.workbench.test_chat import as_user
-from tests.workbench.test_websocket_api import connect, frames_until_done, greedy_solo, wait_for
+from tests.workbench.test_websocket_api import MAX_TOKENS_AFTER_CANCEL, connect, frames_until_done, greedy_solo, wait_for
 from workbench.celery import app as celery_app
 from workbench.chat.models import Conversation, Message
 from workbench.serving import bridge, wire
@@ -50,6 +51,13 @@ def tokens_of(frames: list[dict], request_id: str) -> list[int]:
     return [t for f in frames if f.get("request_id") == request_id and f["type"] == "delta" for t in f["token_ids"]]
 
 
+async def frames_so_far(ws: WebsocketCommunicator) -> list[dict]:
+    frames = []
+    while not ws.output_queue.empty():
+        frames.append(json.loads(await ws.receive_from(timeout=1)))
+    return frames
+
+
 def holder(transport, engine_id_fragment: str) -> str | None:
     for worker_id, beat in transport.workers().items():
         if any(engine_id_fragment in rid for rid in beat.requests):
@@ -67,7 +75,7 @@ async def test_requests_spread_over_two_workers_and_each_matches_its_solo_run(ap
         for i, prompt in enumerate(PROMPTS):
             assert tokens_of(frames, f"r{i}") == greedy_solo(prompt, 24), f"r{i} differs from its solo run"
         admitted = {rid: workers for rid, workers in celery_cluster.admissions().items()
-                    if rid.endswith(tuple(f"-r{i}" for i in range(len(PROMPTS))))}
+                    if re.search(r"-r\d+\.", rid)}
         assert len(admitted) == len(PROMPTS) and all(len(w) == 1 for w in admitted.values())
         per_worker = {w[0] for w in admitted.values()}
         assert len(per_worker) == 2, f"all on one worker: {admitted}"
@@ -83,10 +91,13 @@ async def test_a_cancel_reaches_the_worker_that_holds_the_request(api_user, cele
         assert await wait_for(lambda: holder(transport, "-keep") and holder(transport, "-stop"))
         keep_worker, stop_worker = holder(transport, "-keep"), holder(transport, "-stop")
         assert keep_worker != stop_worker, "liveness: the two requests run on different workers"
+        before = await frames_so_far(ws)
         await ws.send_to(text_data=json.dumps({"type": "cancel", "request_id": "stop"}))
-        frames = await frames_until_done(ws, {"keep", "stop"})
+        frames = before + await frames_until_done(ws, {"keep", "stop"})
         done = {f["request_id"]: f for f in frames if f["type"] == "done"}
-        assert done["stop"]["finish_reason"] == "canceled" and done["stop"]["usage"]["completion_tokens"] < 300
+        assert done["stop"]["finish_reason"] == "canceled"
+        after_cancel = done["stop"]["usage"]["completion_tokens"] - len(tokens_of(before, "stop"))
+        assert after_cancel <= MAX_TOKENS_AFTER_CANCEL, f"{after_cancel} tokens came after the cancel"
         assert done["keep"]["finish_reason"] == "length" and tokens_of(frames, "keep") == greedy_solo("x", 300)
         cancels = {celery_cluster.worker_id(p): [line for line in open(p.log_path) if "cancel " in line]
                    for p in celery_cluster.workers}
@@ -115,7 +126,7 @@ async def test_a_worker_killed_mid_stream(api_user, django_user_model, tmp_path)
             chat = await chat_reply_started(carol, conversation)
             api = await connect(api_user[1])
             for rid in ("a1", "a2", "a3"):
-                await api.send_to(text_data=generate(rid, "The list type", 400 if rid != "a1" else 3000))
+                await api.send_to(text_data=generate(rid, "The list type", 1000))
             assert await wait_for(lambda: all(holder(transport, f) for f in ("chat-", "-a1", "-a2", "-a3")))
             victim_id = holder(transport, "chat-")
             victim = next(p for p in cluster.workers if cluster.worker_id(p) == victim_id)
@@ -143,16 +154,20 @@ async def test_a_worker_killed_mid_stream(api_user, django_user_model, tmp_path)
             for rid in on_victim:
                 assert [f["code"] for f in api_frames if f["type"] == "error" and f["request_id"] == rid] == \
                     ["worker_lost"]
-            for rid in survivors - {"a1"}:
-                assert tokens_of(api_frames, rid) == greedy_solo("The list type", 400), "a survivor was disturbed"
+            solo = greedy_solo("The list type", 1000)
+            for rid in survivors:
+                assert tokens_of(api_frames, rid) == solo, "a request on the other worker was disturbed"
 
             # The web side goes on with the worker that is left, and nothing ever runs twice.
             await api.send_to(text_data=generate("after", "A dictionary is", 16))
             after = await frames_until_done(api, {"after"})
             assert tokens_of(after, "after") == greedy_solo("A dictionary is", 16)
-            cluster.start_workers(1)
+            # No request was admitted twice, on any worker (a web side that resent lost requests, or a
+            # redelivery, would show here), also with a fresh worker in the cluster.
+            await asyncio.to_thread(cluster.start_workers, 1)
             await asyncio.sleep(2)
-            assert all(len(workers) == 1 for workers in cluster.admissions().values())
+            admissions = cluster.admissions()
+            assert len(admissions) >= 5 and all(len(workers) == 1 for workers in admissions.values())
             await chat.disconnect()
             await api.disconnect()
     finally:

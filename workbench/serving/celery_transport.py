@@ -4,8 +4,13 @@ The same interface as the in-process EngineThread (submit, cancel, tokenizer, ru
 stop), so consumers cannot tell which one serves them. One link thread with its own event loop holds
 this process's reply channel and does all the Redis work: it picks a live worker for each request
 (the least loaded by its heartbeat and what this process sent it since), publishes the Celery task,
-relays the coalesced deltas to each request's RequestStream, sends cancels to the owning worker's
-control channel, and ends a request with an error when its worker is lost, so no client hangs.
+relays the coalesced deltas to each request's RequestStream in order (workbench/serving/sequencing.py),
+sends cancels to the owning worker's control channel, and ends a request with an error when its
+worker is lost, so no client hangs.
+
+Each submission travels under a wire id of its own (the request id plus a random suffix): a client
+may reuse a request id once its request is over, and the workers' run-once guard and any late delta
+of the earlier request must not mistake one for the other.
 """
 
 from __future__ import annotations
@@ -15,7 +20,8 @@ import logging
 import random
 import threading
 import time
-from dataclasses import asdict, dataclass
+import uuid
+from dataclasses import asdict, dataclass, field
 
 from django.conf import settings
 
@@ -25,25 +31,30 @@ from engine.tokenizer import Tokenizer
 from workbench.celery import app as celery_app
 from workbench.serving import wire
 from workbench.serving.presence import Heartbeat, Presence
+from workbench.serving.sequencing import DeliveryGap, InOrder
 from workbench.serving.streams import RequestStream, StreamEvent
 
 log = logging.getLogger(__name__)
+CANCEL_ATTEMPTS = 5
 
 
 @dataclass
 class _Pending:
+    request_id: str
     stream: RequestStream
     worker_id: str
     confirmed_at: float  # last time the worker was seen holding it, or a delta of it arrived
-    next_index: int = 0  # the token offset the next delta must start at
+    order: InOrder = field(default_factory=InOrder)
 
 
 class CeleryTransport:
     def __init__(self) -> None:
         self.tokenizer = Tokenizer.from_dir(resolve_model_path(settings.WORKBENCH_MODEL))
         self.lost_after_s = settings.WORKBENCH_WORKER_LOST_S
-        self._pending: dict[str, _Pending] = {}
+        self._pending: dict[str, _Pending] = {}  # by wire id
+        self._wire_ids: dict[str, str] = {}  # request id -> wire id, while pending
         self._workers: dict[str, Heartbeat] = {}  # as of the last successful poll
+        self._beat_changed: dict[str, tuple[float, float]] = {}  # worker -> (its sent_at, when it changed)
         self._polled_at = 0.0
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run_loop, name="celery-link", daemon=True)
@@ -85,10 +96,13 @@ class CeleryTransport:
         return stream
 
     def cancel(self, request_id: str) -> None:
-        self._loop.call_soon_threadsafe(self._cancel, request_id)
+        self._loop.call_soon_threadsafe(self._cancel_request, request_id)
 
     def running_request_ids(self) -> set[str]:
-        return {rid for beat in list(self._workers.values()) for rid in beat.requests}
+        """What the live workers hold: this process's requests by their request id, others by wire id."""
+        pending = dict(self._pending)
+        held = {wire_id for beat in list(self._workers.values()) for wire_id in beat.requests}
+        return {pending[w].request_id if w in pending else w for w in held}
 
     def workers(self) -> dict[str, Heartbeat]:
         return dict(self._workers)
@@ -98,52 +112,75 @@ class CeleryTransport:
     def _dispatch(self, request_id: str, prompt, params: SamplingParams, stream: RequestStream) -> None:
         """Choose a worker and register the request before anything awaits, so a cancel that follows
         finds where it went."""
-        if not self._workers:
+        live = self._routable()
+        if not live:
             stream.push_threadsafe(StreamEvent.failure("unavailable", "no GPU worker is available; try again later"))
             return
-        worker = self._least_loaded()
+        worker = self._least_loaded(live)
         if worker is None:
             stream.push_threadsafe(StreamEvent.failure("overloaded", "every GPU worker is at capacity; try again later"))
             return
-        self._pending[request_id] = _Pending(stream, worker.worker_id, time.monotonic())
-        self._loop.create_task(self._publish(request_id, prompt, params, worker))
+        wire_id = f"{request_id}.{uuid.uuid4().hex[:12]}"
+        self._pending[wire_id] = _Pending(request_id, stream, worker.worker_id, time.monotonic())
+        self._wire_ids[request_id] = wire_id
+        self._loop.create_task(self._publish(wire_id, prompt, params, worker))
 
-    def _least_loaded(self) -> Heartbeat | None:
+    def _routable(self) -> list[Heartbeat]:
+        """Workers taking requests: not draining, and whose heartbeat moved lately (a worker killed a
+        moment ago still has its key in Redis until it expires). Judged by this process's own clock,
+        so clock skew between machines cannot make a live worker look stale."""
+        now, fresh_for = time.monotonic(), 2.5 * settings.WORKBENCH_HEARTBEAT_S
+        return [beat for worker_id, beat in self._workers.items()
+                if not beat.draining and now - self._beat_changed.get(worker_id, (0, 0))[1] < fresh_for]
+
+    def _least_loaded(self, live: list[Heartbeat]) -> Heartbeat | None:
         def held(beat: Heartbeat) -> int:
-            sent_here = {rid for rid, p in self._pending.items() if p.worker_id == beat.worker_id}
+            sent_here = {w for w, p in self._pending.items() if p.worker_id == beat.worker_id}
             return len(sent_here | set(beat.requests))
 
-        loads = [(held(beat), beat) for beat in self._workers.values()]
-        open_loads = [(n, beat) for n, beat in loads if n < beat.capacity and not beat.draining]
+        loads = [(held(beat), beat) for beat in live]
+        open_loads = [(n, beat) for n, beat in loads if n < beat.capacity]
         if not open_loads:
             return None
         least = min(n for n, _ in open_loads)
         return random.choice([beat for n, beat in open_loads if n == least])
 
-    async def _publish(self, request_id: str, prompt, params: SamplingParams, worker: Heartbeat) -> None:
+    async def _publish(self, wire_id: str, prompt, params: SamplingParams, worker: Heartbeat) -> None:
         def send() -> None:
-            celery_app.send_task(wire.GENERATE_TASK, args=[request_id, prompt, asdict(params), self.reply_channel],
+            celery_app.send_task(wire.GENERATE_TASK, args=[wire_id, prompt, asdict(params), self.reply_channel],
                                  queue=worker.queue, expires=wire.TASK_EXPIRES_S, retry=False)
         try:
             await self._loop.run_in_executor(None, send)
         except Exception as exc:
-            log.warning("could not send %s to %s: %s", request_id, worker.worker_id, exc)
-            self._fail(request_id, "unavailable", "the request could not reach a GPU worker (is Redis up?)")
+            log.warning("could not send %s to %s: %s", wire_id, worker.worker_id, exc)
+            self._fail(wire_id, "unavailable", "the request could not reach a GPU worker (is Redis up?)")
 
-    def _cancel(self, request_id: str) -> None:
-        pending = self._pending.get(request_id)
+    def _cancel_request(self, request_id: str) -> None:
+        wire_id = self._wire_ids.get(request_id)
+        if wire_id is not None:
+            self._cancel(wire_id)
+
+    def _cancel(self, wire_id: str) -> None:
+        pending = self._pending.get(wire_id)
         if pending is not None:
-            self._loop.create_task(self._send_cancel(pending.worker_id, request_id))
+            self._loop.create_task(self._send_cancel(pending.worker_id, wire_id))
 
-    async def _send_cancel(self, worker_id: str, request_id: str) -> None:
-        try:
-            await self.layer.send(wire.control_channel(worker_id), wire.cancel_message(request_id))
-        except Exception as exc:  # the worker's heartbeat watch ends the request if it cannot be reached
-            log.warning("could not cancel %s on %s: %s", request_id, worker_id, exc)
+    async def _send_cancel(self, worker_id: str, wire_id: str) -> None:
+        """A few tries: a cancel that cannot get through leaves a worker generating for nobody."""
+        for attempt in range(CANCEL_ATTEMPTS):
+            try:
+                await self.layer.send(wire.control_channel(worker_id), wire.cancel_message(wire_id))
+                return
+            except Exception as exc:
+                log.warning("could not cancel %s on %s (try %d): %s", wire_id, worker_id, attempt + 1, exc)
+                await asyncio.sleep(0.5 * (attempt + 1))
 
-    def _fail(self, request_id: str, code: str, message: str) -> None:
-        pending = self._pending.pop(request_id, None)
+    def _fail(self, wire_id: str, code: str, message: str) -> None:
+        """End a request here with an error, and tell its worker to stop (if it can still hear)."""
+        self._cancel(wire_id)
+        pending = self._pending.pop(wire_id, None)
         if pending is not None:
+            self._wire_ids.pop(pending.request_id, None)
             pending.stream.push_threadsafe(StreamEvent.failure(code, message))
 
     async def _receive_forever(self) -> None:
@@ -156,22 +193,25 @@ class CeleryTransport:
                 log.warning("reply channel: %s: %s; retrying", type(exc).__name__, exc)
                 await asyncio.sleep(0.5)
                 continue
-            for request_id, event in wire.events_of(message):
-                self._relay(request_id, event)
+            for wire_id, event in wire.events_of(message):
+                self._relay(wire_id, event)
 
-    def _relay(self, request_id: str, event: StreamEvent) -> None:
-        pending = self._pending.get(request_id)
+    def _relay(self, wire_id: str, event: StreamEvent) -> None:
+        pending = self._pending.get(wire_id)
         if pending is None:
             return  # ended here already (lost, or failed to send); its worker has been told or is gone
-        if event.token_ids and event.index != pending.next_index:
-            self._cancel(request_id)
-            self._fail(request_id, "delivery_gap", f"tokens {pending.next_index}-{event.index - 1} were lost in transit")
+        try:
+            fresh = pending.order.accept(event)
+        except DeliveryGap as exc:
+            self._fail(wire_id, "delivery_gap", str(exc))
             return
-        pending.next_index += len(event.token_ids)
         pending.confirmed_at = time.monotonic()
-        pending.stream.push_threadsafe(event)
-        if event.finished:
-            del self._pending[request_id]
+        if fresh is None:
+            return
+        pending.stream.push_threadsafe(fresh)
+        if fresh.finished:
+            del self._pending[wire_id]
+            self._wire_ids.pop(pending.request_id, None)
 
     async def _poll_forever(self) -> None:
         while True:
@@ -190,24 +230,28 @@ class CeleryTransport:
 
     async def _refresh(self) -> None:
         await self.presence.mark_web(self.reply_channel)
-        self._workers = await self.presence.workers()
-        self._polled_at = time.monotonic()
+        workers = await self.presence.workers()
+        now = self._polled_at = time.monotonic()
+        for worker_id, beat in workers.items():
+            if self._beat_changed.get(worker_id, (None,))[0] != beat.sent_at:
+                self._beat_changed[worker_id] = (beat.sent_at, now)
+        self._beat_changed = {w: seen for w, seen in self._beat_changed.items() if w in workers}
+        self._workers = workers
 
     def _watch(self) -> None:
         """After a fresh poll: confirm the requests their worker holds; end those whose worker is gone."""
         now = time.monotonic()
-        for request_id, pending in list(self._pending.items()):
+        for wire_id, pending in list(self._pending.items()):
             worker = self._workers.get(pending.worker_id)
-            if worker is not None and request_id in worker.requests:
+            if worker is not None and wire_id in worker.requests:
                 pending.confirmed_at = now
             elif worker is None and now - pending.confirmed_at > 1.0:
-                self._fail(request_id, "worker_lost", "the GPU worker serving this request stopped; "
-                                                      "its output so far is kept")
+                self._fail(wire_id, "worker_lost", "the GPU worker serving this request stopped; "
+                                                   "its output so far is kept")
 
     def _watch_silence(self) -> None:
         """End the requests nothing has confirmed for lost_after_s (Redis away, or a task that never ran)."""
         now = time.monotonic()
-        for request_id, pending in list(self._pending.items()):
+        for wire_id, pending in list(self._pending.items()):
             if now - pending.confirmed_at > self.lost_after_s:
-                self._cancel(request_id)
-                self._fail(request_id, "worker_lost", "the GPU worker serving this request stopped answering")
+                self._fail(wire_id, "worker_lost", "the GPU worker serving this request stopped answering")

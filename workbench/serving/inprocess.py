@@ -103,9 +103,10 @@ class EngineThread:
                 return
             for command in commands:
                 self._apply(command)
+            self._publish_load()  # before the step: a long prefill must not hide what it holds
             if self.engine.has_unfinished_requests():
                 self._step()
-            self._publish_load()
+                self._publish_load()
 
     def _apply(self, command: tuple) -> None:
         if command[0] == "abort":

@@ -17,7 +17,7 @@ from workbench.serving.streams import StreamEvent
 
 class Outbox:
     def __init__(self, wake: Callable[[], None]) -> None:
-        self._wake = wake  # called (from any thread) when something became pending
+        self._wake = wake  # called (from any thread) when a reply channel gets something to send
         self._lock = threading.Lock()
         self._pending: dict[str, dict[str, StreamEvent]] = {}  # reply channel -> request id -> delta
         self._failing_since: dict[str, float] = {}  # reply channel -> first failed send
@@ -27,12 +27,16 @@ class Outbox:
 
     def push(self, reply_channel: str, request_id: str, event: StreamEvent) -> None:
         with self._lock:
+            first_for_channel = reply_channel not in self._pending
             waiting = self._pending.setdefault(reply_channel, {})
             if request_id in waiting:
                 waiting[request_id].merge(event)
             else:
                 waiting[request_id] = event
-        self._wake()
+        # One wake-up per reply channel and batch: what follows is taken with it. (A channel that is
+        # pending already was put back after a failed send: its retry timer takes it.)
+        if first_for_channel:
+            self._wake()
 
     def take(self) -> dict[str, dict[str, StreamEvent]]:
         with self._lock:
@@ -56,19 +60,26 @@ class Outbox:
         first = self._failing_since.setdefault(reply_channel, time.monotonic())
         return time.monotonic() - first
 
-    def discard(self, reply_channel: str) -> list[str]:
-        """Give up on a reply channel; returns the request ids whose deltas were dropped."""
+    def discard(self, reply_channel: str) -> None:
+        """Give up on a reply channel (its web process is gone): drop what waits for it."""
         with self._lock:
-            dropped = self._pending.pop(reply_channel, {})
+            self._pending.pop(reply_channel, None)
         self._failing_since.pop(reply_channel, None)
-        return list(dropped)
+
+    def __bool__(self) -> bool:
+        with self._lock:
+            return bool(self._pending)
 
 
 class OutboxSink:
-    """One request's sink for the engine thread (workbench.serving.inprocess.Sink)."""
+    """One request's sink for the engine thread (workbench.serving.inprocess.Sink). It stamps each
+    delta's character offset, so the web side can tell a repeat from a gap in the text too."""
 
     def __init__(self, outbox: Outbox, reply_channel: str, request_id: str) -> None:
         self.outbox, self.reply_channel, self.request_id = outbox, reply_channel, request_id
+        self.chars = 0
 
     def push_threadsafe(self, event: StreamEvent) -> None:
+        event.text_offset = self.chars
+        self.chars += len(event.text)
         self.outbox.push(self.reply_channel, self.request_id, event)

@@ -13,11 +13,14 @@ import json
 import time
 from dataclasses import asdict, dataclass, field
 
+import redis
 import redis.asyncio as aioredis
 
 WORKER_KEY = "{prefix}:worker:{worker_id}"
 WEB_KEY = "{prefix}:web:{reply_channel}"
 ADMITTED_KEY = "{prefix}:admitted:{request_id}"
+# Long past any redelivery: Celery drops a task older than wire.TASK_EXPIRES_S unrun.
+ADMITTED_MEMORY_S = 600
 
 
 @dataclass
@@ -81,10 +84,12 @@ class Presence:
         values = await self.redis.mget(keys) if keys else []
         return {channel for channel, value in zip(reply_channels, values) if value is not None}
 
-    async def admit_once(self, request_id: str, worker_id: str) -> bool:
-        """True the first time a request id is admitted anywhere; a redelivered task gets False."""
-        key = ADMITTED_KEY.format(prefix=self.prefix, request_id=request_id)
-        return bool(await self.redis.set(key, worker_id, nx=True, ex=24 * 3600))
-
     async def close(self) -> None:
         await self.redis.aclose()
+
+
+def admit_once(client: redis.Redis, prefix: str, request_id: str, worker_id: str) -> bool:
+    """True the first time a request id is admitted anywhere; a redelivered task gets False. Synchronous:
+    the Celery task calls it on its own thread, with no hop to an event loop on the way."""
+    key = ADMITTED_KEY.format(prefix=prefix, request_id=request_id)
+    return bool(client.set(key, worker_id, nx=True, ex=ADMITTED_MEMORY_S))

@@ -23,6 +23,7 @@ class StreamEvent:
     timings: dict | None = None
     error_code: str | None = None
     error: str | None = None
+    text_offset: int = 0  # where `text` starts in the whole reply (stamped by a worker's outbox)
 
     @classmethod
     def failure(cls, code: str, message: str) -> "StreamEvent":

@@ -32,7 +32,10 @@ def queue_name(worker_id: str) -> str:
 
 
 def control_channel(worker_id: str) -> str:
-    return f"{settings.WORKBENCH_QUEUE_PREFIX}.control.{worker_id}"
+    name = f"{settings.WORKBENCH_QUEUE_PREFIX}.control.{worker_id}"
+    if len(name) >= 100:  # Channels refuses longer names on every send and receive
+        raise ValueError(f"channel name {name!r} is too long; shorten WORKBENCH_QUEUE_PREFIX")
+    return name
 
 
 def events_message(events: dict[str, StreamEvent]) -> dict:

@@ -20,13 +20,14 @@ import threading
 import time
 import uuid
 
+import redis
 from django.conf import settings
 
 from engine import Engine, EngineConfig, InvalidSamplingParams, SamplingParams
 from workbench.serving import wire
 from workbench.serving.inprocess import EngineThread
 from workbench.serving.outbox import Outbox
-from workbench.serving.presence import Heartbeat, Presence
+from workbench.serving.presence import Heartbeat, Presence, admit_once
 from workbench.serving.streams import StreamEvent
 
 log = logging.getLogger(__name__)
@@ -34,8 +35,6 @@ log = logging.getLogger(__name__)
 # A web process unreachable this long (Redis away, or it died) loses its requests here: they are
 # aborted rather than generated for nobody. Its clients have had an error from their own side by then.
 UNDELIVERABLE_S = 30.0
-# On a warm shutdown, held requests get this long to finish before they are canceled.
-DRAIN_S = float(os.environ.get("WORKBENCH_DRAIN_S", 30))
 
 
 def new_worker_id() -> str:
@@ -57,28 +56,37 @@ class WorkerHost:
         self.outbox = Outbox(lambda: self._loop.call_soon_threadsafe(self._wake.set))
         self._reply_of: dict[str, str] = {}  # request id -> reply channel, while the engine holds it
         self._reply_lock = threading.Lock()
+        self.started = False
         self._draining = False
         self._retired = False
         self._tasks: list[asyncio.Task] = []
         self._thread = threading.Thread(target=self._loop.run_forever, name="worker-link", daemon=True)
+        self._admissions = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=5, socket_connect_timeout=3)
 
     def start(self) -> None:
         self.engine_thread.start()  # loads the model; raises if it cannot
         self._thread.start()
         asyncio.run_coroutine_threadsafe(self._open(), self._loop).result(timeout=30)
+        self.started = True
         log.info("worker %s ready: model %s on %s, queue %s", self.worker_id, self.engine_config.model,
                  self.engine_config.device, self.queue)
 
     async def _open(self) -> None:
+        self._beat_now = asyncio.Event()
         self.layer = wire.make_layer()
         self.presence = Presence(settings.REDIS_URL, settings.WORKBENCH_QUEUE_PREFIX, settings.WORKBENCH_WORKER_LOST_S)
         for loop in (self._heartbeats, self._control, self._deliveries, self._orphans):
             self._tasks.append(asyncio.create_task(_forever(loop)))
 
-    def stop(self) -> None:
-        """Warm shutdown: leave the live set, let held requests finish (up to DRAIN_S), then cancel."""
+    def begin_drain(self) -> None:
+        """Shutdown began: say so in a heartbeat now, so the web side routes nothing new here."""
         self._draining = True
-        deadline = time.monotonic() + DRAIN_S
+        self._loop.call_soon_threadsafe(self._beat_now.set)
+
+    def stop(self) -> None:
+        """Warm shutdown: take nothing new, let held requests finish (up to WORKBENCH_DRAIN_S), then cancel."""
+        self.begin_drain()
+        deadline = time.monotonic() + settings.WORKBENCH_DRAIN_S
         while self.engine_thread.load.request_ids and time.monotonic() < deadline:
             time.sleep(0.1)
         for request_id in self.engine_thread.load.request_ids:
@@ -92,9 +100,7 @@ class WorkerHost:
 
     def admit(self, request_id: str, prompt: str | list[int], params: dict, reply_channel: str) -> None:
         sink = self.outbox.sink(reply_channel, request_id)
-        first_time = asyncio.run_coroutine_threadsafe(self.presence.admit_once(request_id, self.worker_id),
-                                                      self._loop).result(timeout=10)
-        if not first_time:
+        if not admit_once(self._admissions, settings.WORKBENCH_QUEUE_PREFIX, request_id, self.worker_id):
             # A redelivered task: the request ran (or runs) already. Never twice; the client has its answer.
             log.warning("refused %s: admitted before", request_id)
             return
@@ -120,7 +126,11 @@ class WorkerHost:
                 started_at=self.started_at, running=load.running, waiting=load.waiting,
                 requests=list(load.request_ids), flags=self.engine_thread.engine.flags(),
                 draining=self._draining))
-            await asyncio.sleep(settings.WORKBENCH_HEARTBEAT_S)
+            try:
+                await asyncio.wait_for(self._beat_now.wait(), settings.WORKBENCH_HEARTBEAT_S)
+            except asyncio.TimeoutError:
+                pass
+            self._beat_now.clear()
 
     async def _control(self) -> None:
         while True:
@@ -154,18 +164,23 @@ class WorkerHost:
                     self._reply_of.pop(request_id, None)
 
     async def _orphans(self) -> None:
-        """Requests whose web process is gone are canceled (its clients can never be answered)."""
+        """Requests whose web process is gone are canceled (its clients can never be answered). Gone
+        means unmarked at two checks in a row: one miss may be Redis just restarted, empty."""
+        missed: set[str] = set()
         while True:
             await asyncio.sleep(2 * settings.WORKBENCH_HEARTBEAT_S)
             with self._reply_lock:
                 channels = sorted(set(self._reply_of.values()))
-            alive = await self.presence.webs_alive(channels)
-            for channel in set(channels) - alive:
+            missing = set(channels) - await self.presence.webs_alive(channels)
+            for channel in missing & missed:
                 log.warning("web process of %s is gone; canceling its requests", channel)
                 self._abandon(channel)
+            missed = missing
 
     def _abandon(self, reply_channel: str) -> None:
         self.outbox.discard(reply_channel)
+        if self.outbox:  # other channels' deltas may have arrived meanwhile without a wake-up
+            self._wake.set()
         with self._reply_lock:
             orphans = [rid for rid, channel in self._reply_of.items() if channel == reply_channel]
             for request_id in orphans:
@@ -205,6 +220,11 @@ def prepare_host() -> WorkerHost:
     return _host
 
 
+def begin_drain() -> None:
+    if _host is not None and _host.started:
+        _host.begin_drain()
+
+
 def stop_host() -> None:
-    if _host is not None:
+    if _host is not None and _host.started:
         _host.stop()

@@ -1,0 +1,89 @@
+"""Delivery between a worker and a web process, without Redis: the worker's outbox coalesces and keeps
+order through failed sends; the web side's InOrder accepts exactly the continuation of what it has,
+trims repeats and turns holes into errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from workbench.serving.outbox import Outbox
+from workbench.serving.sequencing import DeliveryGap, InOrder
+from workbench.serving.streams import StreamEvent
+
+
+def delta(index: int, tokens: list[int], text: str, text_offset: int, **finish) -> StreamEvent:
+    return StreamEvent(index=index, token_ids=tokens, text=text, text_offset=text_offset, **finish)
+
+
+def test_in_order_deltas_pass_unchanged():
+    order = InOrder()
+    assert order.accept(delta(0, [1, 2], "ab", 0)).token_ids == [1, 2]
+    last = order.accept(delta(2, [3], "c", 2, finished=True, finish_reason="length", usage={"completion_tokens": 3}))
+    assert (last.index, last.token_ids, last.text, last.finished) == (2, [3], "c", True)
+
+
+def test_a_repeat_is_dropped_and_an_overlap_trimmed_to_its_new_part():
+    order = InOrder()
+    order.accept(delta(0, [1, 2], "ab", 0))
+    assert order.accept(delta(0, [1, 2], "ab", 0)) is None
+    overlap = order.accept(delta(1, [2, 3, 4], "bcd", 1))
+    assert (overlap.index, overlap.token_ids, overlap.text, overlap.text_offset) == (2, [3, 4], "cd", 2)
+    assert (order.tokens, order.chars) == (4, 4)
+
+
+@pytest.mark.parametrize("event", [delta(3, [4], "d", 3), delta(2, [3], "c", 5)], ids=["tokens", "text"])
+def test_a_hole_raises(event):
+    order = InOrder()
+    order.accept(delta(0, [1, 2], "ab", 0))
+    with pytest.raises(DeliveryGap):
+        order.accept(event)
+
+
+def test_a_last_delta_that_does_not_account_for_every_token_raises():
+    """A canceled request's last delta carries no tokens: without the usage check, tokens dropped just
+    before it would go unnoticed."""
+    order = InOrder()
+    order.accept(delta(0, [1, 2], "ab", 0))
+    with pytest.raises(DeliveryGap):
+        order.accept(delta(2, [], "", 2, finished=True, finish_reason="canceled", usage={"completion_tokens": 5}))
+
+
+def test_a_failure_passes_wherever_the_stream_stands():
+    order = InOrder()
+    order.accept(delta(0, [1, 2], "ab", 0))
+    assert order.accept(StreamEvent.failure("worker_lost", "gone")).error_code == "worker_lost"
+
+
+def test_outbox_coalesces_per_request_and_wakes_once_per_channel():
+    wakes = []
+    outbox = Outbox(lambda: wakes.append(1))
+    a, b = outbox.sink("web-1", "ra"), outbox.sink("web-1", "rb")
+    a.push_threadsafe(delta(0, [1], "x", 0))
+    a.push_threadsafe(delta(1, [2], "yy", 0))
+    b.push_threadsafe(delta(0, [7], "z", 0))
+    assert len(wakes) == 1
+    taken = outbox.take()["web-1"]
+    assert (taken["ra"].index, taken["ra"].token_ids, taken["ra"].text, taken["ra"].text_offset) == (0, [1, 2], "xyy", 0)
+    a.push_threadsafe(delta(2, [3], "w", 0))
+    assert len(wakes) == 2 and outbox.take()["web-1"]["ra"].text_offset == 3, "the sink stamps character offsets"
+
+
+def test_a_failed_send_goes_back_in_front_of_newer_deltas():
+    outbox = Outbox(lambda: None)
+    sink = outbox.sink("web-1", "r")
+    sink.push_threadsafe(delta(0, [1], "a", 0))
+    failed = outbox.take()["web-1"]
+    sink.push_threadsafe(delta(1, [2], "b", 0, finished=True, finish_reason="length"))
+    outbox.put_back("web-1", failed)
+    merged = outbox.take()["web-1"]["r"]
+    assert (merged.index, merged.token_ids, merged.text, merged.finished) == (0, [1, 2], "ab", True)
+    order = InOrder()
+    assert order.accept(merged).token_ids == [1, 2]
+
+
+def test_discard_drops_only_that_channel():
+    outbox = Outbox(lambda: None)
+    outbox.sink("web-1", "r1").push_threadsafe(delta(0, [1], "a", 0))
+    outbox.sink("web-2", "r2").push_threadsafe(delta(0, [2], "b", 0))
+    outbox.discard("web-1")
+    assert list(outbox.take()) == ["web-2"] and not outbox
