@@ -15,6 +15,7 @@ import websockets
 from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.conf import settings
+from django.test import AsyncClient
 
 from engine import SamplingParams
 from tests.cluster import Cluster, RedisServer
@@ -174,20 +175,29 @@ async def test_a_worker_killed_mid_stream(api_user, django_user_model, tmp_path)
         cluster.stop()
 
 
+async def openai_completion(token: str):
+    return await AsyncClient().post("/v1/completions", {"model": "demo", "prompt": "x", "max_tokens": 4},
+                                    content_type="application/json", headers={"Authorization": f"Bearer {token}"})
+
+
 @pytest.mark.asyncio
-async def test_no_worker_gives_unavailable_and_full_workers_give_overloaded(tmp_path):
+async def test_no_worker_gives_unavailable_and_full_workers_give_overloaded(api_user, tmp_path):
     cluster = Cluster(settings.REDIS_URL, tmp_path, WORKBENCH_WORKER_CAPACITY=1)
     try:
         with served_by(cluster) as transport:
             params = SamplingParams(max_tokens=2000, ignore_eos=True)
             nobody = await transport.submit("n1", "x", params).next()
             assert nobody.finished and nobody.error_code == "unavailable"
+            response = await openai_completion(api_user[1])
+            assert response.status_code == 503 and response.json()["error"]["code"] == "unavailable"
             await asyncio.to_thread(cluster.start_workers, 1)
             assert await wait_for(lambda: transport.workers(), timeout=10)
             first = transport.submit("f1", "x", params)
             assert (await first.next()).token_ids, "liveness: the worker serves one"
             second = await transport.submit("f2", "x", params).next()
             assert second.finished and second.error_code == "overloaded"
+            response = await openai_completion(api_user[1])
+            assert response.status_code == 429 and response.json()["error"]["code"] == "overloaded"
             transport.cancel("f1")
             async for event in first:
                 pass

@@ -32,6 +32,8 @@ FIELD_MAP = {"max_tokens": "max_tokens", "max_completion_tokens": "max_tokens", 
              "repetition_penalty": "repetition_penalty", "ignore_eos": "ignore_eos"}
 IGNORED = {"model", "user", "n", "stream", "stream_options", "prompt", "messages", "logit_bias", "echo", "suffix"}
 FINISH_REASONS = {"stop": "stop", "length": "length", "tool_calls": "tool_calls", "canceled": "stop"}
+# A failed generation's HTTP status; anything else is 500. OpenAI's clients retry 429 and 503 by themselves.
+ERROR_STATUS = {"invalid_request": 400, "invalid_params": 400, "overloaded": 429, "unavailable": 503}
 
 
 class ApiError(Exception):
@@ -133,8 +135,9 @@ async def _whole(kind: str, stream, transport, meta: dict) -> HttpResponse:
         transport.cancel(meta["id"])
         raise
     if event.error_code:
-        status = 400 if event.error_code in ("invalid_request", "invalid_params") else 500
-        return ApiError(status, event.error, code=event.error_code).response()
+        status = ERROR_STATUS.get(event.error_code, 500)
+        return ApiError(status, event.error, code=event.error_code,
+                        kind="invalid_request_error" if status == 400 else "server_error").response()
     finish = FINISH_REASONS.get(event.finish_reason, event.finish_reason)
     choice = {"index": 0, "finish_reason": finish, "logprobs": None}
     if kind == "chat":

@@ -82,6 +82,7 @@ class CeleryTransport:
         async def close() -> None:
             for task in self._tasks:
                 task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
             await self.presence.close()
             await self.layer.close_pools()
         asyncio.run_coroutine_threadsafe(close(), self._loop).result(timeout=10)
