@@ -1,6 +1,6 @@
-"""Delivery between a worker and a web process, without Redis: the worker's outbox coalesces and keeps
+"""Delivery between a worker and a web process: the worker's outbox coalesces and keeps
 order through failed sends; the web side's InOrder accepts exactly the continuation of what it has,
-trims repeats and turns holes into errors."""
+trims repeats and turns holes into errors; the one-round-trip send is what channels-redis reads."""
 
 from __future__ import annotations
 
@@ -87,3 +87,25 @@ def test_discard_drops_only_that_channel():
     outbox.sink("web-2", "r2").push_threadsafe(delta(0, [2], "b", 0))
     outbox.discard("web-1")
     assert list(outbox.take()) == ["web-2"] and not outbox
+
+
+@pytest.mark.asyncio
+async def test_the_one_trip_send_is_read_by_channels_redis_and_refuses_when_full():
+    from channels.exceptions import ChannelFull
+    from channels_redis.core import RedisChannelLayer
+
+    from workbench.serving.wire import OneTripChannelLayer
+
+    sender = OneTripChannelLayer(hosts=["redis://127.0.0.1:6379/0"], capacity=2, prefix="wbtest-onetrip")
+    receiver = RedisChannelLayer(hosts=["redis://127.0.0.1:6379/0"], capacity=2, prefix="wbtest-onetrip")
+    try:
+        for channel in (await receiver.new_channel(), "wbtest-general"):
+            await sender.send(channel, {"type": "t", "n": 1})
+            await sender.send(channel, {"type": "t", "n": 2})
+            with pytest.raises(ChannelFull):
+                await sender.send(channel, {"type": "t", "n": 3})
+            assert [(await receiver.receive(channel))["n"] for _ in range(2)] == [1, 2]
+    finally:
+        await receiver.flush()  # only this test's prefix
+        await sender.close_pools()
+        await receiver.close_pools()
