@@ -4,7 +4,8 @@
                                       [--transports inprocess,celery]
 
 In the style of vLLM's benchmark_serving: each client sends its requests one after another; per request
-we record time to first token (TTFT), time per output token after the first (TPOT), inter-token
+we record time to first token (TTFT) and how much of it passed outside the engine (the client's TTFT
+minus the engine's own, from the done frame), time per output token after the first (TPOT), inter-token
 latencies (ITL, a delta's gap divided over its tokens) and end-to-end latency; per run, delivered
 output tokens/s. "engine" runs the same requests at the same concurrency straight on an in-process
 Engine (no web, no websocket, no JSON); "inprocess" through a real Daphne with the engine on its
@@ -45,6 +46,7 @@ class RequestRecord:
     done: float | None = None
     tokens: int = 0
     itls: list[float] = field(default_factory=list)
+    engine_ttft: float | None = None  # the engine's own time to first token, from the done frame
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -57,7 +59,9 @@ def summarize(records: list[RequestRecord], wall: float) -> dict:
     tpot = [(r.done - r.first) / (r.tokens - 1) for r in records if r.tokens > 1]
     itl = [x for r in records for x in r.itls]
     e2e = [r.done - r.sent for r in records]
+    outside = [r.first - r.sent - r.engine_ttft for r in records if r.engine_ttft is not None]
     return {"tok_s": sum(r.tokens for r in records) / wall, "ttft50": percentile(ttft, 50),
+            "outside50": percentile(outside, 50),
             "ttft99": percentile(ttft, 99), "tpot50": percentile(tpot, 50), "itl50": percentile(itl, 50),
             "itl99": percentile(itl, 99), "e2e50": percentile(e2e, 50), "e2e99": percentile(e2e, 99)}
 
@@ -114,11 +118,24 @@ async def websocket_run(address: str, token: str, clients: int, per_client: int,
                         record.tokens += count
                     elif frame["type"] in ("done", "error"):
                         record.done = now
+                        record.engine_ttft = (frame.get("timings") or {}).get("time_to_first_token")
                         break
 
     start = time.perf_counter()
     await asyncio.gather(*(client(i) for i in range(clients)))
     return summarize(records, time.perf_counter() - start)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _server_processes(started) -> dict[str, int]:
+    if isinstance(started, Cluster):
+        return {"daphne": started.daphne.pid, "worker": started.workers[0].pid}
+    return {"daphne": started[0].pid}
 
 
 def start_inprocess(workdir: Path) -> tuple[list[subprocess.Popen], str, str]:
@@ -164,10 +181,15 @@ def main() -> None:
         for clients in [int(c) for c in args.clients.split(",")]:
             total = clients * args.requests_per_client
             rows = {"engine": engine_only(clients, total, SamplingParams(**params))}
-            for transport, (_, address, token) in servers.items():
+            for transport, (started, address, token) in servers.items():
+                processes = _server_processes(started)
+                before, t0 = {name: cpu_seconds(pid) for name, pid in processes.items()}, time.perf_counter()
                 rows[transport] = asyncio.run(websocket_run(address, token, clients, args.requests_per_client, params))
+                wall = time.perf_counter() - t0
+                rows[transport]["cpu"] = ", ".join(f"{name} {(cpu_seconds(pid) - before[name]) / wall:.0%}"
+                                                   for name, pid in processes.items())
             for mode, r in rows.items():
-                ms = {k: v * 1000 for k, v in r.items() if k != "tok_s"}
+                ms = {k: v * 1000 for k, v in r.items() if k not in ("tok_s", "cpu")}
                 print(f"{clients:>7} {mode:>9} {r['tok_s']:>8.1f} {ms['ttft50']:>9.1f} {ms['ttft99']:>7.1f} "
                       f"{ms['tpot50']:>9.2f} {ms['itl50']:>8.2f} {ms['itl99']:>7.2f} {ms['e2e50']:>8.1f} "
                       f"{ms['e2e99']:>7.1f}", flush=True)
@@ -177,7 +199,9 @@ def main() -> None:
                 print(f"{clients:>7} {'ratio':>9} {transport}: delivered {w['tok_s'] / e['tok_s']:.0%} of engine-only"
                       + (f", {w['tok_s'] / rows['inprocess']['tok_s']:.0%} of inprocess"
                          if transport != "inprocess" and "inprocess" in rows else "")
-                      + f", TTFT p50 +{(w['ttft50'] - e['ttft50']) * 1000:.1f} ms", flush=True)
+                      + f", TTFT p50 +{(w['ttft50'] - e['ttft50']) * 1000:.1f} ms"
+                      + f" ({w['outside50'] * 1000:.1f} ms of each TTFT outside the engine, p50)"
+                      + f"; server CPU {w['cpu']}", flush=True)
     finally:
         for started in servers.values():
             if isinstance(started[0], Cluster):
