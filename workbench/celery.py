@@ -8,12 +8,14 @@ Why these settings (the full reasoning is in docs/OPERATIONS.md):
   clients get an error. A request therefore never runs twice (and `admit_once` refuses any that would).
 - Each worker consumes only its own queue, named with a per-start id: the web side routes a request
   to a live worker it chose, and a restarted worker never picks up its predecessor's leftovers.
-- No result backend, no remote control, gossip or mingle: results travel on the channel layer, and
-  the heartbeat in Redis is the presence signal.
+- No result backend and no remote control: results travel on the channel layer, and the heartbeat in
+  Redis is the presence signal. Start workers with --without-mingle --without-gossip too (as
+  `make stack` and docker-compose.yml do): Celery has no setting for those two.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 
 from celery import Celery, signals
@@ -57,7 +59,13 @@ def _worker_identity(sender, instance, **kwargs) -> None:
 def _worker_engine(sender, **kwargs) -> None:
     from workbench.serving import worker
 
-    worker.host().start()
+    try:
+        worker.host().start()
+    except BaseException:
+        # Celery would log this and go on as a worker without an engine; exit, so whatever supervises
+        # the worker sees it fail (it never published a heartbeat, so nothing was routed to it).
+        logging.getLogger(__name__).critical("the worker's engine failed to start", exc_info=True)
+        os._exit(3)
 
 
 @signals.worker_shutting_down.connect

@@ -1,12 +1,13 @@
 """The Celery transport with real worker processes over a real Redis: spreading, cancel to the right
-worker, a worker killed mid-stream, Redis stopped and restarted, no worker or every worker full, and a
-task delivered twice still running once."""
+worker, a worker killed mid-stream, Redis stopped and restarted, no worker or every worker full, a
+task delivered twice still running once, and a worker's warm shutdown."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import re
+import signal
 import time
 from contextlib import contextmanager
 
@@ -266,3 +267,27 @@ def test_redis_stopped_and_restarted(tmp_path):
     finally:
         cluster.stop()
         redis_server.stop()
+
+
+@pytest.mark.asyncio
+async def test_a_worker_stopped_with_sigterm_finishes_what_it_holds_and_takes_nothing_new(tmp_path):
+    cluster = Cluster(settings.REDIS_URL, tmp_path, WORKBENCH_DRAIN_S=20)
+    try:
+        [worker] = await asyncio.to_thread(cluster.start_workers, 1)
+        with served_by(cluster) as transport:
+            params = SamplingParams(max_tokens=200, temperature=0, ignore_eos=True)
+            held = transport.submit("held", "The list type", params)
+            first = await held.next()
+            assert first.token_ids, "liveness: it runs"
+            worker.send_signal(signal.SIGTERM)
+            assert await wait_for(lambda: any(b.draining for b in transport.workers().values()), timeout=5)
+            refused = await transport.submit("late", "x", params).next()
+            assert refused.error_code == "unavailable", "a draining worker takes nothing new"
+            tokens, event = list(first.token_ids), first
+            async for event in held:
+                tokens += event.token_ids
+            assert event.finish_reason == "length" and tokens == greedy_solo("The list type", 200)
+            await asyncio.to_thread(worker.wait, 30)
+            assert worker.returncode == 0
+    finally:
+        cluster.stop()

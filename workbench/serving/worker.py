@@ -91,7 +91,9 @@ class WorkerHost:
             time.sleep(0.1)
         for request_id in self.engine_thread.load.request_ids:
             self.engine_thread.cancel(request_id)
-        time.sleep(0.5)  # the cancels' final events reach the outbox and go out
+        deadline = time.monotonic() + 5  # the cancels' final events reach the outbox and go out
+        while (self.engine_thread.load.request_ids or self.outbox) and time.monotonic() < deadline:
+            time.sleep(0.05)
         self.engine_thread.stop()
         self._retired = True
         asyncio.run_coroutine_threadsafe(self.presence.retire(self.worker_id), self._loop).result(timeout=5)
