@@ -41,6 +41,7 @@ INSTALLED_APPS = [
     "channels",
     "workbench.api",
     "workbench.chat",
+    "workbench.ops",
 ]
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "conversations"

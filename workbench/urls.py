@@ -4,6 +4,7 @@ from django.urls import path
 
 from workbench.api import openai_views
 from workbench.chat import views as chat
+from workbench.ops import views as ops
 
 urlpatterns = [
     path("", chat.conversations, name="conversations"),
@@ -17,4 +18,5 @@ urlpatterns = [
     path("v1/models", openai_views.models),
     path("v1/completions", openai_views.completions),
     path("v1/chat/completions", openai_views.chat_completions),
+    path("ops/flags", ops.flags, name="ops_flags"),
 ]

@@ -16,6 +16,7 @@ of the earlier request must not mistake one for the other.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
 import threading
@@ -26,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from django.conf import settings
 
 from engine import SamplingParams
+from engine.capabilities import capability
 from engine.loader import resolve_model_path
 from engine.tokenizer import Tokenizer
 from workbench.celery import app as celery_app
@@ -36,6 +38,7 @@ from workbench.serving.streams import RequestStream, StreamEvent
 
 log = logging.getLogger(__name__)
 CANCEL_ATTEMPTS = 5
+FLAG_ANSWER_S = 10.0  # a worker applies a flag at its next step boundary: milliseconds, unless stuck
 
 
 @dataclass
@@ -56,6 +59,7 @@ class CeleryTransport:
         self._workers: dict[str, Heartbeat] = {}  # as of the last successful poll
         self._beat_changed: dict[str, tuple[float, float]] = {}  # worker -> (its sent_at, when it changed)
         self._polled_at = 0.0
+        self._flag_answers: dict[str, dict[str, asyncio.Future]] = {}  # change id -> worker -> answer
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run_loop, name="celery-link", daemon=True)
         self._tasks: list[asyncio.Task] = []
@@ -108,6 +112,15 @@ class CeleryTransport:
     def workers(self) -> dict[str, Heartbeat]:
         return dict(self._workers)
 
+    def flags_in_force(self) -> dict[str, dict]:
+        return {worker_id: beat.flags for worker_id, beat in self._workers.items()}
+
+    async def change_flag(self, name: str, value: bool | int, workers: list[str] | None = None) -> dict[str, dict]:
+        """Ask `workers` (None: every live worker, and every worker that starts later) to change a flag;
+        returns each one's answer: the flags in force after its next step boundary, or an error."""
+        future = asyncio.run_coroutine_threadsafe(self._change_flag(name, value, workers), self._loop)
+        return await asyncio.wrap_future(future)
+
     # -- the link loop ---------------------------------------------------------------------------
 
     def _dispatch(self, request_id: str, prompt, params: SamplingParams, stream: RequestStream) -> None:
@@ -156,6 +169,34 @@ class CeleryTransport:
             log.warning("could not send %s to %s: %s", wire_id, worker.worker_id, exc)
             self._fail(wire_id, "unavailable", "the request could not reach a GPU worker (is Redis up?)")
 
+    async def _change_flag(self, name: str, value, workers: list[str] | None) -> dict[str, dict]:
+        targets = list(self._workers) if workers is None else workers
+        answers = {w: {"error": "no such worker"} for w in targets if w not in self._workers}
+        asked = [w for w in targets if w in self._workers]
+        change_id = uuid.uuid4().hex
+        waiting = self._flag_answers[change_id] = {w: self._loop.create_future() for w in asked}
+        try:
+            if workers is None and capability(name).settable:  # a start-only flag is only answered
+                await self.presence.redis.hset(wire.flags_key(), name, json.dumps(value))
+            for worker_id in asked:
+                await self.layer.send(wire.control_channel(worker_id),
+                                      wire.set_flag_message(change_id, name, value, self.reply_channel))
+            if waiting:
+                await asyncio.wait(waiting.values(), timeout=FLAG_ANSWER_S)
+        except Exception as exc:  # Redis away: say so for every worker not yet answered
+            log.warning("flag change %s: %s", change_id, exc)
+        finally:
+            del self._flag_answers[change_id]
+        for worker_id, answer in waiting.items():
+            answers[worker_id] = answer.result() if answer.done() else {"error": "no answer from the worker"}
+        return answers
+
+    def _flag_answered(self, message: dict) -> None:
+        answer = self._flag_answers.get(message.get("change_id"), {}).get(message.get("worker_id"))
+        if answer is not None and not answer.done():
+            in_force, error = message.get("in_force"), message.get("error")
+            answer.set_result({"in_force": in_force} if error is None else {"error": error})
+
     def _cancel_request(self, request_id: str) -> None:
         wire_id = self._wire_ids.get(request_id)
         if wire_id is not None:
@@ -193,6 +234,9 @@ class CeleryTransport:
             except Exception as exc:
                 log.warning("reply channel: %s: %s; retrying", type(exc).__name__, exc)
                 await asyncio.sleep(0.5)
+                continue
+            if message.get("type") == wire.FLAG_DONE:
+                self._flag_answered(message)
                 continue
             for wire_id, event in wire.events_of(message):
                 self._relay(wire_id, event)

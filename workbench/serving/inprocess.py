@@ -26,10 +26,16 @@ log = logging.getLogger(__name__)
 # A cancel can overtake its request (the Celery task and the cancel travel separately): such a cancel
 # is remembered this long, and the request, when it comes, ends canceled without running.
 EARLY_CANCEL_MEMORY_S = 120.0
+LOCAL_WORKER = "in-process"  # the in-process transport's one engine, by the name a worker would have
 
 
 class Sink(Protocol):
     def push_threadsafe(self, event: StreamEvent) -> None: ...
+
+
+# Called on the engine thread once a flag change is in force (with the flags now in force), or refused
+# (with the reason).
+FlagDone = Callable[[dict | None, str | None], None]
 
 
 @dataclass(frozen=True)
@@ -46,6 +52,7 @@ class EngineThread:
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._sinks: dict[str, Sink] = {}
         self._canceled_early: dict[str, float] = {}
+        self._flags_waiting: list[FlagDone] = []  # changes asked for, in force after the next step
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
         self.engine: Engine | None = None
@@ -80,8 +87,27 @@ class EngineThread:
     def cancel(self, request_id: str) -> None:
         self._commands.put(("abort", request_id))
 
+    def set_flag(self, name: str, value: bool | int, done: FlagDone) -> None:
+        """Change a runtime flag at the engine's next step boundary; `done` hears when it is in force."""
+        self._commands.put(("flag", name, value, done))
+
     def running_request_ids(self) -> set[str]:
         return set(self.load.request_ids)
+
+    async def change_flag(self, name: str, value: bool | int, workers: list[str] | None = None) -> dict[str, dict]:
+        """The transport interface's flag change: this process's engine is the one worker, LOCAL_WORKER."""
+        loop, answer = asyncio.get_running_loop(), asyncio.get_running_loop().create_future()
+
+        def done(in_force: dict | None, error: str | None) -> None:
+            loop.call_soon_threadsafe(answer.set_result, {"in_force": in_force} if error is None else {"error": error})
+
+        if workers not in (None, [LOCAL_WORKER]):
+            return {worker: {"error": "no such worker"} for worker in workers if worker != LOCAL_WORKER}
+        self.set_flag(name, value, done)
+        return {LOCAL_WORKER: await answer}
+
+    def flags_in_force(self) -> dict[str, dict]:
+        return {LOCAL_WORKER: self.engine.flags()}
 
     # -- the engine thread ----------------------------------------------------------------------
 
@@ -107,8 +133,20 @@ class EngineThread:
             if self.engine.has_unfinished_requests():
                 self._step()
                 self._publish_load()
+            elif self._flags_waiting:
+                self.engine.runtime_flags.apply()  # idle: this is the step boundary
+            self._acknowledge_flags()
 
     def _apply(self, command: tuple) -> None:
+        if command[0] == "flag":
+            _, name, value, done = command
+            try:
+                self.engine.set_flag(name, value)
+            except (KeyError, ValueError) as exc:
+                done(None, str(exc).strip("'\""))
+            else:
+                self._flags_waiting.append(done)
+            return
         if command[0] == "abort":
             if not self.engine.abort(command[1]):
                 self._remember_early_cancel(command[1])
@@ -147,6 +185,13 @@ class EngineThread:
             sink.push_threadsafe(_event(output))
             if output.finished:
                 del self._sinks[output.request_id]
+
+    def _acknowledge_flags(self) -> None:
+        if self._flags_waiting:
+            in_force = self.engine.flags()
+            for done in self._flags_waiting:
+                done(in_force, None)
+            self._flags_waiting.clear()
 
     def _publish_load(self) -> None:
         scheduler = self.engine.scheduler

@@ -6,6 +6,10 @@
   delta says at which token offset it starts, so the web side can tell a gap from a late delta.
 - Cancel: a `cancel` message on the worker's control channel, `<prefix>.control.<worker id>`. Celery's
   revoke cannot stop a task that already runs, and our task only admits; the engine holds the request.
+- Runtime flags: a `set_flag` message on the control channel; the worker answers `flag_done` (the flags
+  in force after its next step boundary, or why it refused) on the asking web process's reply channel.
+  Changes meant for every worker are also kept in the Redis hash `<prefix>:flags`, which a worker
+  applies when it starts.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from workbench.serving.streams import StreamEvent
 GENERATE_TASK = "workbench.generate"
 EVENTS = "workbench.events"
 CANCEL = "workbench.cancel"
+SET_FLAG = "workbench.set_flag"
+FLAG_DONE = "workbench.flag_done"
 # A task not started within this long is dropped by Celery unrun: its client has had an error by then.
 TASK_EXPIRES_S = 60
 
@@ -81,3 +87,15 @@ def events_of(message: dict) -> list[tuple[str, StreamEvent]]:
 
 def cancel_message(request_id: str) -> dict:
     return {"type": CANCEL, "request_id": request_id}
+
+
+def flags_key() -> str:
+    return f"{settings.WORKBENCH_QUEUE_PREFIX}:flags"
+
+
+def set_flag_message(change_id: str, name: str, value: bool | int, reply_channel: str) -> dict:
+    return {"type": SET_FLAG, "change_id": change_id, "name": name, "value": value, "reply_channel": reply_channel}
+
+
+def flag_done_message(change_id: str, worker_id: str, in_force: dict | None, error: str | None) -> dict:
+    return {"type": FLAG_DONE, "change_id": change_id, "worker_id": worker_id, "in_force": in_force, "error": error}

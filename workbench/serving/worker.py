@@ -12,6 +12,7 @@ of web processes that went away.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import re
@@ -61,10 +62,11 @@ class WorkerHost:
         self._retired = False
         self._tasks: list[asyncio.Task] = []
         self._thread = threading.Thread(target=self._loop.run_forever, name="worker-link", daemon=True)
-        self._admissions = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=5, socket_connect_timeout=3)
+        self._redis = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=5, socket_connect_timeout=3)
 
     def start(self) -> None:
         self.engine_thread.start()  # loads the model; raises if it cannot
+        self._apply_flags_in_force()
         self._thread.start()
         asyncio.run_coroutine_threadsafe(self._open(), self._loop).result(timeout=30)
         self.started = True
@@ -77,6 +79,14 @@ class WorkerHost:
         self.presence = Presence(settings.REDIS_URL, settings.WORKBENCH_QUEUE_PREFIX, settings.WORKBENCH_WORKER_LOST_S)
         for loop in (self._heartbeats, self._control, self._deliveries, self._orphans):
             self._tasks.append(asyncio.create_task(_forever(loop)))
+
+    def _apply_flags_in_force(self) -> None:
+        """The flags operators set for every worker apply to one that starts later too."""
+        stored = self._redis.hgetall(wire.flags_key())
+        for name, raw in sorted(stored.items()):
+            applied = threading.Event()
+            self.engine_thread.set_flag(name.decode(), json.loads(raw), lambda in_force, error: applied.set())
+            applied.wait(timeout=10)
 
     def begin_drain(self) -> None:
         """Shutdown began: say so in a heartbeat now, so the web side routes nothing new here."""
@@ -102,7 +112,7 @@ class WorkerHost:
 
     def admit(self, request_id: str, prompt: str | list[int], params: dict, reply_channel: str) -> None:
         sink = self.outbox.sink(reply_channel, request_id)
-        if not admit_once(self._admissions, settings.WORKBENCH_QUEUE_PREFIX, request_id, self.worker_id):
+        if not admit_once(self._redis, settings.WORKBENCH_QUEUE_PREFIX, request_id, self.worker_id):
             # A redelivered task: the request ran (or runs) already. Never twice; the client has its answer.
             log.warning("refused %s: admitted before", request_id)
             return
@@ -140,6 +150,24 @@ class WorkerHost:
             if message.get("type") == wire.CANCEL and isinstance(message.get("request_id"), str):
                 log.info("cancel %s", message["request_id"])
                 self.engine_thread.cancel(message["request_id"])
+            elif message.get("type") == wire.SET_FLAG:
+                self._set_flag(message)
+
+    def _set_flag(self, message: dict) -> None:
+        log.info("flag %s = %r (change %s)", message.get("name"), message.get("value"), message.get("change_id"))
+
+        def done(in_force: dict | None, error: str | None) -> None:  # on the engine thread
+            answer = wire.flag_done_message(message.get("change_id"), self.worker_id, in_force, error)
+            asyncio.run_coroutine_threadsafe(self._answer(message.get("reply_channel"), answer), self._loop)
+
+        self.engine_thread.set_flag(message.get("name"), message.get("value"), done)
+
+    async def _answer(self, reply_channel: str, answer: dict) -> None:
+        self._beat_now.set()  # the heartbeat shows the flags in force at once
+        try:
+            await self.layer.send(reply_channel, answer)
+        except Exception as exc:  # the heartbeat still shows what is in force
+            log.warning("could not acknowledge flag change %s: %s", answer["change_id"], exc)
 
     async def _deliveries(self) -> None:
         while True:

@@ -1,0 +1,1 @@
+"""The operator's side: runtime flag changes per worker and their audit log."""
