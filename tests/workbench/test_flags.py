@@ -128,3 +128,14 @@ async def test_flips_while_requests_stream_change_no_response(operator, api_user
         tokens = [t for f in frames if f.get("request_id") == rid and f["type"] == "delta" for t in f["token_ids"]]
         assert tokens == greedy_solo(prompt, 48), f"{rid} changed under the flips"
     await ws.disconnect()
+
+
+@pytest.mark.usefixtures("serving_transport")
+async def test_a_flip_for_an_unknown_worker_changes_nothing_and_says_so(operator):
+    client = await client_for(operator)
+    before = bridge.transport().flags_in_force()
+    response = await flip(client, name="ARC_GRAPH_VERIFY_REPLAYS", value=5, worker="no-such-worker")
+    assert response.json()["answers"] == {"no-such-worker": {"error": "no such worker"}}
+    await asyncio.sleep(0.5)
+    assert bridge.transport().flags_in_force() == before
+    assert (await FlagChange.objects.aget()).refused_by == ["no-such-worker"]

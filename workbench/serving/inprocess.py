@@ -101,10 +101,11 @@ class EngineThread:
         def done(in_force: dict | None, error: str | None) -> None:
             loop.call_soon_threadsafe(answer.set_result, {"in_force": in_force} if error is None else {"error": error})
 
-        if workers not in (None, [LOCAL_WORKER]):
-            return {worker: {"error": "no such worker"} for worker in workers if worker != LOCAL_WORKER}
-        self.set_flag(name, value, done)
-        return {LOCAL_WORKER: await answer}
+        answers = {worker: {"error": "no such worker"} for worker in workers or [] if worker != LOCAL_WORKER}
+        if workers is None or LOCAL_WORKER in workers:
+            self.set_flag(name, value, done)
+            answers[LOCAL_WORKER] = await answer
+        return answers
 
     def flags_in_force(self) -> dict[str, dict]:
         return {LOCAL_WORKER: self.engine.flags()}
