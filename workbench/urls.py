@@ -4,6 +4,7 @@ from django.urls import path
 
 from workbench.api import openai_views
 from workbench.chat import views as chat
+from workbench.ops import metrics as ops_metrics
 from workbench.ops import views as ops
 
 urlpatterns = [
@@ -19,4 +20,5 @@ urlpatterns = [
     path("v1/completions", openai_views.completions),
     path("v1/chat/completions", openai_views.chat_completions),
     path("ops/flags", ops.flags, name="ops_flags"),
+    path("metrics", ops_metrics.metrics, name="metrics"),
 ]

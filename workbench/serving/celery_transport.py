@@ -115,6 +115,9 @@ class CeleryTransport:
     def flags_in_force(self) -> dict[str, dict]:
         return {worker_id: beat.flags for worker_id, beat in self._workers.items()}
 
+    def metrics_by_worker(self) -> dict[str, dict]:
+        return {worker_id: beat.metrics for worker_id, beat in self._workers.items() if beat.metrics}
+
     async def change_flag(self, name: str, value: bool | int, workers: list[str] | None = None) -> dict[str, dict]:
         """Ask `workers` (None: every live worker, and every worker that starts later) to change a flag;
         returns each one's answer: the flags in force after its next step boundary, or an error."""

@@ -19,6 +19,7 @@ from typing import Callable, Protocol
 from engine import Engine, InvalidSamplingParams, PromptError, RequestError, SamplingParams
 from engine.outputs import RequestOutput
 from engine.tokenizer import Tokenizer, TokenizerError
+from workbench.serving.metrics import EngineMetrics
 from workbench.serving.streams import RequestStream, StreamEvent
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,7 @@ class Load:
     running: int = 0
     waiting: int = 0
     request_ids: tuple[str, ...] = ()
+    metrics: dict | None = None  # EngineMetrics.snapshot
 
 
 class EngineThread:
@@ -58,6 +60,7 @@ class EngineThread:
         self.engine: Engine | None = None
         self.startup_error: BaseException | None = None
         self.load = Load()
+        self.metrics = EngineMetrics()
 
     def start(self) -> None:
         self._thread.start()
@@ -109,6 +112,9 @@ class EngineThread:
 
     def flags_in_force(self) -> dict[str, dict]:
         return {LOCAL_WORKER: self.engine.flags()}
+
+    def metrics_by_worker(self) -> dict[str, dict]:
+        return {LOCAL_WORKER: self.load.metrics} if self.load.metrics else {}
 
     # -- the engine thread ----------------------------------------------------------------------
 
@@ -180,6 +186,7 @@ class EngineThread:
             self._sinks.clear()
             return
         for output in outputs:
+            self.metrics.observe(output)
             sink = self._sinks.get(output.request_id)
             if sink is None:
                 continue
@@ -197,7 +204,7 @@ class EngineThread:
     def _publish_load(self) -> None:
         scheduler = self.engine.scheduler
         self.load = Load(running=len(scheduler.running), waiting=len(scheduler.waiting),
-                         request_ids=tuple(self._sinks))
+                         request_ids=tuple(self._sinks), metrics=self.metrics.snapshot(self.engine))
 
 
 def _event(output: RequestOutput) -> StreamEvent:

@@ -39,6 +39,7 @@ class Heartbeat:
     requests: list[str] = field(default_factory=list)
     flags: dict = field(default_factory=dict)
     draining: bool = False  # shutting down: finishing what it holds, taking nothing new
+    metrics: dict = field(default_factory=dict)  # workbench/serving/metrics.py snapshot
     sent_at: float = 0.0
 
     @property

@@ -137,7 +137,7 @@ class WorkerHost:
                 model=self.engine_config.model, capacity=settings.WORKBENCH_WORKER_CAPACITY,
                 started_at=self.started_at, running=load.running, waiting=load.waiting,
                 requests=list(load.request_ids), flags=self.engine_thread.engine.flags(),
-                draining=self._draining))
+                draining=self._draining, metrics=load.metrics or {}))
             try:
                 await asyncio.wait_for(self._beat_now.wait(), settings.WORKBENCH_HEARTBEAT_S)
             except asyncio.TimeoutError:

@@ -1,0 +1,56 @@
+"""/metrics over both transports: after a request, the generated tokens, the finish reason and the
+time-to-first-token histogram count exactly that request, per worker, in Prometheus's text format."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from django.test import AsyncClient
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.workbench.test_websocket_api import connect, frames_until_done
+from workbench.serving import bridge
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("serving_transport")]
+
+
+async def scrape() -> dict[tuple[str, tuple], float]:
+    response = await AsyncClient().get("/metrics")
+    assert response.status_code == 200 and response["Content-Type"].startswith("text/plain")
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(response.content.decode()) for sample in family.samples}
+
+
+def total(samples: dict, name: str, **labels) -> float:
+    return sum(value for (sample, sample_labels), value in samples.items()
+               if sample == name and all(dict(sample_labels).get(k) == v for k, v in labels.items()))
+
+
+async def test_a_request_is_counted_once_where_it_ran(api_user):
+    before = await scrape()
+    workers = {dict(labels)["worker"] for name, labels in before if name == "workbench_requests_running"}
+    assert workers == set(bridge.transport().metrics_by_worker()), "every worker is in the scrape"
+    ws = await connect(api_user[1])
+    await ws.send_to(text_data=json.dumps({"type": "generate", "request_id": "m", "prompt": "The list type",
+                                           "params": {"max_tokens": 9, "temperature": 0, "ignore_eos": True}}))
+    done = (await frames_until_done(ws, {"m"}))[-1]
+    assert done["usage"]["completion_tokens"] == 9
+
+    generated = "workbench_generation_tokens_total"
+    for _ in range(50):  # a worker's numbers arrive with its next heartbeat
+        after = await scrape()
+        if total(after, generated) - total(before, generated) >= 9:
+            break
+        await asyncio.sleep(0.1)
+    assert total(after, "workbench_generation_tokens_total") - total(before, "workbench_generation_tokens_total") == 9
+    assert total(after, "workbench_prompt_tokens_total") - total(before, "workbench_prompt_tokens_total") == \
+        done["usage"]["prompt_tokens"]
+    assert total(after, "workbench_requests_finished_total", finish_reason="length") - \
+        total(before, "workbench_requests_finished_total", finish_reason="length") == 1
+    assert total(after, "workbench_time_to_first_token_seconds_count") - \
+        total(before, "workbench_time_to_first_token_seconds_count") == 1
+    assert total(after, "workbench_inter_token_latency_seconds_count") - \
+        total(before, "workbench_inter_token_latency_seconds_count") == 8
+    await ws.disconnect()

@@ -1,0 +1,75 @@
+"""Prometheus `/metrics`: every worker's serving metrics, labelled by worker, as prometheus-client text.
+
+The numbers are kept where the engine runs (workbench/serving/metrics.py) and reach this process as
+snapshots (in-process directly, Celery workers through their heartbeats), so each scrape renders
+what the transport last heard; a worker that is gone drops out of the scrape.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from django.http import HttpRequest, HttpResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+from workbench.serving import bridge
+
+GAUGES = {"running": ("workbench_requests_running", "Requests the engine is running"),
+          "waiting": ("workbench_requests_waiting", "Requests waiting for the engine"),
+          "kv_cache_usage": ("workbench_kv_cache_usage_ratio", "Share of the KV cache's blocks in use"),
+          "replay_max_delta": ("workbench_replay_verification_max_delta",
+                               "Max |replay - eager| of the last verified graph replay")}
+COUNTERS = {"preemptions": ("workbench_preemptions", "Sequences preempted for room in the KV cache"),
+            "prompt_tokens": ("workbench_prompt_tokens", "Prompt tokens of finished requests"),
+            "generation_tokens": ("workbench_generation_tokens", "Tokens generated"),
+            "device_loop_bursts": ("workbench_device_loop_bursts", "Device-loop bursts decoded"),
+            "parked_tokens_dropped": ("workbench_parked_tokens_dropped",
+                                      "Parked tokens dropped because their owner did not match")}
+HISTOGRAMS = {"ttft": ("workbench_time_to_first_token_seconds", "Time to first token"),
+              "itl": ("workbench_inter_token_latency_seconds", "Time between tokens")}
+
+
+class WorkersCollector:
+    def __init__(self, by_worker: dict[str, dict]) -> None:
+        self.by_worker = by_worker
+
+    def collect(self):
+        for key, (name, doc) in GAUGES.items():
+            family = GaugeMetricFamily(name, doc, labels=["worker"])
+            for worker, metrics in self.by_worker.items():
+                family.add_metric([worker], metrics.get(key, 0))
+            yield family
+        for key, (name, doc) in COUNTERS.items():
+            family = CounterMetricFamily(name, doc, labels=["worker"])
+            for worker, metrics in self.by_worker.items():
+                family.add_metric([worker], metrics.get(key, 0))
+            yield family
+        finished = CounterMetricFamily("workbench_requests_finished", "Finished requests by finish_reason",
+                                       labels=["worker", "finish_reason"])
+        for worker, metrics in self.by_worker.items():
+            for reason, count in sorted(metrics.get("finished", {}).items()):
+                finished.add_metric([worker, reason], count)
+        yield finished
+        for key, (name, doc) in HISTOGRAMS.items():
+            family = HistogramMetricFamily(name, doc, labels=["worker"])
+            for worker, metrics in self.by_worker.items():
+                histogram = metrics.get(key)
+                if histogram:
+                    family.add_metric([worker], _cumulative(histogram), histogram["sum"])
+            yield family
+
+
+def _cumulative(histogram: dict) -> list[tuple[str, int]]:
+    buckets, running = [], 0
+    for bound, count in zip([*map(str, histogram["bounds"]), "+Inf"], histogram["counts"]):
+        running += count
+        buckets.append((bound, running))
+    return buckets
+
+
+async def metrics(request: HttpRequest) -> HttpResponse:
+    transport = await asyncio.to_thread(bridge.transport)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(WorkersCollector(transport.metrics_by_worker()))
+    return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,76 @@
+"""One engine's serving metrics, kept by the thread that owns it and read anywhere as a plain snapshot.
+
+EngineThread feeds every output to `observe` and takes a `snapshot` after each step; a Celery worker
+sends its snapshot in its heartbeat, so the web side's /metrics (workbench/ops/metrics.py) can show
+every worker without reaching into any engine. Histograms are cumulative bucket counts, as Prometheus
+keeps them.
+"""
+
+from __future__ import annotations
+
+import time
+from bisect import bisect_left
+from collections import Counter
+
+from engine import Engine
+from engine.outputs import RequestOutput
+
+TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+
+
+class Histogram:
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # the last is +Inf
+        self.total = 0.0
+
+    def observe(self, value: float, times: int = 1) -> None:
+        self.counts[bisect_left(self.bounds, value)] += times
+        self.total += value * times
+
+    def snapshot(self) -> dict:
+        return {"bounds": list(self.bounds), "counts": list(self.counts), "sum": self.total}
+
+
+class EngineMetrics:
+    def __init__(self) -> None:
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.finished: Counter[str] = Counter()
+        self.ttft = Histogram(TTFT_BUCKETS)
+        self.itl = Histogram(ITL_BUCKETS)
+        self._last_delta: dict[str, float] = {}
+
+    def observe(self, output: RequestOutput) -> None:
+        now, tokens = time.monotonic(), len(output.token_ids)
+        self.generation_tokens += tokens
+        last = self._last_delta.get(output.request_id)
+        if last is not None and tokens:
+            self.itl.observe((now - last) / tokens, tokens)  # a delta's gap, shared by its tokens
+        if tokens:
+            self._last_delta[output.request_id] = now
+        if output.finished:
+            self._last_delta.pop(output.request_id, None)
+            self.finished[output.finish_reason or "error"] += 1
+            if output.usage:
+                self.prompt_tokens += output.usage.prompt_tokens
+            ttft = (output.timings or {}).get("time_to_first_token")
+            if ttft is not None:
+                self.ttft.observe(ttft)
+
+    def snapshot(self, engine: Engine) -> dict:
+        """Counters and gauges as of now; call on the engine's own thread."""
+        allocator = engine.kv_cache.allocator
+        records = engine.runner.graphs.verify.records
+        return {
+            "running": len(engine.scheduler.running), "waiting": len(engine.scheduler.waiting),
+            "kv_cache_usage": 1 - allocator.num_free / allocator.num_blocks,
+            "preemptions": engine.scheduler.num_preemptions,
+            "prompt_tokens": self.prompt_tokens, "generation_tokens": self.generation_tokens,
+            "finished": dict(self.finished),
+            "device_loop_bursts": engine.device_loop.bursts,
+            "parked_tokens_dropped": engine.device_loop.parked.foreign_dropped,
+            "replay_max_delta": records[-1].max_abs_delta if records else 0.0,
+            "ttft": self.ttft.snapshot(), "itl": self.itl.snapshot(),
+        }
