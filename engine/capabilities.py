@@ -55,7 +55,7 @@ class UnknownFlag(KeyError):
 def capability(name: str) -> Capability:
     try:
         return BY_NAME[name]
-    except KeyError:
+    except (KeyError, TypeError):
         raise UnknownFlag(f"unknown flag {name!r}; registered: {', '.join(BY_NAME)}") from None
 
 
@@ -72,3 +72,15 @@ def env_value(name: str) -> bool | int:
         return int(raw)
     except ValueError:
         raise ValueError(f"{name} must be an integer, got {raw!r}") from None
+
+
+def checked_value(name: str, value: object) -> bool | int:
+    """An operator's new value for a flag, refused (ValueError, UnknownFlag) unless it is of the flag's
+    kind: true/false for a bool flag, a whole number >= 0 for an int flag. No coercion: "0" is not 0."""
+    entry = capability(name)
+    if entry.kind == "bool":
+        if not isinstance(value, bool):
+            raise ValueError(f"{name} takes true or false, not {value!r}")
+    elif not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{name} takes a whole number >= 0, not {value!r}")
+    return value

@@ -6,7 +6,7 @@ refused when it is asked for, not at the next step.
 
 from __future__ import annotations
 
-from engine.capabilities import capability
+from engine.capabilities import capability, checked_value
 from engine.device_loop import KILL_SWITCH, DeviceLoop
 from engine.graphs import GraphMode
 from engine.runner import ModelRunner
@@ -22,7 +22,7 @@ class RuntimeFlags:
         entry = capability(name)
         if not entry.settable:
             raise ValueError(f"{name} is fixed at start: {entry.description}")
-        self._pending[name] = int(value) if entry.kind == "int" else bool(value)
+        self._pending[name] = checked_value(name, value)
 
     def in_force(self) -> dict[str, bool | int]:
         graphs = self._runner.graphs

@@ -40,8 +40,8 @@ def served_by(cluster: Cluster):
     try:
         yield bridge.transport()
     finally:
+        settings.WORKBENCH_TRANSPORT, settings.WORKBENCH_QUEUE_PREFIX = saved  # first: nothing may skip it
         bridge.shutdown()
-        settings.WORKBENCH_TRANSPORT, settings.WORKBENCH_QUEUE_PREFIX = saved
 
 
 def generate(request_id: str, prompt: str, max_tokens: int) -> str:

@@ -17,7 +17,7 @@ from tests.cluster import Cluster
 from tests.workbench.test_celery_cluster import served_by
 from tests.workbench.test_websocket_api import connect, frames_until_done, greedy_solo, wait_for
 from workbench.ops.models import FlagChange
-from workbench.serving import bridge
+from workbench.serving import bridge, wire
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
 
@@ -139,3 +139,30 @@ async def test_a_flip_for_an_unknown_worker_changes_nothing_and_says_so(operator
     await asyncio.sleep(0.5)
     assert bridge.transport().flags_in_force() == before
     assert (await FlagChange.objects.aget()).refused_by == ["no-such-worker"]
+
+
+async def test_a_flip_without_the_csrf_token_is_refused(operator):
+    client = AsyncClient(enforce_csrf_checks=True)
+    await client.aforce_login(operator)
+    assert (await flip(client, name="ARC_GRAPH_DEVICE_LOOP", value=False)).status_code == 403
+    assert await FlagChange.objects.acount() == 0
+
+
+async def test_a_garbled_flag_message_is_refused_and_the_worker_serves_on(celery_cluster):
+    """Straight onto a worker's control channel, past the web side's checks."""
+    with served_by(celery_cluster) as transport:
+        layer = wire.make_layer()
+        reply = await layer.new_channel()
+        worker_id = sorted(transport.workers())[0]
+        garbled = [{"name": ["ARC_GRAPHS"], "value": True}, {"name": "ARC_GRAPHS", "value": None},
+                   {"name": "ARC_GRAPH_VERIFY_REPLAYS", "value": "3"}, {"name": None, "value": {}}]
+        for n, fields in enumerate(garbled):
+            await layer.send(wire.control_channel(worker_id),
+                             {"type": wire.SET_FLAG, "change_id": f"g{n}", "reply_channel": reply, **fields})
+        answers = [await asyncio.wait_for(layer.receive(reply), 10) for _ in garbled]
+        assert all(answer["error"] and answer["in_force"] is None for answer in answers)
+        await layer.close_pools()
+        # Its engine thread lives on: a proper change is applied and answered by it.
+        current = transport.flags_in_force()[worker_id]["ARC_GRAPH_VERIFY_REPLAYS"]
+        answer = await transport.change_flag("ARC_GRAPH_VERIFY_REPLAYS", current, [worker_id])
+        assert answer[worker_id]["in_force"]["ARC_GRAPH_VERIFY_REPLAYS"] == current

@@ -29,6 +29,8 @@ def total(samples: dict, name: str, **labels) -> float:
 
 
 async def test_a_request_is_counted_once_where_it_ran(api_user):
+    await asyncio.to_thread(bridge.transport)
+    await asyncio.sleep(0.5)  # the Celery workers' first heartbeats
     before = await scrape()
     workers = {dict(labels)["worker"] for name, labels in before if name == "workbench_requests_running"}
     assert workers == set(bridge.transport().metrics_by_worker()), "every worker is in the scrape"
@@ -54,3 +56,14 @@ async def test_a_request_is_counted_once_where_it_ran(api_user):
     assert total(after, "workbench_inter_token_latency_seconds_count") - \
         total(before, "workbench_inter_token_latency_seconds_count") == 8
     await ws.disconnect()
+
+
+def test_a_value_on_a_bucket_bound_counts_in_that_bucket():
+    """Prometheus's buckets are "less than or equal": 0.01 s belongs to le="0.01", not the next one."""
+    from workbench.ops.metrics import _cumulative
+    from workbench.serving.metrics import Histogram
+
+    histogram = Histogram((0.005, 0.01, 0.025))
+    for value in (0.005, 0.01, 0.0100001, 7.0):
+        histogram.observe(value)
+    assert _cumulative(histogram.snapshot()) == [("0.005", 1), ("0.01", 2), ("0.025", 3), ("+Inf", 4)]

@@ -7,8 +7,6 @@ what the transport last heard; a worker that is gone drops out of the scrape.
 
 from __future__ import annotations
 
-import asyncio
-
 from django.http import HttpRequest, HttpResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -69,7 +67,8 @@ def _cumulative(histogram: dict) -> list[tuple[str, int]]:
 
 
 async def metrics(request: HttpRequest) -> HttpResponse:
-    transport = await asyncio.to_thread(bridge.transport)
+    # A scrape starts nothing: before the first request has started the transport there is no worker.
+    transport = bridge.running()
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(WorkersCollector(transport.metrics_by_worker()))
+    registry.register(WorkersCollector(transport.metrics_by_worker() if transport else {}))
     return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)

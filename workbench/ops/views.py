@@ -11,7 +11,7 @@ import json
 from asgiref.sync import sync_to_async
 from django.http import HttpRequest, JsonResponse
 
-from engine.capabilities import REGISTRY, BY_NAME
+from engine.capabilities import REGISTRY, UnknownFlag, checked_value
 from workbench.ops.models import FlagChange
 from workbench.serving import bridge
 
@@ -36,11 +36,14 @@ async def flags(request: HttpRequest) -> JsonResponse:
         return JsonResponse({"error": "use GET or POST"}, status=405)
     try:
         name, value, worker = _change(request.body)
-    except ValueError as exc:
-        return JsonResponse({"error": str(exc)}, status=400)
-    answers = await transport.change_flag(name, value, None if worker is None else [worker])
+    except (ValueError, UnknownFlag) as exc:
+        return JsonResponse({"error": str(exc).strip("'\"")}, status=400)
+    # Logged before it is sent: a change whose asker went away mid-way is still on the record.
     change = await FlagChange.objects.acreate(user=user, name=name, value=value, all_workers=worker is None,
-                                              workers=sorted(answers), answers=answers)
+                                              workers=[worker] if worker else [])
+    answers = await transport.change_flag(name, value, None if worker is None else [worker])
+    change.workers, change.answers = sorted(answers), answers
+    await change.asave(update_fields=["workers", "answers"])
     return JsonResponse({"change": change.pk, "answers": answers})
 
 
@@ -59,15 +62,8 @@ def _change(body: bytes) -> tuple[str, bool | int, str | None]:
         raise ValueError("the body must be JSON: {\"name\", \"value\", \"worker\" (optional: all)}") from None
     if not isinstance(change, dict):
         raise ValueError("the body must be a JSON object")
-    entry = BY_NAME.get(change.get("name"))
-    if entry is None:
-        raise ValueError(f"unknown flag {change.get('name')!r}; registered: {', '.join(BY_NAME)}")
-    value = change.get("value")
-    if entry.kind == "bool" and not isinstance(value, bool):
-        raise ValueError(f"{entry.name} takes true or false")
-    if entry.kind == "int" and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
-        raise ValueError(f"{entry.name} takes a whole number >= 0")
+    name, value = change.get("name"), checked_value(change.get("name"), change.get("value"))
     worker = change.get("worker")
     if worker is not None and not isinstance(worker, str):
         raise ValueError("worker must be a worker id (or left out for every worker)")
-    return entry.name, value, worker
+    return name, value, worker

@@ -9,9 +9,12 @@ the transport starts the first time a request needs it.
 
 from __future__ import annotations
 
+import logging
 import threading
 
 from django.conf import settings
+
+log = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 # One transport per kind, created on first use. A deployment only ever uses the kind its setting
@@ -44,8 +47,17 @@ def transport():
         return _transports[kind]
 
 
+def running():
+    """This process's transport if something has started it, else None (starts nothing)."""
+    return _transports.get(settings.WORKBENCH_TRANSPORT)
+
+
 def shutdown() -> None:
     """Stop the transports (tests, and processes that want a clean exit); the next use starts anew."""
     with _lock:
         while _transports:
-            _transports.popitem()[1].stop()
+            kind, stopping = _transports.popitem()
+            try:
+                stopping.stop()
+            except Exception:  # the others must still stop, and the next use must start afresh
+                log.exception("stopping the %s transport failed", kind)

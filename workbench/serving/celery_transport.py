@@ -32,13 +32,13 @@ from engine.loader import resolve_model_path
 from engine.tokenizer import Tokenizer
 from workbench.celery import app as celery_app
 from workbench.serving import wire
+from workbench.serving.inprocess import FLAG_ANSWER_S
 from workbench.serving.presence import Heartbeat, Presence
 from workbench.serving.sequencing import DeliveryGap, InOrder
 from workbench.serving.streams import RequestStream, StreamEvent
 
 log = logging.getLogger(__name__)
 CANCEL_ATTEMPTS = 5
-FLAG_ANSWER_S = 10.0  # a worker applies a flag at its next step boundary: milliseconds, unless stuck
 
 
 @dataclass
@@ -83,13 +83,18 @@ class CeleryTransport:
         self._tasks = [asyncio.create_task(self._receive_forever()), asyncio.create_task(self._poll_forever())]
 
     def stop(self) -> None:
+        """Stop the link thread. Never raises: with Redis slow or away, connections are left to close
+        with the loop rather than holding the caller."""
         async def close() -> None:
             for task in self._tasks:
                 task.cancel()
-            await asyncio.gather(*self._tasks, return_exceptions=True)
-            await self.presence.close()
-            await self.layer.close_pools()
-        asyncio.run_coroutine_threadsafe(close(), self._loop).result(timeout=10)
+            await asyncio.wait(self._tasks, timeout=2)
+            await asyncio.wait_for(self.presence.close(), 2)
+            await asyncio.wait_for(self.layer.close_pools(), 2)
+        try:
+            asyncio.run_coroutine_threadsafe(close(), self._loop).result(timeout=10)
+        except Exception as exc:
+            log.warning("closing the Celery transport: %s: %s", type(exc).__name__, exc)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
 
@@ -180,18 +185,23 @@ class CeleryTransport:
         waiting = self._flag_answers[change_id] = {w: self._loop.create_future() for w in asked}
         try:
             if workers is None and capability(name).settable:  # a start-only flag is only answered
-                await self.presence.redis.hset(wire.flags_key(), name, json.dumps(value))
+                try:
+                    await self.presence.redis.hset(wire.flags_key(), name, json.dumps(value))
+                except Exception as exc:
+                    log.warning("flag change %s not kept for later workers: %s", change_id, exc)
             for worker_id in asked:
-                await self.layer.send(wire.control_channel(worker_id),
-                                      wire.set_flag_message(change_id, name, value, self.reply_channel))
+                try:
+                    await self.layer.send(wire.control_channel(worker_id),
+                                          wire.set_flag_message(change_id, name, value, self.reply_channel))
+                except Exception as exc:  # this one is not reached; the others are still waited for
+                    waiting[worker_id].set_result({"error": f"could not reach the worker: {exc}"})
             if waiting:
                 await asyncio.wait(waiting.values(), timeout=FLAG_ANSWER_S)
-        except Exception as exc:  # Redis away: say so for every worker not yet answered
-            log.warning("flag change %s: %s", change_id, exc)
         finally:
             del self._flag_answers[change_id]
         for worker_id, answer in waiting.items():
-            answers[worker_id] = answer.result() if answer.done() else {"error": "no answer from the worker"}
+            answers[worker_id] = answer.result() if answer.done() else \
+                {"error": f"no answer within {FLAG_ANSWER_S:.0f} s (unconfirmed: it may still apply)"}
         return answers
 
     def _flag_answered(self, message: dict) -> None:

@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 # is remembered this long, and the request, when it comes, ends canceled without running.
 EARLY_CANCEL_MEMORY_S = 120.0
 LOCAL_WORKER = "in-process"  # the in-process transport's one engine, by the name a worker would have
+FLAG_ANSWER_S = 10.0  # a flag change is in force after the next step boundary: milliseconds, unless stuck
 
 
 class Sink(Protocol):
@@ -46,6 +47,7 @@ class Load:
     waiting: int = 0
     request_ids: tuple[str, ...] = ()
     metrics: dict | None = None  # EngineMetrics.snapshot
+    flags: dict | None = None  # the runtime flags in force
 
 
 class EngineThread:
@@ -107,11 +109,14 @@ class EngineThread:
         answers = {worker: {"error": "no such worker"} for worker in workers or [] if worker != LOCAL_WORKER}
         if workers is None or LOCAL_WORKER in workers:
             self.set_flag(name, value, done)
-            answers[LOCAL_WORKER] = await answer
+            try:
+                answers[LOCAL_WORKER] = await asyncio.wait_for(answer, FLAG_ANSWER_S)
+            except asyncio.TimeoutError:
+                answers[LOCAL_WORKER] = {"error": f"no answer within {FLAG_ANSWER_S:.0f} s (unconfirmed)"}
         return answers
 
     def flags_in_force(self) -> dict[str, dict]:
-        return {LOCAL_WORKER: self.engine.flags()}
+        return {LOCAL_WORKER: self.load.flags or {}}
 
     def metrics_by_worker(self) -> dict[str, dict]:
         return {LOCAL_WORKER: self.load.metrics} if self.load.metrics else {}
@@ -125,6 +130,7 @@ class EngineThread:
             self.startup_error = exc
             self._ready.set()
             return
+        self._publish_load()
         self._ready.set()
         while True:
             # Idle: block until work arrives. Busy: take what is queued and step.
@@ -149,8 +155,8 @@ class EngineThread:
             _, name, value, done = command
             try:
                 self.engine.set_flag(name, value)
-            except (KeyError, ValueError) as exc:
-                done(None, str(exc).strip("'\""))
+            except Exception as exc:  # whatever an operator (or a garbled message) asks, the engine lives on
+                _tell(done, None, str(exc).strip("'\""))
             else:
                 self._flags_waiting.append(done)
             return
@@ -183,6 +189,7 @@ class EngineThread:
             for request_id, sink in list(self._sinks.items()):
                 sink.push_threadsafe(StreamEvent.failure("engine_error", f"{type(exc).__name__}: {exc}"))
                 self.engine.abort(request_id)
+                self.metrics.failed(request_id)
             self._sinks.clear()
             return
         for output in outputs:
@@ -196,15 +203,23 @@ class EngineThread:
 
     def _acknowledge_flags(self) -> None:
         if self._flags_waiting:
-            in_force = self.engine.flags()
+            self._publish_load()  # the flags now in force, before anyone hears they are
             for done in self._flags_waiting:
-                done(in_force, None)
+                _tell(done, self.load.flags, None)
             self._flags_waiting.clear()
 
     def _publish_load(self) -> None:
         scheduler = self.engine.scheduler
         self.load = Load(running=len(scheduler.running), waiting=len(scheduler.waiting),
-                         request_ids=tuple(self._sinks), metrics=self.metrics.snapshot(self.engine))
+                         request_ids=tuple(self._sinks), metrics=self.metrics.snapshot(self.engine),
+                         flags=self.engine.flags())
+
+
+def _tell(done: FlagDone, in_force: dict | None, error: str | None) -> None:
+    try:
+        done(in_force, error)
+    except Exception:  # a listener gone away (its loop closed) must not take the engine thread with it
+        log.exception("a flag change's listener failed")
 
 
 def _event(output: RequestOutput) -> StreamEvent:

@@ -59,6 +59,11 @@ class EngineMetrics:
             if ttft is not None:
                 self.ttft.observe(ttft)
 
+    def failed(self, request_id: str) -> None:
+        """A request ended by a failed step: it produced no last output to observe."""
+        self._last_delta.pop(request_id, None)
+        self.finished["error"] += 1
+
     def snapshot(self, engine: Engine) -> dict:
         """Counters and gauges as of now; call on the engine's own thread."""
         allocator = engine.kv_cache.allocator

@@ -129,6 +129,7 @@ class WorkerHost:
     # -- the link loop ---------------------------------------------------------------------------
 
     async def _heartbeats(self) -> None:
+        first = True
         while not self._retired:
             load = self.engine_thread.load
             await self.presence.beat(Heartbeat(
@@ -136,8 +137,11 @@ class WorkerHost:
                 hostname=socket.gethostname(), pid=os.getpid(), device=self.engine_config.device,
                 model=self.engine_config.model, capacity=settings.WORKBENCH_WORKER_CAPACITY,
                 started_at=self.started_at, running=load.running, waiting=load.waiting,
-                requests=list(load.request_ids), flags=self.engine_thread.engine.flags(),
+                requests=list(load.request_ids), flags=load.flags or {},
                 draining=self._draining, metrics=load.metrics or {}))
+            if first:  # a change for all workers made while this one started, seen by nobody: take it now
+                first = False
+                await asyncio.to_thread(self._apply_flags_in_force)
             try:
                 await asyncio.wait_for(self._beat_now.wait(), settings.WORKBENCH_HEARTBEAT_S)
             except asyncio.TimeoutError:
@@ -154,7 +158,9 @@ class WorkerHost:
                 self._set_flag(message)
 
     def _set_flag(self, message: dict) -> None:
-        log.info("flag %s = %r (change %s)", message.get("name"), message.get("value"), message.get("change_id"))
+        log.info("flag %r = %r (change %s)", message.get("name"), message.get("value"), message.get("change_id"))
+        if not isinstance(message.get("reply_channel"), str):
+            return  # nobody to answer: a garbled message
 
         def done(in_force: dict | None, error: str | None) -> None:  # on the engine thread
             answer = wire.flag_done_message(message.get("change_id"), self.worker_id, in_force, error)
