@@ -13,7 +13,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.workbench.test_websocket_api import connect, frames_until_done
 from workbench.serving import bridge
 
-pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("serving_transport")]
 
 
 async def scrape() -> dict[tuple[str, tuple], float]:
@@ -28,6 +27,9 @@ def total(samples: dict, name: str, **labels) -> float:
                if sample == name and all(dict(sample_labels).get(k) == v for k, v in labels.items()))
 
 
+@pytest.mark.asyncio
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("serving_transport")
 async def test_a_request_is_counted_once_where_it_ran(api_user):
     await asyncio.to_thread(bridge.transport)
     await asyncio.sleep(0.5)  # the Celery workers' first heartbeats
