@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -33,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 import websockets  # noqa: E402
 
 from engine import Engine, EngineConfig, SamplingParams  # noqa: E402
-from tests.cluster import Cluster, free_port, wait_for_port  # noqa: E402
+from tests.cluster import Cluster, start_daphne  # noqa: E402
 
 PROMPTS = ["The list type", "A dictionary is", "This module provides", "Return the number of",
            "If the file does not exist,", "The default value is", "Raise an exception when", "Each thread has"]
@@ -139,19 +138,9 @@ def _server_processes(started) -> dict[str, int]:
 
 
 def start_inprocess(workdir: Path) -> tuple[list[subprocess.Popen], str, str]:
-    db = workdir / "inprocess.sqlite3"
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "workbench.settings", "WORKBENCH_DB_PATH": str(db),
-           "WORKBENCH_TRANSPORT": "inprocess"}
-    manage = [sys.executable, str(ROOT / "manage.py")]
-    subprocess.run([*manage, "migrate", "-v0"], env=env, check=True, cwd=ROOT)
-    token = subprocess.run([*manage, "createapitoken", "bench"], env=env, check=True, cwd=ROOT,
-                           capture_output=True, text=True).stdout.strip().splitlines()[-1]
-    port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-                               "workbench.asgi:application"], env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
-    wait_for_port(port, server, "daphne")
-    return [server], f"127.0.0.1:{port}", token
+    server, address, token = start_daphne({**os.environ, "WORKBENCH_TRANSPORT": "inprocess"},
+                                          workdir / "inprocess.sqlite3")
+    return [server], address, token
 
 
 def start_celery(workdir: Path) -> tuple[Cluster, str, str]:

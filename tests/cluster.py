@@ -42,6 +42,26 @@ def wait_for_port(port: int, process: subprocess.Popen, what: str, timeout: floa
     raise RuntimeError(f"{what} did not listen on {port} within {timeout} s")
 
 
+def start_daphne(env: dict, db_path: Path) -> tuple[subprocess.Popen, str, str]:
+    """A real Daphne on 127.0.0.1 over a fresh SQLite database at `db_path` (migrated, with an API token
+    for user "bob"), logging beside it; returns (process, address, token)."""
+    env = {**env, "DJANGO_SETTINGS_MODULE": "workbench.settings", "WORKBENCH_DB_PATH": str(db_path)}
+    manage = [sys.executable, str(ROOT / "manage.py")]
+    subprocess.run([*manage, "migrate", "-v0"], env=env, check=True, cwd=ROOT)
+    token = subprocess.run([*manage, "createapitoken", "bob"], env=env, check=True, cwd=ROOT,
+                           capture_output=True, text=True).stdout.strip().splitlines()[-1]
+    port, log = free_port(), db_path.with_suffix(".daphne.log")
+    server = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+                               "workbench.asgi:application"], env=env, cwd=ROOT,
+                              stdout=subprocess.DEVNULL, stderr=open(log, "w"))
+    try:
+        wait_for_port(port, server, "daphne")
+    except RuntimeError:
+        server.kill()
+        raise RuntimeError(f"daphne did not start: {log.read_text()[-2000:]}") from None
+    return server, f"127.0.0.1:{port}", token
+
+
 class RedisServer:
     """redis-server on a free port, keeping nothing on disk; stop() and start() keep the port."""
 
@@ -113,17 +133,8 @@ class Cluster:
 
     def start_daphne(self, db_path: Path) -> tuple[str, str]:
         """A Daphne over this cluster with a fresh database; returns (address, an API token)."""
-        env = {**self.env, "WORKBENCH_DB_PATH": str(db_path)}
-        manage = [sys.executable, str(ROOT / "manage.py")]
-        subprocess.run([*manage, "migrate", "-v0"], env=env, check=True, cwd=ROOT)
-        token = subprocess.run([*manage, "createapitoken", "bob"], env=env, check=True, cwd=ROOT,
-                               capture_output=True, text=True).stdout.strip().splitlines()[-1]
-        port = free_port()
-        self.daphne = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-                                        "workbench.asgi:application"], env=env, cwd=ROOT,
-                                       stdout=subprocess.DEVNULL, stderr=open(self.log_dir / "daphne.log", "w"))
-        wait_for_port(port, self.daphne, "daphne")
-        return f"127.0.0.1:{port}", token
+        self.daphne, address, token = start_daphne(self.env, db_path)
+        return address, token
 
     def stop(self) -> None:
         self.stop_processes()

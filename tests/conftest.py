@@ -4,17 +4,14 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from engine.loader import DEMO_MODEL_DIR
-from tests.cluster import Cluster, free_port, wait_for_port
+from tests.cluster import Cluster, start_daphne
 
-ROOT = Path(__file__).resolve().parents[1]
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 # Small enough to build and run in well under a second, large enough to exercise GQA and several layers.
@@ -102,24 +99,8 @@ def serving_transport(request):
 def daphne_server(request, tmp_path_factory):
     """A real Daphne on 127.0.0.1 with a fresh SQLite database, serving through each transport in turn;
     yields (address, api_token)."""
-    db = tmp_path_factory.mktemp("daphne") / "db.sqlite3"
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "workbench.settings", "WORKBENCH_DB_PATH": str(db)}
-    if request.param == "celery":
-        env = {**request.getfixturevalue("celery_cluster").env, "WORKBENCH_DB_PATH": str(db)}
-    manage = [sys.executable, str(ROOT / "manage.py")]
-    subprocess.run([*manage, "migrate", "-v0"], env=env, check=True, cwd=ROOT)
-    token = subprocess.run([*manage, "createapitoken", "bob"], env=env, check=True, cwd=ROOT, capture_output=True,
-                           text=True).stdout.strip().splitlines()[-1]
-    port = free_port()
-    log = db.with_name("daphne.log")
-    server = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-                               "workbench.asgi:application"], env=env, cwd=ROOT,
-                              stdout=subprocess.DEVNULL, stderr=open(log, "w"))
-    try:
-        wait_for_port(port, server, "daphne")
-    except RuntimeError:
-        server.kill()
-        raise RuntimeError(f"daphne did not start: {log.read_text()[-2000:]}") from None
-    yield f"127.0.0.1:{port}", token
+    env = request.getfixturevalue("celery_cluster").env if request.param == "celery" else os.environ
+    server, address, token = start_daphne(env, tmp_path_factory.mktemp("daphne") / "db.sqlite3")
+    yield address, token
     server.terminate()
     server.wait(timeout=10)

@@ -10,7 +10,6 @@ import torch
 import transformers
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.loader import load_model
 
 PROMPTS = ["The list type", "Return a new dictionary", "If the file does not exist,", "x = [1, 2, 3]\n"]
 

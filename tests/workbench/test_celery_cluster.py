@@ -21,7 +21,8 @@ from django.test import AsyncClient
 from engine import SamplingParams
 from tests.cluster import Cluster, RedisServer
 from tests.workbench.test_chat import as_user
-from tests.workbench.test_websocket_api import MAX_TOKENS_AFTER_CANCEL, connect, frames_until_done, greedy_solo, wait_for
+from tests.workbench.test_websocket_api import (MAX_TOKENS_AFTER_CANCEL, connect, frames_so_far, frames_until_done,
+                                                 greedy_solo, wait_for)
 from workbench.celery import app as celery_app
 from workbench.chat.models import Conversation, Message
 from workbench.serving import bridge, wire
@@ -51,13 +52,6 @@ def generate(request_id: str, prompt: str, max_tokens: int) -> str:
 
 def tokens_of(frames: list[dict], request_id: str) -> list[int]:
     return [t for f in frames if f.get("request_id") == request_id and f["type"] == "delta" for t in f["token_ids"]]
-
-
-async def frames_so_far(ws: WebsocketCommunicator) -> list[dict]:
-    frames = []
-    while not ws.output_queue.empty():
-        frames.append(json.loads(await ws.receive_from(timeout=1)))
-    return frames
 
 
 def holder(transport, engine_id_fragment: str) -> str | None:

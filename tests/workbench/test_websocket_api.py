@@ -72,14 +72,12 @@ async def wait_for(predicate, timeout: float = 5.0) -> bool:
     return predicate()
 
 
-async def tokens_sent_so_far(ws: WebsocketCommunicator) -> int:
-    """Read every frame the server has sent until now; returns where the last delta ends."""
-    end = 0
+async def frames_so_far(ws: WebsocketCommunicator) -> list[dict]:
+    """Every frame the server has sent until now (nothing waited for)."""
+    frames = []
     while not ws.output_queue.empty():
-        frame = json.loads(await ws.receive_from(timeout=1))
-        if frame["type"] == "delta":
-            end = frame["index"] + len(frame["token_ids"])
-    return end
+        frames.append(json.loads(await ws.receive_from(timeout=1)))
+    return frames
 
 
 def engine_runs(fragment: str) -> bool:
@@ -91,9 +89,11 @@ async def test_cancel_stops_the_sequence_in_the_engine(api_user):
     await ws.send_to(text_data=json.dumps({"type": "generate", "request_id": "long", "prompt": "x",
                                            "params": {"max_tokens": 400, "ignore_eos": True, "temperature": 0}}))
     assert json.loads(await ws.receive_from(timeout=10))["type"] == "accepted"
-    assert json.loads(await ws.receive_from(timeout=10))["type"] == "delta"
+    first = json.loads(await ws.receive_from(timeout=10))
+    assert first["type"] == "delta"
     assert await wait_for(lambda: engine_runs("-long")), "liveness: the engine is running it"
-    delivered = await tokens_sent_so_far(ws)
+    last = [f for f in [first, *await frames_so_far(ws)] if f["type"] == "delta"][-1]
+    delivered = last["index"] + len(last["token_ids"])
     await ws.send_to(text_data=json.dumps({"type": "cancel", "request_id": "long"}))
     frames = await frames_until_done(ws, {"long"})
     assert frames[-1]["type"] == "done" and frames[-1]["finish_reason"] == "canceled"

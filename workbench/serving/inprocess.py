@@ -101,7 +101,8 @@ class EngineThread:
 
     async def change_flag(self, name: str, value: bool | int, workers: list[str] | None = None) -> dict[str, dict]:
         """The transport interface's flag change: this process's engine is the one worker, LOCAL_WORKER."""
-        loop, answer = asyncio.get_running_loop(), asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        answer = loop.create_future()
 
         def done(in_force: dict | None, error: str | None) -> None:
             loop.call_soon_threadsafe(answer.set_result, {"in_force": in_force} if error is None else {"error": error})

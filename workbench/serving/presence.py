@@ -27,7 +27,6 @@ ADMITTED_MEMORY_S = 600
 class Heartbeat:
     worker_id: str
     queue: str
-    control_channel: str
     hostname: str
     pid: int
     device: str
@@ -41,10 +40,6 @@ class Heartbeat:
     draining: bool = False  # shutting down: finishing what it holds, taking nothing new
     metrics: dict = field(default_factory=dict)  # workbench/serving/metrics.py snapshot
     sent_at: float = 0.0
-
-    @property
-    def held(self) -> int:
-        return len(self.requests)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

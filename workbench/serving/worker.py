@@ -133,7 +133,7 @@ class WorkerHost:
         while not self._retired:
             load = self.engine_thread.load
             await self.presence.beat(Heartbeat(
-                worker_id=self.worker_id, queue=self.queue, control_channel=self.control_channel,
+                worker_id=self.worker_id, queue=self.queue,
                 hostname=socket.gethostname(), pid=os.getpid(), device=self.engine_config.device,
                 model=self.engine_config.model, capacity=settings.WORKBENCH_WORKER_CAPACITY,
                 started_at=self.started_at, running=load.running, waiting=load.waiting,
