@@ -29,6 +29,7 @@ from typing import Callable
 
 import torch
 
+from engine.leak_events import FOREIGN_PARKED_DROPPED, LeakEventLog
 from engine.sequence import Sequence
 from kernels.commit_token import commit_token
 from kernels.fault_word import fault_word
@@ -64,8 +65,9 @@ class _Slot:
 class ParkedQueue:
     """Parked burst tokens, one owner-tagged slot per decode-batch row (the device ring's layout)."""
 
-    def __init__(self) -> None:
+    def __init__(self, events: LeakEventLog | None = None) -> None:
         self._slots: dict[int, _Slot] = {}
+        self.events = events if events is not None else LeakEventLog()
         self.foreign_dropped = 0  # tokens dropped by the owner check, for the dashboard and metrics
         self.taken = 0            # tokens drained by their owner
 
@@ -80,8 +82,10 @@ class ParkedQueue:
             dropped = len(slot.tokens)
             del self._slots[row]
             self.foreign_dropped += dropped
-            log.warning("ArcGraph: dropped %d foreign parked tokens (row %d owned by seq %d, taken by seq %d)",
-                        dropped, row, slot.owner, seq_id)
+            message = (f"dropped {dropped} foreign parked tokens (row {row} owned by seq {slot.owner}, "
+                       f"taken by seq {seq_id})")
+            self.events.record(FOREIGN_PARKED_DROPPED, message, dropped)
+            log.warning("ArcGraph: %s", message)
             return Foreign(dropped)
         self.taken += 1
         return Taken(slot.tokens.popleft())
@@ -100,6 +104,10 @@ class ParkedQueue:
 
     def pending(self, seq_id: int | None = None) -> int:
         return sum(len(s.tokens) for s in self._slots.values() if seq_id is None or s.owner == seq_id)
+
+    def slots(self) -> dict[int, tuple[int, int]]:
+        """Row -> (owner seq id, tokens still parked there), for the dashboard."""
+        return {row: (slot.owner, len(slot.tokens)) for row, slot in self._slots.items() if slot.tokens}
 
 
 class KillSwitch:
@@ -139,13 +147,14 @@ BurstForward = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
 
 
 class DeviceLoop:
-    def __init__(self, burst_length: int, device: torch.device, enabled: bool = False) -> None:
+    def __init__(self, burst_length: int, device: torch.device, enabled: bool = False,
+                 events: LeakEventLog | None = None) -> None:
         if burst_length < 1:
             raise ValueError(f"burst_length must be >= 1, got {burst_length}")
         self.enabled = enabled
         self.burst_length = burst_length
         self.device = device
-        self.parked = ParkedQueue()
+        self.parked = ParkedQueue(events)
         self.generation = 0
         self.eligible: set[int] = set()
         self.bursts = 0
@@ -155,6 +164,10 @@ class DeviceLoop:
     @property
     def active(self) -> bool:
         return self.enabled and not KILL_SWITCH.killed
+
+    @property
+    def kill_reason(self) -> str | None:
+        return KILL_SWITCH.reason if KILL_SWITCH.killed else None
 
     def forget_parked(self, seqs: list[Sequence]) -> None:
         """These sequences are about to get this step's token without their parked queue (a prefill,

@@ -26,9 +26,10 @@ from engine.device_loop import DeviceLoop
 from engine.engine_config import EngineConfig
 from engine.graphs import DecodeGraphs
 from engine.kv_cache import PagedKVCache, blocks_needed
+from engine.leak_events import ALIASED_LOGITS, LeakEventLog
 from engine.loader import load_model
 from engine.outputs import GenerationResult, RequestOutput, Usage, timings_of
-from engine.runner import ModelRunner
+from engine.runner import AliasedLogitsError, ModelRunner
 from engine.runtime_flags import RuntimeFlags
 from engine.sampler import SampleRequest
 from engine.sampling_params import SamplingParams
@@ -73,7 +74,9 @@ class Engine:
                                  max_num_batched_tokens=config.max_num_batched_tokens,
                                  max_model_len=self.max_model_len)
         self.scheduler = make_scheduler(config.scheduler, self.kv_cache, limits, config.swap_blocks)
-        self.device_loop = DeviceLoop(config.burst_length, self.loaded.device, enabled=config.device_loop)
+        self.leak_events = LeakEventLog()  # what the owner tag and the logits identity check caught
+        self.device_loop = DeviceLoop(config.burst_length, self.loaded.device, enabled=config.device_loop,
+                                      events=self.leak_events)
         graphs = DecodeGraphs(self.loaded.model, self.kv_cache, blocks_needed(self.length_limit, config.block_size),
                               self.loaded.dtype, self.loaded.device, config.capture_stream)
         graphs.verify.every, graphs.verify.always, graphs.verify.bisect = \
@@ -130,6 +133,10 @@ class Engine:
     def flags(self) -> dict[str, bool | int]:
         return self.runtime_flags.in_force()
 
+    def live_sequences(self) -> list[Sequence]:
+        """Every sequence not yet finished, in arrival order (for inspection: engine/inspection.py)."""
+        return [request.seq for request in self._requests.values()]
+
     def has_unfinished_requests(self) -> bool:
         return bool(self._requests)
 
@@ -172,6 +179,8 @@ class Engine:
                                                                     r.seq.output_ids, r.generator) for r in requests])
         except Exception as exc:  # one bad step must not take the engine down with it
             log.exception("forward failed for %d sequence(s)", len(seqs))
+            if isinstance(exc, AliasedLogitsError):
+                self.leak_events.record(ALIASED_LOGITS, str(exc))
             for request in requests:
                 request.seq.set_state(Error(f"forward failed: {type(exc).__name__}: {exc}"))
             return outputs + [self._finish(request) for request in requests]

@@ -85,6 +85,16 @@ class DecodeGraphs:
             self.mode = GraphMode.INERT
             log.info("ArcGraph INERT: ARC_CAPTURE_STREAM is off; decode runs eagerly over static buffers")
 
+    def capture_state(self) -> tuple[str, str]:
+        """The capture mode and, in an operator's words, why it is what it is."""
+        reasons = {
+            GraphMode.CUDA_GRAPHS: "capturing CUDA graphs on a dedicated capture stream",
+            GraphMode.CPU_REPLAY: "no CUDA device: the CPU replay backend recomputes each step from its static buffers",
+            GraphMode.INERT: "ARC_CAPTURE_STREAM was off at start: eager launches over static buffers",
+            GraphMode.REFUSED: f"capture refused: {self.refusal}",
+        }
+        return self.mode.value, reasons[self.mode]
+
     @staticmethod
     def bucket_for(batch: int) -> int | None:
         return next((b for b in BUCKETS if b >= batch), None)

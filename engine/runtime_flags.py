@@ -21,7 +21,11 @@ class RuntimeFlags:
     def request(self, name: str, value: bool | int) -> None:
         entry = capability(name)
         if not entry.settable:
-            raise ValueError(f"{name} is fixed at start: {entry.description}")
+            why = entry.description
+            if name == "ARC_CAPTURE_STREAM":  # say what capture actually is here, not what it could be
+                mode, reason = self._runner.graphs.capture_state()
+                why = f"capture here is {mode}: {reason}"
+            raise ValueError(f"{name} is fixed at start; {why}")
         self._pending[name] = checked_value(name, value)
 
     def in_force(self) -> dict[str, bool | int]:

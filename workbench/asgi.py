@@ -18,9 +18,10 @@ from workbench.api.auth import BearerTokenMiddleware  # noqa: E402
 from workbench.api.origin import AllowedHostsOriginValidator  # noqa: E402
 from workbench.api.routing import websocket_urlpatterns as api_sockets  # noqa: E402
 from workbench.chat.routing import websocket_urlpatterns as chat_sockets  # noqa: E402
+from workbench.ops.routing import websocket_urlpatterns as ops_sockets  # noqa: E402
 
 application = ProtocolTypeRouter({
     "http": django_application,
     "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(BearerTokenMiddleware(
-        URLRouter(api_sockets + chat_sockets)))),
+        URLRouter(api_sockets + chat_sockets + ops_sockets)))),
 })

@@ -20,5 +20,6 @@ urlpatterns = [
     path("v1/completions", openai_views.completions),
     path("v1/chat/completions", openai_views.chat_completions),
     path("ops/flags", ops.flags, name="ops_flags"),
+    path("ops/dashboard", ops.dashboard, name="ops_dashboard"),
     path("metrics", ops_metrics.metrics, name="metrics"),
 ]

@@ -87,7 +87,7 @@ class GenerateConsumer(AsyncWebsocketConsumer):
             params = SamplingParams.from_dict(params_raw)
         except (InvalidSamplingParams, TypeError) as exc:
             raise ProtocolError("invalid_params", str(exc), request_id) from None
-        stream = transport.submit(self._engine_id(request_id), prompt, params)
+        stream = transport.submit(self._engine_id(request_id), prompt, params, user=self.scope["user"].username)
         self.active[request_id] = asyncio.create_task(self._relay(request_id, stream))
         await self._send({"type": "accepted", "request_id": request_id})
 

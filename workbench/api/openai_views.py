@@ -91,7 +91,7 @@ def _handler(kind: str):
         try:
             if request.method != "POST":
                 raise ApiError(405, "use POST")
-            await _authenticate(request)
+            user = await _authenticate(request)
             body = _body(request)
             params = _params(body)
             transport = await asyncio.to_thread(bridge.transport)
@@ -99,7 +99,7 @@ def _handler(kind: str):
         except ApiError as exc:
             return exc.response()
         request_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
-        stream = transport.submit(request_id, prompt, params)
+        stream = transport.submit(request_id, prompt, params, user=user.username)
         meta = {"id": request_id, "created": int(time.time()), "model": body.get("model") or settings.WORKBENCH_MODEL}
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))

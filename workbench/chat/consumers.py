@@ -110,7 +110,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
         self.engine_id = f"chat-{self.conversation.pk}-{uuid.uuid4().hex}"
         await self._send({"type": "started"})
         text, event = "", None
-        async for event in transport.submit(self.engine_id, prompt, params):
+        async for event in transport.submit(self.engine_id, prompt, params, user=self.scope["user"].username):
             if event.text:
                 text += event.text
                 await self._send({"type": "delta", "index": event.index, "text": event.text})

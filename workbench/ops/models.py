@@ -1,4 +1,5 @@
-"""The audit log of runtime flag changes: who asked what of which workers, when, and what each answered."""
+"""What operators look back on: the audit log of runtime flag changes, and the engines' leak-prevention
+events and replay-verification checks (stored by workbench/ops/recorder.py from the workers' snapshots)."""
 
 from __future__ import annotations
 
@@ -26,3 +27,49 @@ class FlagChange(models.Model):
     @property
     def refused_by(self) -> list[str]:
         return sorted(worker for worker, answer in self.answers.items() if "error" in answer)
+
+
+class LeakEvent(models.Model):
+    """One catch by the owner tag (foreign parked tokens dropped) or the logits identity check."""
+    KINDS = [("foreign_parked_dropped", "foreign parked tokens dropped"),
+             ("aliased_logits", "aliased-logits step error")]
+    worker = models.CharField(max_length=128)
+    engine_run = models.CharField(max_length=32)  # the engine's start: numbers count from 1 per start
+    number = models.PositiveIntegerField()
+    kind = models.CharField(max_length=32, choices=KINDS)
+    message = models.TextField()
+    dropped = models.PositiveIntegerField(default=0)
+    occurred_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["-occurred_at"]
+        # Every web process records what it sees; the constraint keeps one row per event.
+        constraints = [models.UniqueConstraint(fields=["engine_run", "number"], name="one_row_per_leak_event")]
+
+    def __str__(self) -> str:
+        return f"{self.worker}: {self.message}"
+
+
+class ReplayCheck(models.Model):
+    """One graph replay verified against the eager forward of the same inputs (engine/graphs.py)."""
+    worker = models.CharField(max_length=128)
+    engine_run = models.CharField(max_length=32)
+    replay = models.PositiveBigIntegerField()
+    bucket = models.PositiveIntegerField()
+    rows = models.PositiveIntegerField()
+    max_abs_delta = models.FloatField()
+    argmax_agrees = models.BooleanField()
+    layer_deltas = models.JSONField(null=True, blank=True)
+    first_divergent_layer = models.IntegerField(null=True, blank=True)
+    recorded_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-recorded_at", "-replay"]
+        constraints = [models.UniqueConstraint(fields=["engine_run", "replay"], name="one_row_per_replay_check")]
+
+    @property
+    def divergent(self) -> bool:
+        return self.max_abs_delta > 0
+
+    def __str__(self) -> str:
+        return f"{self.worker} replay {self.replay}: max |delta| {self.max_abs_delta:.3g}"

@@ -1,7 +1,8 @@
 """The serving bridge: the one door from the web side to the engine, whichever transport is behind it.
 
-Both transports offer the same interface: `submit(request_id, prompt, params) -> RequestStream` (from an
-event loop), `cancel(request_id)`, `tokenizer`, `running_request_ids()`, `stop()`. WORKBENCH_TRANSPORT
+Both transports offer the same interface: `submit(request_id, prompt, params, user="") -> RequestStream`
+(from an event loop), `cancel(request_id)`, `tokenizer`, `running_request_ids()`, `stop()`, and for
+operators `change_flag`, `flags_in_force()`, `metrics_by_worker()`, `workers_view()`. WORKBENCH_TRANSPORT
 picks one: "inprocess" (the engine on a thread of this process) or "celery" (GPU workers over Redis).
 Nothing heavy happens at import or in AppConfig.ready() (which runs for every management command):
 the transport starts the first time a request needs it.
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import Callable
 
 from django.conf import settings
 
@@ -20,6 +22,8 @@ _lock = threading.Lock()
 # One transport per kind, created on first use. A deployment only ever uses the kind its setting
 # names; the tests flip the setting to run the same test against both.
 _transports: dict[str, object] = {}
+# Called with each transport once it has started (the ops app records engine events from it).
+started_listeners: list[Callable[[object], None]] = []
 
 
 def _inprocess():
@@ -44,6 +48,8 @@ def transport():
             started = _celery() if kind == "celery" else _inprocess()
             started.start()
             _transports[kind] = started
+            for listener in started_listeners:
+                listener(started)
         return _transports[kind]
 
 

@@ -100,9 +100,10 @@ class CeleryTransport:
 
     # -- the interface (called from the consumers' event loop) -----------------------------------
 
-    def submit(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> RequestStream:
+    def submit(self, request_id: str, prompt: str | list[int], params: SamplingParams,
+               user: str = "") -> RequestStream:
         stream = RequestStream(request_id, asyncio.get_running_loop())
-        self._loop.call_soon_threadsafe(self._dispatch, request_id, prompt, params, stream)
+        self._loop.call_soon_threadsafe(self._dispatch, request_id, prompt, params, stream, user)
         return stream
 
     def cancel(self, request_id: str) -> None:
@@ -123,6 +124,15 @@ class CeleryTransport:
     def metrics_by_worker(self) -> dict[str, dict]:
         return {worker_id: beat.metrics for worker_id, beat in self._workers.items() if beat.metrics}
 
+    def workers_view(self) -> dict[str, dict]:
+        """The dashboard's view of each live worker, from its last heartbeat."""
+        now = time.time()
+        return {worker_id: {"device": beat.device, "model": beat.model, "engine_run": beat.engine_run,
+                            "running": beat.running, "waiting": beat.waiting, "draining": beat.draining,
+                            "heartbeat_age_s": round(max(0.0, now - beat.sent_at), 2),
+                            "flags": beat.flags, "state": beat.state}
+                for worker_id, beat in sorted(self._workers.items())}
+
     async def change_flag(self, name: str, value: bool | int, workers: list[str] | None = None) -> dict[str, dict]:
         """Ask `workers` (None: every live worker, and every worker that starts later) to change a flag;
         returns each one's answer: the flags in force after its next step boundary, or an error."""
@@ -131,7 +141,7 @@ class CeleryTransport:
 
     # -- the link loop ---------------------------------------------------------------------------
 
-    def _dispatch(self, request_id: str, prompt, params: SamplingParams, stream: RequestStream) -> None:
+    def _dispatch(self, request_id: str, prompt, params: SamplingParams, stream: RequestStream, user: str) -> None:
         """Choose a worker and register the request before anything awaits, so a cancel that follows
         finds where it went."""
         live = self._routable()
@@ -145,7 +155,7 @@ class CeleryTransport:
         wire_id = f"{request_id}.{uuid.uuid4().hex[:12]}"
         self._pending[wire_id] = _Pending(request_id, stream, worker.worker_id, time.monotonic())
         self._wire_ids[request_id] = wire_id
-        self._loop.create_task(self._publish(wire_id, prompt, params, worker))
+        self._loop.create_task(self._publish(wire_id, prompt, params, worker, user))
 
     def _routable(self) -> list[Heartbeat]:
         """Workers taking requests: not draining, and whose heartbeat moved lately (a worker killed a
@@ -167,9 +177,9 @@ class CeleryTransport:
         least = min(n for n, _ in open_loads)
         return random.choice([beat for n, beat in open_loads if n == least])
 
-    async def _publish(self, wire_id: str, prompt, params: SamplingParams, worker: Heartbeat) -> None:
+    async def _publish(self, wire_id: str, prompt, params: SamplingParams, worker: Heartbeat, user: str) -> None:
         def send() -> None:
-            celery_app.send_task(wire.GENERATE_TASK, args=[wire_id, prompt, asdict(params), self.reply_channel],
+            celery_app.send_task(wire.GENERATE_TASK, args=[wire_id, prompt, asdict(params), self.reply_channel, user],
                                  queue=worker.queue, expires=wire.TASK_EXPIRES_S, retry=False)
         try:
             await self._loop.run_in_executor(None, send)

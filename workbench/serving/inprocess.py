@@ -13,10 +13,12 @@ import logging
 import queue
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
 from engine import Engine, InvalidSamplingParams, PromptError, RequestError, SamplingParams
+from engine.inspection import engine_state
 from engine.outputs import RequestOutput
 from engine.tokenizer import Tokenizer, TokenizerError
 from workbench.serving.metrics import EngineMetrics
@@ -29,6 +31,10 @@ log = logging.getLogger(__name__)
 EARLY_CANCEL_MEMORY_S = 120.0
 LOCAL_WORKER = "in-process"  # the in-process transport's one engine, by the name a worker would have
 FLAG_ANSWER_S = 10.0  # a flag change is in force after the next step boundary: milliseconds, unless stuck
+# The inspection snapshot (engine/inspection.py) is refreshed at most this often, and at once when a
+# request arrives or finishes or a leak event is recorded: the dashboard sees every change that matters
+# without the engine paying for a snapshot on every step.
+STATE_EVERY_S = 0.1
 
 
 class Sink(Protocol):
@@ -48,6 +54,7 @@ class Load:
     request_ids: tuple[str, ...] = ()
     metrics: dict | None = None  # EngineMetrics.snapshot
     flags: dict | None = None  # the runtime flags in force
+    state: dict | None = None  # engine/inspection.py's engine_state, for the operator dashboard
 
 
 class EngineThread:
@@ -55,6 +62,9 @@ class EngineThread:
         self._factory = engine_factory
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._sinks: dict[str, Sink] = {}
+        self._users: dict[str, str] = {}  # request id -> the user it serves, for the dashboard
+        self._state_at = 0.0
+        self._state_key: tuple = ()
         self._canceled_early: dict[str, float] = {}
         self._flags_waiting: list[FlagDone] = []  # changes asked for, in force after the next step
         self._ready = threading.Event()
@@ -63,6 +73,7 @@ class EngineThread:
         self.startup_error: BaseException | None = None
         self.load = Load()
         self.metrics = EngineMetrics()
+        self.engine_run = uuid.uuid4().hex[:12]  # this engine's start, as its records in the database name it
 
     def start(self) -> None:
         self._thread.start()
@@ -80,14 +91,17 @@ class EngineThread:
 
     # -- called from other threads --------------------------------------------------------------
 
-    def submit(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> RequestStream:
-        """From an event loop: the request's outputs arrive on the returned stream, in that loop."""
+    def submit(self, request_id: str, prompt: str | list[int], params: SamplingParams,
+               user: str = "") -> RequestStream:
+        """From an event loop: the request's outputs arrive on the returned stream, in that loop.
+        `user` names whom it serves, for the operator dashboard."""
         stream = RequestStream(request_id, asyncio.get_running_loop())
-        self.add(request_id, prompt, params, stream)
+        self.add(request_id, prompt, params, stream, user)
         return stream
 
-    def add(self, request_id: str, prompt: str | list[int], params: SamplingParams, sink: Sink) -> None:
-        self._commands.put(("add", request_id, prompt, params, sink))
+    def add(self, request_id: str, prompt: str | list[int], params: SamplingParams, sink: Sink,
+            user: str = "") -> None:
+        self._commands.put(("add", request_id, prompt, params, sink, user))
 
     def cancel(self, request_id: str) -> None:
         self._commands.put(("abort", request_id))
@@ -121,6 +135,13 @@ class EngineThread:
 
     def metrics_by_worker(self) -> dict[str, dict]:
         return {LOCAL_WORKER: self.load.metrics} if self.load.metrics else {}
+
+    def workers_view(self) -> dict[str, dict]:
+        """The dashboard's view of each worker: here, this process's one engine."""
+        load, config = self.load, self.engine.config
+        return {LOCAL_WORKER: {"device": config.device, "model": config.model, "engine_run": self.engine_run,
+                               "running": load.running, "waiting": load.waiting, "draining": False,
+                               "flags": load.flags or {}, "state": load.state or {}}}
 
     # -- the engine thread ----------------------------------------------------------------------
 
@@ -165,7 +186,7 @@ class EngineThread:
             if not self.engine.abort(command[1]):
                 self._remember_early_cancel(command[1])
             return
-        _, request_id, prompt, params, sink = command
+        _, request_id, prompt, params, sink, user = command
         if self._canceled_early.pop(request_id, None) is not None:
             sink.push_threadsafe(StreamEvent(finished=True, finish_reason="canceled"))
             return
@@ -176,6 +197,7 @@ class EngineThread:
             sink.push_threadsafe(StreamEvent.failure(code, str(exc)))
             return
         self._sinks[request_id] = sink
+        self._users[request_id] = user
 
     def _remember_early_cancel(self, request_id: str) -> None:
         now = time.monotonic()
@@ -192,6 +214,7 @@ class EngineThread:
                 self.engine.abort(request_id)
                 self.metrics.failed(request_id)
             self._sinks.clear()
+            self._users.clear()
             return
         for output in outputs:
             self.metrics.observe(output)
@@ -201,6 +224,7 @@ class EngineThread:
             sink.push_threadsafe(_event(output))
             if output.finished:
                 del self._sinks[output.request_id]
+                self._users.pop(output.request_id, None)
 
     def _acknowledge_flags(self) -> None:
         if self._flags_waiting:
@@ -210,10 +234,18 @@ class EngineThread:
             self._flags_waiting.clear()
 
     def _publish_load(self) -> None:
-        scheduler = self.engine.scheduler
+        scheduler, request_ids, flags = self.engine.scheduler, tuple(self._sinks), self.engine.flags()
         self.load = Load(running=len(scheduler.running), waiting=len(scheduler.waiting),
-                         request_ids=tuple(self._sinks), metrics=self.metrics.snapshot(self.engine),
-                         flags=self.engine.flags())
+                         request_ids=request_ids, metrics=self.metrics.snapshot(self.engine),
+                         flags=flags, state=self._state(request_ids, flags))
+
+    def _state(self, request_ids: tuple[str, ...], flags: dict) -> dict:
+        now = time.monotonic()
+        key = (request_ids, self.engine.leak_events.last_number, tuple(flags.values()))
+        if self.load.state is not None and key == self._state_key and now - self._state_at < STATE_EVERY_S:
+            return self.load.state
+        self._state_key, self._state_at = key, now
+        return engine_state(self.engine, self._users)
 
 
 def _tell(done: FlagDone, in_force: dict | None, error: str | None) -> None:

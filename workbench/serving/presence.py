@@ -1,6 +1,7 @@
 """Who is alive, in Redis: the workers' heartbeats and the web processes' presence.
 
-A worker writes its heartbeat (device, model, load, the requests it holds) every WORKBENCH_HEARTBEAT_S
+A worker writes its heartbeat (device, model, load, the requests it holds, its inspection snapshot for
+the dashboard) every WORKBENCH_HEARTBEAT_S, and sooner when the requests it holds change,
 under a key that expires after WORKBENCH_WORKER_LOST_S, so a worker killed without a word disappears
 by itself. A web process marks its reply channel the same way, so a worker can drop the requests of a
 web process that died instead of generating for nobody. Both sides use plain redis-py: these keys are
@@ -39,6 +40,8 @@ class Heartbeat:
     flags: dict = field(default_factory=dict)
     draining: bool = False  # shutting down: finishing what it holds, taking nothing new
     metrics: dict = field(default_factory=dict)  # workbench/serving/metrics.py snapshot
+    engine_run: str = ""  # the engine's start (EngineThread.engine_run): names its recorded events
+    state: dict = field(default_factory=dict)  # engine/inspection.py snapshot, for the dashboard
     sent_at: float = 0.0
 
     def to_json(self) -> str:

@@ -8,5 +8,5 @@ from workbench.serving import wire, worker
 
 
 @shared_task(name=wire.GENERATE_TASK, ignore_result=True)
-def generate(request_id: str, prompt: str | list[int], params: dict, reply_channel: str) -> None:
-    worker.host().admit(request_id, prompt, params, reply_channel)
+def generate(request_id: str, prompt: str | list[int], params: dict, reply_channel: str, user: str = "") -> None:
+    worker.host().admit(request_id, prompt, params, reply_channel, user)

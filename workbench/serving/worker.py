@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 # A web process unreachable this long (Redis away, or it died) loses its requests here: they are
 # aborted rather than generated for nobody. Its clients have had an error from their own side by then.
 UNDELIVERABLE_S = 30.0
+EARLY_BEAT_S = 0.2  # the soonest a heartbeat follows the last one when the requests held changed
 
 
 def new_worker_id() -> str:
@@ -110,7 +111,8 @@ class WorkerHost:
 
     # -- the Celery task's side (the worker's main thread) --------------------------------------
 
-    def admit(self, request_id: str, prompt: str | list[int], params: dict, reply_channel: str) -> None:
+    def admit(self, request_id: str, prompt: str | list[int], params: dict, reply_channel: str,
+              user: str = "") -> None:
         sink = self.outbox.sink(reply_channel, request_id)
         if not admit_once(self._redis, settings.WORKBENCH_QUEUE_PREFIX, request_id, self.worker_id):
             # A redelivered task: the request ran (or runs) already. Never twice; the client has its answer.
@@ -124,7 +126,7 @@ class WorkerHost:
             return
         with self._reply_lock:
             self._reply_of[request_id] = reply_channel
-        self.engine_thread.add(request_id, prompt, sampling, sink)
+        self.engine_thread.add(request_id, prompt, sampling, sink, user if isinstance(user, str) else "")
 
     # -- the link loop ---------------------------------------------------------------------------
 
@@ -132,21 +134,33 @@ class WorkerHost:
         first = True
         while not self._retired:
             load = self.engine_thread.load
+            sent_requests = load.request_ids
             await self.presence.beat(Heartbeat(
                 worker_id=self.worker_id, queue=self.queue,
                 hostname=socket.gethostname(), pid=os.getpid(), device=self.engine_config.device,
                 model=self.engine_config.model, capacity=settings.WORKBENCH_WORKER_CAPACITY,
                 started_at=self.started_at, running=load.running, waiting=load.waiting,
                 requests=list(load.request_ids), flags=load.flags or {},
-                draining=self._draining, metrics=load.metrics or {}))
+                draining=self._draining, metrics=load.metrics or {}, engine_run=self.engine_thread.engine_run,
+                state=load.state or {}))
             if first:  # a change for all workers made while this one started, seen by nobody: take it now
                 first = False
                 await asyncio.to_thread(self._apply_flags_in_force)
-            try:
-                await asyncio.wait_for(self._beat_now.wait(), settings.WORKBENCH_HEARTBEAT_S)
-            except asyncio.TimeoutError:
-                pass
+            await self._until_next_beat(sent_requests)
             self._beat_now.clear()
+
+    async def _until_next_beat(self, sent_requests: tuple[str, ...]) -> None:
+        """A heartbeat period, cut short when asked to (a drain, a flag change) or when the requests
+        held change (the dashboard shows sequences come and go; routing sees the load sooner), but
+        never more often than every EARLY_BEAT_S."""
+        deadline = time.monotonic() + settings.WORKBENCH_HEARTBEAT_S
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                await asyncio.wait_for(self._beat_now.wait(), min(left, EARLY_BEAT_S))
+                return
+            except asyncio.TimeoutError:
+                if self.engine_thread.load.request_ids != sent_requests:
+                    return
 
     async def _control(self) -> None:
         while True:

@@ -1,0 +1,56 @@
+"""An engine's inner state as plain data, for operators: the device loop, capture, every live sequence
+with the parked tokens at its row and their owner, the leak-prevention events and the replay checks.
+
+`engine_state` is called on the engine's own thread (it reads the engine without locks) and returns
+only JSON-ready values, so the serving layer can hand it to another thread, a heartbeat or a socket.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict
+from typing import TYPE_CHECKING
+
+from engine.sequence import RunningCompletion
+
+if TYPE_CHECKING:
+    from engine.engine import Engine
+
+RECENT = 64  # leak events and replay checks carried per snapshot; readers keep their own history
+RECENT_DIVERGENT = 16  # divergent checks carried even when many clean ones followed them
+
+
+def engine_state(engine: Engine, users: Mapping[str, str] | None = None) -> dict:
+    """`users`: request id -> the user it serves (the engine itself knows no users)."""
+    loop, runner, graphs = engine.device_loop, engine.runner, engine.runner.graphs
+    slots = loop.parked.slots()
+    live = engine.live_sequences()
+    live_ids = {seq.seq_id for seq in live}
+    sequences = []
+    for seq in live:
+        row = runner.rows.get(seq.seq_id)
+        owner = slots[row][0] if row in slots else None
+        sequences.append({
+            "request_id": seq.request_id, "seq_id": seq.seq_id, "user": (users or {}).get(seq.request_id, ""),
+            "state": type(seq.state).__name__,
+            # Running but left out of the last step: the default scheduler's waitlist (no state change).
+            "waitlisted": row is None and isinstance(seq.state, RunningCompletion),
+            "prompt_tokens": len(seq.prompt_ids), "tokens": len(seq.output_ids), "max_tokens": seq.params.max_tokens,
+            "row": row, "parked": loop.parked.pending(seq.seq_id),
+            "slot_owner": owner, "owner_matches": owner is None or owner == seq.seq_id,
+        })
+    mode, reason = graphs.capture_state()
+    return {
+        "device_loop": {"enabled": loop.enabled, "engaged": loop.active, "killed": not loop.active and loop.enabled,
+                        "kill_reason": loop.kill_reason, "burst_length": loop.burst_length,
+                        "generation": loop.generation, "bursts": loop.bursts, "resets": loop.resets,
+                        "parked": loop.parked.pending(), "foreign_dropped": loop.parked.foreign_dropped},
+        "parked_slots": [{"row": row, "owner": owner, "tokens": tokens, "owner_live": owner in live_ids}
+                         for row, (owner, tokens) in sorted(slots.items())],
+        "capture": {"mode": mode, "reason": reason, "graphs": runner.use_graphs, "replays": graphs.replays},
+        "sequences": sequences,
+        "leak_events": [event.as_dict() for event in engine.leak_events.recent(RECENT)],
+        "replay_checks": [asdict(record) for record in list(graphs.verify.records)[-RECENT:]],
+        "replay_divergent": [asdict(record) for record in
+                             [r for r in graphs.verify.records if r.max_abs_delta > 0][-RECENT_DIVERGENT:]],
+    }

@@ -1,0 +1,93 @@
+"""Stores the engines' leak-prevention events and replay-verification checks in the database.
+
+Each web process whose transport is running records what its transport sees of every worker (the
+inspection snapshot, engine/inspection.py: the latest events and checks, numbered per engine start).
+Several web processes see the same workers: the unique constraints keep one row per event, and a row
+already stored is skipped. The database only grows by what snapshots carry, so at a rate of checks
+faster than a snapshot holds (ARC_GRAPH_VERIFY_ALWAYS on a fast GPU) it keeps a sample, always with
+the divergent checks; the newest KEEP_CHECKS checks are kept.
+
+Started by the ops app for each transport the serving bridge starts (workbench/ops/apps.py); it stops
+by itself once that transport is no longer the running one.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from datetime import datetime, timezone
+
+from django.db import close_old_connections
+
+from workbench.serving import bridge
+
+log = logging.getLogger(__name__)
+
+EVERY_S = 1.0
+KEEP_CHECKS = 20_000
+PRUNE_EVERY_S = 60.0
+
+
+class Recorder:
+    def __init__(self, transport) -> None:
+        self.transport = transport
+        self._events_seen: dict[str, int] = {}  # engine run -> last event number stored
+        self._checks_seen: dict[str, int] = {}  # engine run -> last replay number stored
+        self._pruned_at = 0.0
+        self._last_error: str | None = None
+
+    def run(self) -> None:
+        while bridge.running() is self.transport:
+            try:
+                self.record_once()
+                self._last_error = None
+            except Exception as exc:  # the database away must not stop the recording for good
+                if str(exc) != self._last_error:
+                    log.warning("recording engine events: %s: %s", type(exc).__name__, exc)
+                self._last_error = str(exc)
+            finally:
+                close_old_connections()
+            time.sleep(EVERY_S)
+
+    def record_once(self) -> None:
+        from workbench.ops.models import LeakEvent, ReplayCheck  # the app registry is ready by now
+
+        events, checks = [], []
+        for worker, view in self.transport.workers_view().items():
+            run, state = view.get("engine_run") or worker, view.get("state") or {}
+            seen = self._events_seen.get(run, 0)
+            events += [LeakEvent(worker=worker, engine_run=run, number=e["number"], kind=e["kind"],
+                                 message=e["message"], dropped=e["dropped"],
+                                 occurred_at=datetime.fromtimestamp(e["at"], timezone.utc))
+                       for e in state.get("leak_events", []) if e["number"] > seen]
+            seen = self._checks_seen.get(run, 0)
+            checks += [ReplayCheck(worker=worker, engine_run=run, replay=c["replay"], bucket=c["bucket"],
+                                   rows=c["rows"], max_abs_delta=c["max_abs_delta"], argmax_agrees=c["argmax_agrees"],
+                                   layer_deltas=c["layer_deltas"], first_divergent_layer=c["first_divergent_layer"])
+                       for c in _unique_checks(state) if c["replay"] > seen]
+        if events:
+            LeakEvent.objects.bulk_create(events, ignore_conflicts=True)
+        if checks:
+            ReplayCheck.objects.bulk_create(checks, ignore_conflicts=True)
+        # Only once stored: a failed write is tried again with the next snapshot.
+        for event in events:
+            self._events_seen[event.engine_run] = max(self._events_seen.get(event.engine_run, 0), event.number)
+        for check in checks:
+            self._checks_seen[check.engine_run] = max(self._checks_seen.get(check.engine_run, 0), check.replay)
+        if checks and time.monotonic() - self._pruned_at > PRUNE_EVERY_S:
+            self._pruned_at = time.monotonic()
+            oldest_kept = ReplayCheck.objects.order_by("-id").values_list("id", flat=True)[KEEP_CHECKS - 1:KEEP_CHECKS]
+            if oldest_kept:
+                ReplayCheck.objects.filter(id__lt=oldest_kept[0]).delete()
+
+
+def _unique_checks(state: dict) -> list[dict]:
+    """The snapshot's latest checks and its latest divergent ones (which may be older), once each, in order."""
+    by_replay = {c["replay"]: c for c in state.get("replay_divergent", []) + state.get("replay_checks", [])}
+    return [by_replay[replay] for replay in sorted(by_replay)]
+
+
+def start(transport) -> None:
+    """The bridge's listener: record for this transport on a thread of its own."""
+    threading.Thread(target=Recorder(transport).run, name="ops-recorder", daemon=True).start()
