@@ -42,6 +42,10 @@ const Charts = (() => {
     const x = (v) => PAD.left + (xMax === xMin ? w / 2 : (v - xMin) / (xMax - xMin) * w);
     const y = (v) => PAD.top + h - v / yMax * h;
     axes(ctx, w, h, yMax, xLabel);
+    ctx.textAlign = "left";
+    ctx.fillText(String(xMin), PAD.left, PAD.top + h + 12);
+    ctx.textAlign = "right";
+    ctx.fillText(String(xMax), PAD.left + w, PAD.top + h + 12);
     series.forEach((s, i) => {
       const color = PALETTE[i % PALETTE.length];
       ctx.strokeStyle = ctx.fillStyle = color;

@@ -5,23 +5,8 @@ URL nor over the socket."""
 from __future__ import annotations
 
 import re
-import shutil
 
-import pytest
-
-playwright = pytest.importorskip("playwright.sync_api")
-CHROMIUM = shutil.which("chromium")
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (make test installs it)")
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with playwright.sync_playwright() as p:
-        instance = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        yield instance
-        instance.close()
+from tests.e2e.conftest import sign_up
 
 
 def signed_up_in_a_new_conversation(browser, base: str, username: str):
@@ -30,15 +15,6 @@ def signed_up_in_a_new_conversation(browser, base: str, username: str):
     page.click("#new-conversation")
     page.wait_for_url(re.compile(r".*/c/\d+$"))
     return page
-
-
-def sign_up(page, base: str, username: str) -> None:
-    page.goto(f"{base}/signup")
-    page.fill("#id_username", username)
-    page.fill("#id_password1", "a-long-pass-9!")
-    page.fill("#id_password2", "a-long-pass-9!")
-    page.click("button[type=submit]")
-    page.wait_for_url(f"{base}/")
 
 
 def test_sign_up_chat_stream_stop_reload_and_privacy(browser, daphne_server):

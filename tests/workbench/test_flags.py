@@ -1,11 +1,12 @@
 """Runtime flags per worker over /ops/flags, against both transports: a flip reaches the chosen worker
 at its next step boundary and no other, is answered and written to the audit log; a start-only flag
 is refused with its reason; a flip for all workers reaches one that starts later; only operators may
-look or flip; flips while requests stream change no response."""
+look or flip; many flips while 16 clients stream change no response, and each is in the audit log."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 
 import pytest
@@ -15,7 +16,8 @@ from django.test import AsyncClient
 
 from tests.cluster import Cluster
 from tests.workbench.test_celery_cluster import served_by
-from tests.workbench.test_websocket_api import connect, frames_until_done, greedy_solo, wait_for
+from engine import Engine, EngineConfig, SamplingParams
+from tests.workbench.test_websocket_api import connect, frames_until_done, wait_for
 from workbench.ops.models import FlagChange
 from workbench.serving import bridge, wire
 
@@ -111,23 +113,59 @@ async def test_a_flip_for_all_workers_reaches_a_worker_started_later(operator, t
 
 
 @pytest.mark.usefixtures("serving_transport")
-async def test_flips_while_requests_stream_change_no_response(operator, api_user):
-    client, ws = await client_for(operator), await connect(api_user[1])
-    prompts = {f"s{i}": p for i, p in enumerate(["The list type", "A dictionary is", "This module provides",
-                                                 "Return the number of", "Each thread has", "The default value is"])}
-    for rid, prompt in prompts.items():
-        await ws.send_to(text_data=json.dumps({"type": "generate", "request_id": rid, "prompt": prompt,
-                                               "params": {"max_tokens": 48, "temperature": 0, "ignore_eos": True}}))
+async def test_many_flips_while_16_clients_stream_change_no_response(operator, api_user):
+    client, sockets = await client_for(operator), [await connect(api_user[1]) for _ in range(16)]
+    for i, (ws, prompt) in enumerate(zip(sockets, SIXTEEN_PROMPTS)):
+        await ws.send_to(text_data=json.dumps({"type": "generate", "request_id": f"s{i}", "prompt": prompt,
+                                               "params": {"max_tokens": STREAMED, "temperature": 0, "ignore_eos": True}}))
+    # Every client is streaming before the first flip.
+    begun = [await frames_until_first_delta(ws) for ws in sockets]
     was = bridge.transport().flags_in_force()
-    flips = [await flip(client, name="ARC_GRAPH_DEVICE_LOOP", value=bool(i % 2)) for i in range(6)]
-    frames = await frames_until_done(ws, set(prompts))
+    # The device loop on and off, and its kill switch set and cleared, for every worker; each kind's
+    # last flip leaves it off / armed (what stays stored for workers that start later); then each
+    # worker back to what it had.
+    asked = [("ARC_GRAPH_DEVICE_LOOP" if i % 2 == 0 else "ARC_DEVICE_LOOP_KILLED", (i // 2) % 2 == 0) for i in range(16)]
+    flips = []
+    for name, value in asked:
+        flips.append(await flip(client, name=name, value=value))
+        if len(flips) == len(asked) // 2:
+            in_flight = bridge.transport().running_request_ids()
+    rest = await asyncio.gather(*(frames_until_done(ws, {f"s{i}"}) for i, ws in enumerate(sockets)))
+    frames = [first + later for first, later in zip(begun, rest)]
     for worker, flags in was.items():
-        await flip(client, name="ARC_GRAPH_DEVICE_LOOP", value=flags["ARC_GRAPH_DEVICE_LOOP"], worker=worker)
-    assert all(r.status_code == 200 for r in flips) and await FlagChange.objects.acount() == 6 + len(was)
-    for rid, prompt in prompts.items():
-        tokens = [t for f in frames if f.get("request_id") == rid and f["type"] == "delta" for t in f["token_ids"]]
-        assert tokens == greedy_solo(prompt, 48), f"{rid} changed under the flips"
-    await ws.disconnect()
+        for name in ("ARC_GRAPH_DEVICE_LOOP", "ARC_DEVICE_LOOP_KILLED"):
+            await flip(client, name=name, value=flags[name], worker=worker)
+    assert in_flight, "liveness: the flips landed while requests were streaming"
+    assert all(r.status_code == 200 and all("in_force" in a for a in r.json()["answers"].values()) for r in flips)
+    logged = [(c.name, c.value, c.all_workers) async for c in FlagChange.objects.order_by("created_at", "id")]
+    assert logged[:16] == [(name, value, True) for name, value in asked] and len(logged) == 16 + 2 * len(was)
+    for i, (prompt, mine) in enumerate(zip(SIXTEEN_PROMPTS, frames)):
+        tokens = [t for f in mine if f.get("request_id") == f"s{i}" and f["type"] == "delta" for t in f["token_ids"]]
+        assert tokens == solo_runs()[i], f"s{i} changed under the flips"
+    for ws in sockets:
+        await ws.disconnect()
+
+
+@functools.cache
+def solo_runs() -> list[list[int]]:
+    """Each prompt's greedy run alone (once for both transports)."""
+    engine = Engine(EngineConfig(model="demo"))
+    params = SamplingParams(max_tokens=STREAMED, temperature=0, ignore_eos=True)
+    return [engine.generate([prompt], params)[0].token_ids for prompt in SIXTEEN_PROMPTS]
+
+
+async def frames_until_first_delta(ws) -> list[dict]:
+    frames = []
+    while not frames or frames[-1]["type"] not in ("delta", "done", "error"):
+        frames.append(json.loads(await ws.receive_from(timeout=30)))
+    return frames
+
+
+STREAMED = 120  # tokens per client: long enough that the middle flips land mid-stream
+SIXTEEN_PROMPTS = ["The list type", "A dictionary is", "This module provides", "Return the number of",
+                   "Each thread has", "The default value is", "import os", "class Node:", "def main():",
+                   "An iterator is", "The file is opened", "Raise an exception", "For example,",
+                   "The function returns", "Strings are", "Use the with statement"]
 
 
 @pytest.mark.usefixtures("serving_transport")

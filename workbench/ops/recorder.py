@@ -7,8 +7,8 @@ already stored is skipped. The database only grows by what snapshots carry, so a
 faster than a snapshot holds (ARC_GRAPH_VERIFY_ALWAYS on a fast GPU) it keeps a sample, always with
 the divergent checks; the newest KEEP_CHECKS checks are kept.
 
-Started by the ops app for each transport the serving bridge starts (workbench/ops/apps.py); it stops
-by itself once that transport is no longer the running one.
+Started by the ops app for each transport the serving bridge starts (workbench/ops/apps.py); stopped
+by the bridge's shutdown.
 """
 
 from __future__ import annotations
@@ -19,8 +19,6 @@ import time
 from datetime import datetime, timezone
 
 from django.db import close_old_connections
-
-from workbench.serving import bridge
 
 log = logging.getLogger(__name__)
 
@@ -36,9 +34,10 @@ class Recorder:
         self._checks_seen: dict[str, int] = {}  # engine run -> last replay number stored
         self._pruned_at = 0.0
         self._last_error: str | None = None
+        self._stopping = threading.Event()
 
     def run(self) -> None:
-        while bridge.running() is self.transport:
+        while not self._stopping.is_set():
             try:
                 self.record_once()
                 self._last_error = None
@@ -48,7 +47,7 @@ class Recorder:
                 self._last_error = str(exc)
             finally:
                 close_old_connections()
-            time.sleep(EVERY_S)
+            self._stopping.wait(EVERY_S)
 
     def record_once(self) -> None:
         from workbench.ops.models import LeakEvent, ReplayCheck  # the app registry is ready by now
@@ -88,6 +87,14 @@ def _unique_checks(state: dict) -> list[dict]:
     return [by_replay[replay] for replay in sorted(by_replay)]
 
 
-def start(transport) -> None:
-    """The bridge's listener: record for this transport on a thread of its own."""
-    threading.Thread(target=Recorder(transport).run, name="ops-recorder", daemon=True).start()
+def start(transport):
+    """The bridge's listener: record for this transport on a thread of its own; returns its stop."""
+    recorder = Recorder(transport)
+    thread = threading.Thread(target=recorder.run, name="ops-recorder", daemon=True)
+    thread.start()
+
+    def stop() -> None:
+        recorder._stopping.set()
+        thread.join(timeout=5)
+
+    return stop

@@ -22,8 +22,10 @@ _lock = threading.Lock()
 # One transport per kind, created on first use. A deployment only ever uses the kind its setting
 # names; the tests flip the setting to run the same test against both.
 _transports: dict[str, object] = {}
-# Called with each transport once it has started (the ops app records engine events from it).
-started_listeners: list[Callable[[object], None]] = []
+# Called with each transport once it has started (the ops app records engine events from it); a
+# listener may return a function that stops what it started, called before the transport stops.
+started_listeners: list[Callable[[object], Callable[[], None] | None]] = []
+_stoppers: list[Callable[[], None]] = []
 
 
 def _inprocess():
@@ -49,7 +51,9 @@ def transport():
             started.start()
             _transports[kind] = started
             for listener in started_listeners:
-                listener(started)
+                stopper = listener(started)
+                if stopper is not None:
+                    _stoppers.append(stopper)
         return _transports[kind]
 
 
@@ -61,6 +65,11 @@ def running():
 def shutdown() -> None:
     """Stop the transports (tests, and processes that want a clean exit); the next use starts anew."""
     with _lock:
+        while _stoppers:
+            try:
+                _stoppers.pop()()
+            except Exception:
+                log.exception("stopping a transport's companion failed")
         while _transports:
             kind, stopping = _transports.popitem()
             try:

@@ -1,0 +1,45 @@
+"""A real headless Chromium (Debian's, driven by Playwright) for the page tests, and the steps they share."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+playwright = pytest.importorskip("playwright.sync_api")
+CHROMIUM = shutil.which("chromium")
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def pytest_collection_modifyitems(config, items):
+    if CHROMIUM is None:
+        skip = pytest.mark.skip(reason="Debian's chromium is not installed (make test installs it)")
+        for item in items:
+            if "browser" in getattr(item, "fixturenames", ()):
+                item.add_marker(skip)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with playwright.sync_playwright() as p:
+        instance = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield instance
+        instance.close()
+
+
+def sign_up(page, base: str, username: str) -> None:
+    page.goto(f"{base}/signup")
+    page.fill("#id_username", username)
+    page.fill("#id_password1", "a-long-pass-9!")
+    page.fill("#id_password2", "a-long-pass-9!")
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{base}/")
+
+
+def log_in(page, base: str, username: str, password: str) -> None:
+    page.goto(f"{base}/login")
+    page.fill("#id_username", username)
+    page.fill("#id_password", password)
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{base}/")

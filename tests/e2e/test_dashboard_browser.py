@@ -1,0 +1,102 @@
+"""The operator dashboard in a real headless Chromium against a real Daphne over two real Celery workers:
+a staff operator watches a chat's sequence appear and finish, flips the device loop off for one worker
+and sees it in force there and nowhere else; a user who is not staff gets no dashboard and no flag
+change, over HTTP or the socket."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.cluster import ROOT, start_daphne
+from tests.e2e.conftest import log_in, sign_up
+
+ADMIN_PASSWORD = "admin-pass-for-the-dashboard"
+
+
+@pytest.fixture(scope="module")
+def cluster_server(celery_cluster, tmp_path_factory):
+    """Daphne over the Celery workers, with the admin user (staff, every permission)."""
+    db = tmp_path_factory.mktemp("dashboard") / "db.sqlite3"
+    server, address, _ = start_daphne(celery_cluster.env, db)
+    env = {**celery_cluster.env, "WORKBENCH_DB_PATH": str(db), "WORKBENCH_ADMIN_PASSWORD": ADMIN_PASSWORD}
+    subprocess.run([sys.executable, str(ROOT / "manage.py"), "ensureadmin"], env=env, check=True, cwd=ROOT,
+                   capture_output=True)
+    yield f"http://{address}"
+    server.terminate()
+    server.wait(timeout=10)
+
+
+def device_loop_cell(page, worker: str):
+    return page.locator(f'#flags tr[data-flag="ARC_GRAPH_DEVICE_LOOP"] td[data-worker="{worker}"]')
+
+
+def test_an_operator_watches_a_chat_and_flips_one_worker(browser, cluster_server):
+    base = cluster_server
+    operator = browser.new_context().new_page()
+    log_in(operator, base, "admin", ADMIN_PASSWORD)
+    operator.goto(f"{base}/admin/")
+    operator.click("#ops-links a")  # the dashboard is linked from the admin
+    operator.wait_for_selector('#connection[data-state="live"]')
+    operator.wait_for_function("document.querySelectorAll('#workers .worker').length >= 2")
+    workers = sorted(operator.eval_on_selector_all("#workers .worker", "cards => cards.map(c => c.dataset.worker)"))
+
+    chat = browser.new_context().new_page()
+    sign_up(chat, base, "carol")
+    chat.click("#new-conversation")
+    chat.wait_for_url(re.compile(r".*/c/\d+$"))
+    chat.click("details summary")
+    chat.fill("#max_tokens", "300")
+    chat.fill("#temperature", "0")
+    chat.fill("#input", "Tell me about lists")
+    chat.click("#send")
+    row = operator.locator('#sequences tbody tr[data-request^="chat-"]')
+    row.wait_for(timeout=20_000)
+    assert row.locator(".user").inner_text() == "carol"
+    assert row.get_attribute("data-worker") in workers
+    chat.locator("article.assistant .meta").wait_for(timeout=60_000)  # the reply finished
+    row.wait_for(state="detached", timeout=20_000)
+
+    # Device loop on everywhere, then off for the first worker only.
+    operator.click('#flags tr[data-flag="ARC_GRAPH_DEVICE_LOOP"] button.flip[data-worker=""][data-value="true"]')
+    for worker in workers:
+        operator.wait_for_selector(f'#flags tr[data-flag="ARC_GRAPH_DEVICE_LOOP"] td[data-worker="{worker}"][data-value="true"]')
+    device_loop_cell(operator, workers[0]).locator("button.flip").click()
+    operator.wait_for_selector(f'#flags tr[data-flag="ARC_GRAPH_DEVICE_LOOP"] td[data-worker="{workers[0]}"][data-value="false"]')
+    operator.wait_for_selector(f'#workers .worker[data-worker="{workers[0]}"] .device-loop[data-engaged="false"]')
+    answer = operator.locator("#flag-answer").inner_text()
+    assert workers[0] in answer and workers[1] not in answer, "the change was asked of one worker"
+    assert device_loop_cell(operator, workers[1]).get_attribute("data-value") == "true", "and the other kept it"
+    assert operator.locator(f'#workers .worker[data-worker="{workers[1]}"] .device-loop').get_attribute("data-engaged") == "true"
+
+    # ARC_CAPTURE_STREAM cannot change: the answer says what capture is on each worker.
+    operator.click('#flags tr[data-flag="ARC_CAPTURE_STREAM"] button.flip[data-worker=""][data-value="true"]')
+    operator.wait_for_function("document.querySelector('#flag-answer').textContent.includes('fixed at start')")
+    assert "capture here is cpu-replay" in operator.locator("#flag-answer").inner_text()
+
+    operator.click('#flags tr[data-flag="ARC_GRAPH_DEVICE_LOOP"] button.flip[data-worker=""][data-value="false"]')
+    for worker in workers:  # back to how the session's other tests expect the workers
+        operator.wait_for_selector(f'#flags tr[data-flag="ARC_GRAPH_DEVICE_LOOP"] td[data-worker="{worker}"][data-value="false"]')
+
+    # Carol is not staff: no page, no socket, no flag change.
+    assert chat.goto(f"{base}/ops/dashboard").status == 403
+    opened = chat.evaluate("""() => new Promise(resolve => {
+        const ws = new WebSocket(`ws://${location.host}/ws/ops/dashboard`);
+        ws.onopen = () => resolve("opened");
+        ws.onclose = () => resolve("refused");
+    })""")
+    assert opened == "refused"
+    status = chat.evaluate("""async () => {
+        const csrf = document.cookie.split("; ").find(c => c.startsWith("csrftoken=")).split("=")[1];
+        const response = await fetch("/ops/flags", {method: "POST", headers: {"X-CSRFToken": csrf,
+            "Content-Type": "application/json"}, body: JSON.stringify({name: "ARC_GRAPH_DEVICE_LOOP", value: true})});
+        return [response.status, (await response.json()).error];
+    }""")
+    assert status == [403, "operators only (staff with the ops.flip_flags permission)"]
+    operator.reload()
+    operator.wait_for_selector('#connection[data-state="live"]')
+    for worker in workers:
+        operator.wait_for_selector(f'#flags tr[data-flag="ARC_GRAPH_DEVICE_LOOP"] td[data-worker="{worker}"][data-value="false"]')

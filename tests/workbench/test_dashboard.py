@@ -1,0 +1,259 @@
+"""The operator dashboard's socket and page: staff only; what it shows of a live engine (a sequence with
+its user, appearing and finishing; the dropped-foreign-tokens event of a staged waitlist interleave,
+with its counts, also stored for the admin); flag changes over the socket need the permission."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from contextlib import contextmanager
+
+import pytest
+from asgiref.sync import sync_to_async
+from channels.routing import URLRouter
+from channels.testing import WebsocketCommunicator
+from django.contrib.auth.models import AnonymousUser, Permission
+
+from engine import Engine, EngineConfig, SamplingParams
+from engine.device_loop import KILL_SWITCH
+from engine.leak_events import FOREIGN_PARKED_DROPPED
+from tests.workbench.test_websocket_api import connect
+from workbench.ops.models import FlagChange, LeakEvent, ReplayCheck
+from workbench.ops.recorder import Recorder
+from workbench.ops.routing import websocket_urlpatterns
+from workbench.serving import bridge
+from workbench.serving.inprocess import LOCAL_WORKER, EngineThread
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def as_user(user):
+    router = URLRouter(websocket_urlpatterns)
+
+    async def app(scope, receive, send):  # what AuthMiddlewareStack does with a session, for one user
+        return await router({**scope, "user": user}, receive, send)
+
+    return app
+
+
+@pytest.fixture
+def staff(django_user_model):
+    return django_user_model.objects.create_user("sam", password="pw-sam-12345", is_staff=True)
+
+
+@pytest.fixture
+def operator(django_user_model):
+    user = django_user_model.objects.create_user("olga", password="pw-olga-123", is_staff=True)
+    user.user_permissions.add(Permission.objects.get(codename="flip_flags"))
+    return user
+
+
+async def dashboard(user) -> WebsocketCommunicator:
+    ws = WebsocketCommunicator(as_user(user), "/ws/ops/dashboard")
+    connected, code = await ws.connect(timeout=30)
+    assert connected, f"refused with {code}"
+    ws.shown = None  # the last state frame: what the page shows until the next one
+    return ws
+
+
+async def state_until(ws: WebsocketCommunicator, predicate, timeout: float = 20) -> dict:
+    """The state the dashboard shows once its workers satisfy `predicate` (the socket sends a state
+    only when it changed, so the last one received counts)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while ws.shown is None or not predicate(ws.shown["workers"]):
+        left = deadline - asyncio.get_running_loop().time()
+        assert left > 0, "the dashboard never showed it"
+        frame = json.loads(await ws.receive_from(timeout=left))
+        if frame["type"] == "state":
+            ws.shown = frame
+    return ws.shown
+
+
+@pytest.mark.asyncio
+async def test_only_staff_get_the_dashboard_socket(django_user_model):
+    user = await sync_to_async(django_user_model.objects.create_user)("ursula", password="pw-ursula-1")
+    for who in (AnonymousUser(), user):
+        connected, code = await WebsocketCommunicator(as_user(who), "/ws/ops/dashboard").connect()
+        assert not connected and code == 4403
+
+
+@pytest.mark.django_db
+def test_only_staff_get_the_dashboard_page(client, django_user_model, staff):
+    assert client.get("/ops/dashboard").status_code == 302  # anonymous: to the login page
+    client.force_login(django_user_model.objects.create_user("ursula", password="pw-ursula-1"))
+    assert client.get("/ops/dashboard").status_code == 403
+    client.force_login(staff)
+    page = client.get("/ops/dashboard")
+    assert page.status_code == 200 and 'data-may-flip="false"' in page.content.decode()
+    assert '/ops/dashboard"' in client.get("/admin/").content.decode(), "linked from the admin"
+
+
+@pytest.mark.asyncio
+async def test_a_sequence_appears_with_its_user_and_leaves_when_it_finishes(staff, api_user):
+    ws = await dashboard(staff)
+    api = await connect(api_user[1])
+    await api.send_to(text_data=json.dumps({"type": "generate", "request_id": "watched", "prompt": "The list type",
+                                            "params": {"max_tokens": 400, "temperature": 0, "ignore_eos": True}}))
+
+    def watched(workers):
+        return [s for s in workers[LOCAL_WORKER]["state"]["sequences"] if s["request_id"].endswith("watched")]
+
+    frame = await state_until(ws, lambda workers: watched(workers))
+    [seq] = watched(frame["workers"])
+    assert seq["user"] == "alice" and seq["state"] in ("RunningPrompt", "RunningCompletion", "Waiting")
+    assert seq["max_tokens"] == 400 and seq["owner_matches"] is True
+    await state_until(ws, lambda workers: watched(workers) and watched(workers)[0]["tokens"] > seq["tokens"])
+    await api.send_to(text_data=json.dumps({"type": "cancel", "request_id": "watched"}))
+    await state_until(ws, lambda workers: not watched(workers))
+    await api.disconnect()
+    await ws.disconnect()
+
+
+@pytest.mark.asyncio
+async def test_a_staff_member_without_the_permission_cannot_flip_over_the_socket(staff):
+    ws = await dashboard(staff)
+    before = (await state_until(ws, lambda workers: True))["workers"][LOCAL_WORKER]["flags"]
+    await ws.send_to(text_data=json.dumps({"type": "set_flag", "id": 7, "name": "ARC_GRAPH_DEVICE_LOOP",
+                                           "value": not before["ARC_GRAPH_DEVICE_LOOP"]}))
+    answer = await _answer(ws)
+    assert (answer["type"], answer["id"], answer["code"]) == ("error", 7, "forbidden")
+    await asyncio.sleep(0.3)
+    assert bridge.transport().flags_in_force()[LOCAL_WORKER] == before
+    assert await FlagChange.objects.acount() == 0
+    await ws.disconnect()
+
+
+@pytest.mark.asyncio
+async def test_an_operator_flips_over_the_socket_and_bad_frames_are_refused(operator):
+    ws = await dashboard(operator)
+    was = (await state_until(ws, lambda workers: True))["workers"][LOCAL_WORKER]["flags"]["ARC_GRAPH_VERIFY_REPLAYS"]
+    for bad, code in (("not json", "invalid_frame"), (json.dumps([1]), "invalid_frame"),
+                      (json.dumps({"type": "set_flag", "name": "ARC_GRAPH_VERIFY_REPLAYS", "value": "3"}), "invalid_change"),
+                      (json.dumps({"type": "set_flag", "name": "ARC_NOPE", "value": True}), "invalid_change"),
+                      ("x" * 5000, "invalid_frame")):
+        await ws.send_to(text_data=bad)
+        assert (await _answer(ws))["code"] == code
+    assert await FlagChange.objects.acount() == 0
+    await ws.send_to(text_data=json.dumps({"type": "set_flag", "id": "a", "name": "ARC_GRAPH_VERIFY_REPLAYS",
+                                           "value": was + 3, "worker": LOCAL_WORKER}))
+    answer = await _answer(ws)
+    assert answer["id"] == "a" and answer["answers"][LOCAL_WORKER]["in_force"]["ARC_GRAPH_VERIFY_REPLAYS"] == was + 3
+    await state_until(ws, lambda workers: workers[LOCAL_WORKER]["flags"]["ARC_GRAPH_VERIFY_REPLAYS"] == was + 3)
+    change = await FlagChange.objects.aget()
+    assert (change.user_id, change.name, change.value, change.workers) == (operator.pk, "ARC_GRAPH_VERIFY_REPLAYS",
+                                                                          was + 3, [LOCAL_WORKER])
+    await ws.send_to(text_data=json.dumps({"type": "set_flag", "name": "ARC_GRAPH_VERIFY_REPLAYS", "value": was}))
+    await _answer(ws)
+    await ws.disconnect()
+
+
+async def _answer(ws: WebsocketCommunicator) -> dict:
+    while True:
+        frame = json.loads(await ws.receive_from(timeout=15))
+        if frame["type"] != "state":
+            return frame
+        ws.shown = frame
+
+
+# -- the waitlist interleave, seen on the dashboard ----------------------------------------------
+
+class Collected:
+    """A sink that keeps a request's tokens (the engine thread pushes to it)."""
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.done = threading.Event()
+
+    def push_threadsafe(self, event) -> None:
+        self.tokens += event.token_ids
+        if event.finished:
+            self.done.set()
+
+
+@contextmanager
+def serving_engine(config: EngineConfig):
+    """The in-process transport serving an engine built from `config` for the length of the block."""
+    thread = EngineThread(lambda: Engine(config))
+    thread.start()
+    KILL_SWITCH.rearm()
+    saved = bridge._transports.get("inprocess")
+    bridge._transports["inprocess"] = thread
+    try:
+        yield thread
+    finally:
+        bridge._transports.pop("inprocess")
+        if saved is not None:
+            bridge._transports["inprocess"] = saved
+        thread.stop()
+
+
+@pytest.fixture
+def interleaving_transport(tiny_checkpoint):
+    """An engine staged for the waitlist interleave of GUIDE section 3: the default scheduler runs one
+    length bucket per step and moves the other sequence aside with no state change, so only the parked
+    queue's owner tag stands between the two (as in tests/engine/test_device_loop_leaks.py)."""
+    checkpoint = tiny_checkpoint("llama", seed=11)
+    config = EngineConfig(model=str(checkpoint), block_size=4, device_loop=True, burst_length=4, scheduler="default")
+    with serving_engine(config) as thread:
+        yield thread, checkpoint
+
+
+@pytest.mark.asyncio
+async def test_replay_checks_show_with_their_layer_deltas_and_are_stored_once(staff, tiny_checkpoint):
+    config = EngineConfig(model=str(tiny_checkpoint("llama", seed=11)), graphs=True, verify_always=True,
+                          layer_bisect=True)
+    with serving_engine(config) as thread:
+        ws = await dashboard(staff)
+        done = Collected()
+        thread.add("r", list(range(100, 105)), SamplingParams(max_tokens=12, temperature=0, ignore_eos=True), done)
+        assert await asyncio.to_thread(done.done.wait, 30)
+        frame = await state_until(ws, lambda workers: len(workers[LOCAL_WORKER]["state"]["replay_checks"]) == 11)
+        checks = frame["workers"][LOCAL_WORKER]["state"]["replay_checks"]
+        layers = len(thread.engine.loaded.model.model.layers)
+        assert [c["replay"] for c in checks] == list(range(1, 12)), "one check per decode step, in order"
+        assert all(c["max_abs_delta"] == 0 and c["argmax_agrees"] and len(c["layer_deltas"]) == layers
+                   for c in checks), "a correct replay matches its eager step exactly, layer by layer"
+        assert frame["workers"][LOCAL_WORKER]["state"]["capture"]["mode"] == "cpu-replay"
+        for _ in range(2):  # two web processes' recorders: each check stored once
+            await sync_to_async(Recorder(thread).record_once)()
+        stored = [c async for c in ReplayCheck.objects.order_by("replay")]
+        assert [(c.replay, c.max_abs_delta, c.layer_deltas) for c in stored] == \
+            [(c["replay"], 0.0, c["layer_deltas"]) for c in checks]
+        await ws.disconnect()
+
+
+@pytest.mark.asyncio
+async def test_a_staged_waitlist_interleave_shows_its_dropped_foreign_tokens_on_the_socket(staff, interleaving_transport):
+    thread, checkpoint = interleaving_transport
+    ws = await dashboard(staff)
+    quiet = await state_until(ws, lambda workers: True)
+    assert quiet["workers"][LOCAL_WORKER]["state"]["leak_events"] == [], "liveness: nothing before the staging"
+    greedy = SamplingParams(max_tokens=14, temperature=0, ignore_eos=True)
+    sampled = SamplingParams(max_tokens=14, temperature=0.8, seed=3, ignore_eos=True)  # never bursts
+    a, b = Collected(), Collected()
+    thread.add("A", list(range(100, 105)), greedy, a, user="alice")
+    thread.add("B", list(range(200, 212)), sampled, b, user="bob")
+
+    def dropped(workers):
+        return [e for e in workers[LOCAL_WORKER]["state"]["leak_events"] if e["kind"] == FOREIGN_PARKED_DROPPED]
+
+    frame = await state_until(ws, dropped)
+    assert await asyncio.to_thread(a.done.wait, 30) and await asyncio.to_thread(b.done.wait, 30)
+    events = dropped(frame["workers"])
+    assert all(e["dropped"] > 0 and f"dropped {e['dropped']} foreign parked tokens" in e["message"] for e in events)
+    final = await state_until(ws, lambda workers: workers[LOCAL_WORKER]["state"]["sequences"] == [])
+    loop = final["workers"][LOCAL_WORKER]["state"]["device_loop"]
+    assert sum(e["dropped"] for e in dropped(final["workers"])) == loop["foreign_dropped"] > 0, "the counts add up"
+    # The drop kept each its own: both answers are their solo runs.
+    solo = Engine(EngineConfig(model=str(checkpoint), device_loop=False))
+    assert a.tokens == solo.generate([list(range(100, 105))], greedy)[0].token_ids
+    assert b.tokens == solo.generate([list(range(200, 212))], sampled)[0].token_ids
+    # The recorder stores each event once, however often it sees it.
+    recorder = Recorder(thread)
+    await sync_to_async(recorder.record_once)()
+    await sync_to_async(Recorder(thread).record_once)()  # another web process's recorder, same events
+    stored = [e async for e in LeakEvent.objects.order_by("number")]
+    assert [(e.worker, e.number, e.dropped) for e in stored] == \
+        [(LOCAL_WORKER, e["number"], e["dropped"]) for e in dropped(final["workers"])]
+    await ws.disconnect()
