@@ -41,7 +41,7 @@ def engine_state(engine: Engine, users: Mapping[str, str] | None = None) -> dict
         })
     mode, reason = graphs.capture_state()
     return {
-        "device_loop": {"enabled": loop.enabled, "engaged": loop.active, "killed": not loop.active and loop.enabled,
+        "device_loop": {"enabled": loop.enabled, "engaged": loop.active, "killed": loop.kill_reason is not None,
                         "kill_reason": loop.kill_reason, "burst_length": loop.burst_length,
                         "generation": loop.generation, "bursts": loop.bursts, "resets": loop.resets,
                         "parked": loop.parked.pending(), "foreign_dropped": loop.parked.foreign_dropped},

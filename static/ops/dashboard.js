@@ -32,9 +32,9 @@
 
   function deviceLoopText(loop) {
     if (!loop) return "unknown";
-    if (loop.killed) return `killed: ${loop.kill_reason}`;
-    if (!loop.enabled) return "off (host decode)";
-    return `engaged (armed), burst ${loop.burst_length}, generation ${loop.generation}, ${loop.bursts} bursts`;
+    const engaged = loop.engaged ? "engaged" : loop.enabled ? "not engaged" : "off (host decode)";
+    const armed = loop.killed ? `killed: ${loop.kill_reason}` : "armed";
+    return `${engaged}; ${armed}; burst ${loop.burst_length}, generation ${loop.generation}, ${loop.bursts} bursts`;
   }
 
   function renderWorkers(workers) {

@@ -152,6 +152,8 @@ def test_a_waitlisted_sequence_with_no_state_change_cannot_leak_into_the_next(ch
     loop = engine.device_loop
     assert loop.bursts >= 2 and loop.parked.foreign_dropped > 0, "liveness: the interleave really happened"
     assert any("foreign parked tokens" in r.getMessage() for r in caplog.records)
+    events = engine.leak_events.recent()
+    assert events and sum(e.dropped for e in events) == loop.parked.foreign_dropped, "each drop is on the record"
     assert outputs["A"] == solo(checkpoint, list(range(100, 105)), greedy)
     assert outputs["B"] == solo(checkpoint, list(range(200, 212)), sampled)
 
@@ -217,6 +219,8 @@ def test_an_aliased_step_fails_instead_of_sampling_another_sequences_logits(chec
     [out] = engine.step()
     assert out.finished and out.finish_reason == "error" and "logits computed for sequences [0]" in out.error
     assert out.token_ids == []
+    [event] = engine.leak_events.recent()  # for the operator's dashboard
+    assert event.kind == "aliased_logits" and "were about to be sampled for [1]" in event.message
 
 
 # -- the prefill guard: parked tokens never replace a prefill ----------------------------------
