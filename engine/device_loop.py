@@ -165,10 +165,6 @@ class DeviceLoop:
     def active(self) -> bool:
         return self.enabled and not KILL_SWITCH.killed
 
-    @property
-    def kill_reason(self) -> str | None:
-        return KILL_SWITCH.reason if KILL_SWITCH.killed else None
-
     def forget_parked(self, seqs: list[Sequence]) -> None:
         """These sequences are about to get this step's token without their parked queue (a prefill,
         a new burst, host decode): tokens they parked earlier, at another row, are stale. Dropping

@@ -167,6 +167,7 @@ class Engine:
         batch = self.scheduler.schedule()
         outputs += [self._finish(self._requests[seq.request_id]) for seq in batch.ignored]
         if not batch:
+            self.runner.row_of = {}  # nothing ran: no sequence sits at a row
             return outputs
         seqs = batch.sequences
         now = time.monotonic()

@@ -52,10 +52,14 @@ class VerifyRecord:
     replay: int
     bucket: int
     rows: int
-    max_abs_delta: float
+    max_abs_delta: float  # NaN or inf when the replay (or the eager step) produced non-finite logits
     argmax_agrees: bool
     layer_deltas: tuple[float, ...] | None = None  # |eager - replay| of each layer's output checksum
     first_divergent_layer: int | None = None
+
+    @property
+    def divergent(self) -> bool:
+        return not self.max_abs_delta == 0  # a NaN delta is the worst divergence, not none
 
 
 @dataclass
@@ -226,11 +230,11 @@ class DecodeGraphs:
         layer_deltas = first = None
         if replay_sums and eager_sums:
             layer_deltas = tuple(abs(a - b) for a, b in zip(eager_sums, replay_sums))
-            first = next((i for i, d in enumerate(layer_deltas) if d > 0), None)
-        # A divergent step is bisected again at the next replay (steps N and N+1 of the notes).
-        self._bisect_next = self.verify.bisect and delta > 0 and not self._bisect_next
+            first = next((i for i, d in enumerate(layer_deltas) if not d == 0), None)
         record = VerifyRecord(self.replays, buffers.input_ids.shape[0], batch, delta, agrees, layer_deltas, first)
         self.verify.records.append(record)
-        if delta > 0:
+        # A divergent step is bisected again at the next replay (steps N and N+1 of the notes).
+        self._bisect_next = self.verify.bisect and record.divergent and not self._bisect_next
+        if record.divergent:
             log.warning("ArcGraph replay verification: replay %d max |delta| %.3e, argmax %s, first divergent "
                         "layer %s", self.replays, delta, "agrees" if agrees else "DIFFERS", first)

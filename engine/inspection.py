@@ -7,17 +7,19 @@ only JSON-ready values, so the serving layer can hand it to another thread, a he
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
-from dataclasses import asdict
 from typing import TYPE_CHECKING
 
+from engine.device_loop import KILL_SWITCH
 from engine.sequence import RunningCompletion
 
 if TYPE_CHECKING:
     from engine.engine import Engine
+    from engine.graphs import VerifyRecord
 
 RECENT = 64  # leak events and replay checks carried per snapshot; readers keep their own history
-RECENT_DIVERGENT = 16  # divergent checks carried even when many clean ones followed them
+RECENT_DIVERGENT = 16  # divergent checks carried besides, even when many clean ones followed them
 
 
 def engine_state(engine: Engine, users: Mapping[str, str] | None = None) -> dict:
@@ -28,7 +30,7 @@ def engine_state(engine: Engine, users: Mapping[str, str] | None = None) -> dict
     live_ids = {seq.seq_id for seq in live}
     sequences = []
     for seq in live:
-        row = runner.rows.get(seq.seq_id)
+        row = runner.row_of.get(seq.seq_id)
         owner = slots[row][0] if row in slots else None
         sequences.append({
             "request_id": seq.request_id, "seq_id": seq.seq_id, "user": (users or {}).get(seq.request_id, ""),
@@ -40,9 +42,13 @@ def engine_state(engine: Engine, users: Mapping[str, str] | None = None) -> dict
             "slot_owner": owner, "owner_matches": owner is None or owner == seq.seq_id,
         })
     mode, reason = graphs.capture_state()
+    killed, kill_reason = KILL_SWITCH.killed, KILL_SWITCH.reason  # once: another engine may trip it meanwhile
+    records = list(graphs.verify.records)
+    divergent = [r for r in records if r.divergent][-RECENT_DIVERGENT:]
+    checks = sorted({r.replay: r for r in divergent + records[-RECENT:]}.values(), key=lambda r: r.replay)
     return {
-        "device_loop": {"enabled": loop.enabled, "engaged": loop.active, "killed": loop.kill_reason is not None,
-                        "kill_reason": loop.kill_reason, "burst_length": loop.burst_length,
+        "device_loop": {"enabled": loop.enabled, "engaged": loop.enabled and not killed, "killed": killed,
+                        "kill_reason": kill_reason, "burst_length": loop.burst_length,
                         "generation": loop.generation, "bursts": loop.bursts, "resets": loop.resets,
                         "parked": loop.parked.pending(), "foreign_dropped": loop.parked.foreign_dropped},
         "parked_slots": [{"row": row, "owner": owner, "tokens": tokens, "owner_live": owner in live_ids}
@@ -50,7 +56,18 @@ def engine_state(engine: Engine, users: Mapping[str, str] | None = None) -> dict
         "capture": {"mode": mode, "reason": reason, "graphs": runner.use_graphs, "replays": graphs.replays},
         "sequences": sequences,
         "leak_events": [event.as_dict() for event in engine.leak_events.recent(RECENT)],
-        "replay_checks": [asdict(record) for record in list(graphs.verify.records)[-RECENT:]],
-        "replay_divergent": [asdict(record) for record in
-                             [r for r in graphs.verify.records if r.max_abs_delta > 0][-RECENT_DIVERGENT:]],
+        "replay_checks": [_check(record) for record in checks],
     }
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def _check(record: VerifyRecord) -> dict:
+    """A replay check for JSON: a non-finite delta (NaN, inf) becomes None, and `divergent` says so."""
+    return {"replay": record.replay, "bucket": record.bucket, "rows": record.rows,
+            "max_abs_delta": _finite(record.max_abs_delta), "divergent": record.divergent,
+            "argmax_agrees": record.argmax_agrees,
+            "layer_deltas": None if record.layer_deltas is None else [_finite(d) for d in record.layer_deltas],
+            "first_divergent_layer": record.first_divergent_layer}

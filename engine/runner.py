@@ -52,12 +52,12 @@ class ModelRunner:
         self.device_loop = device_loop
         self.reserve = reserve  # the scheduler's: give a sequence KV room for N tokens, or say no
         self.length_limit = length_limit  # no sequence grows past this many tokens
-        self.rows: dict[int, int] = {}  # seq id -> its row in the last step's batch (the parked slot it reads)
+        self.row_of: dict[int, int] = {}  # seq id -> its row in the last step's batch (the parked slot it reads)
 
     def run(self, seqs: list[Sequence], rows: list[SampleRequest]) -> tuple[list[int], list[TokenLogprob | None]]:
         tokens: list[int | None] = [None] * len(seqs)
         logprobs: list[TokenLogprob | None] = [None] * len(seqs)
-        self.rows = {seq.seq_id: row for row, seq in enumerate(seqs)}
+        self.row_of = {seq.seq_id: row for row, seq in enumerate(seqs)}
         loop = self.device_loop
         if loop.active:
             for row, seq in enumerate(seqs):

@@ -63,11 +63,12 @@ const Charts = (() => {
     }
   }
 
-  // values: one bar each (labelled by index); `marked` is drawn in red.
+  // values: one bar each (labelled by index); `marked` is drawn in red; an infinite value fills the height.
   function bars(canvas, values, marked, xLabel) {
     const {ctx, w, h} = frame(canvas);
     if (!values.length) return;
-    const yMax = Math.max(...values) || 1e-9, slot = w / values.length;
+    const yMax = Math.max(...values.filter(Number.isFinite)) || 1e-9, slot = w / values.length;
+    values = values.map((v) => Math.min(v, yMax));
     axes(ctx, w, h, yMax, xLabel);
     values.forEach((v, i) => {
       ctx.fillStyle = i === marked ? "#dc2626" : "#2563eb";

@@ -8,7 +8,7 @@
   const root = document.getElementById("dashboard");
   const mayFlip = root.dataset.mayFlip === "true";
   const connection = document.getElementById("connection");
-  const replays = new Map();  // worker -> Map(replay number -> check)
+  const replays = new Map();  // "worker@engine run" -> Map(replay number -> check); numbers restart per run
   const leaks = new Map();    // "engine run:number" -> event with its worker
   const KEEP_REPLAYS = 400, KEEP_LEAKS = 200;
   let socket = null, nextId = 1, shownFlags = "";
@@ -50,7 +50,8 @@
           el("dt", {text: "parked / dropped"}), el("dd", {text: loop ? `${loop.parked} parked, ${loop.foreign_dropped} foreign dropped` : "-"}),
           el("dt", {text: "capture"}), el("dd", {class: "capture", "data-mode": capture.mode || "", text: `${capture.mode || "?"}: ${capture.reason || ""}`}),
           el("dt", {text: "graphs"}), el("dd", {text: `${capture.graphs ? "on" : "off"}, ${capture.replays || 0} replays`}),
-          ...(w.heartbeat_age_s === undefined ? [] : [el("dt", {text: "heartbeat"}), el("dd", {text: `${w.heartbeat_age_s.toFixed(1)} s ago`})]),
+          ...(w.heartbeat_age_s === undefined ? [] : [el("dt", {text: "heartbeat"}), el("dd", {text: `${w.heartbeat_age_s} s ago`})]),
+          ...(state.error ? [el("dt", {text: "snapshot"}), el("dd", {class: "error", text: state.error})] : []),
         ));
     });
     document.getElementById("workers").replaceChildren(...cards);
@@ -116,7 +117,8 @@
   function show(answer) {
     const box = document.getElementById("flag-answer");
     box.hidden = false;
-    box.dataset.kind = answer.error ? "error" : "answer";
+    const refused = answer.error || Object.values(answer).some((a) => a && a.error);
+    box.dataset.kind = refused ? "error" : "answer";
     box.textContent = JSON.stringify(answer, null, 2);
   }
 
@@ -153,10 +155,13 @@
     for (const [id, w] of Object.entries(workers)) {
       const state = w.state || {};
       for (const event of state.leak_events || []) leaks.set(`${w.engine_run}:${event.number}`, {...event, worker: id});
-      const mine = replays.get(id) || new Map();
-      for (const check of [...(state.replay_divergent || []), ...(state.replay_checks || [])]) mine.set(check.replay, check);
+      const key = `${id}@${w.engine_run}`;
+      const mine = replays.get(key) || new Map();
+      for (const check of state.replay_checks || []) {
+        if (!mine.has(check.replay)) mine.set(check.replay, {...check, worker: id, seenAt: Date.now()});
+      }
       while (mine.size > KEEP_REPLAYS) mine.delete(mine.keys().next().value);
-      replays.set(id, mine);
+      replays.set(key, mine);
     }
     while (leaks.size > KEEP_LEAKS) leaks.delete(leaks.keys().next().value);
   }
@@ -171,19 +176,23 @@
   }
 
   function renderReplays() {
-    const series = [...replays.entries()].map(([id, checks]) => ({
-      name: id, points: [...checks.values()].sort((a, b) => a.replay - b.replay).map((c) => [c.replay, c.max_abs_delta])}));
+    const runs = [...replays.entries()];
+    const series = runs.map(([key, checks]) => ({
+      name: runs.filter(([k]) => k.split("@")[0] === key.split("@")[0]).length > 1 ? key : key.split("@")[0],
+      points: [...checks.values()].filter((c) => c.max_abs_delta !== null)
+        .sort((a, b) => a.replay - b.replay).map((c) => [c.replay, c.max_abs_delta])}));
     Charts.lines(document.getElementById("replay-chart"), series, "replay");
-    let latest = null, owner = null;
-    for (const [id, checks] of replays) {
-      for (const c of checks.values()) {
-        if (c.layer_deltas && c.max_abs_delta > 0 && (!latest || c.replay > latest.replay)) { latest = c; owner = id; }
-      }
-    }
+    const all = runs.flatMap(([, checks]) => [...checks.values()]);
+    const nonFinite = all.filter((c) => c.max_abs_delta === null).length;
+    document.getElementById("replay-non-finite").textContent = nonFinite
+      ? `${nonFinite} replay(s) with non-finite logits (NaN or inf), not drawn: the worst divergence` : "";
+    // The divergent check that reached this page last, whichever worker it came from.
+    const latest = all.filter((c) => c.divergent && c.layer_deltas).sort((a, b) => a.seenAt - b.seenAt).pop();
     const caption = document.getElementById("bisect-caption");
     if (latest) {
-      caption.textContent = `${owner}, replay ${latest.replay}: first divergent layer ${latest.first_divergent_layer}`;
-      Charts.bars(document.getElementById("bisect-chart"), latest.layer_deltas, latest.first_divergent_layer, "layer");
+      caption.textContent = `${latest.worker}, replay ${latest.replay}: first divergent layer ${latest.first_divergent_layer}`;
+      Charts.bars(document.getElementById("bisect-chart"), latest.layer_deltas.map((d) => d === null ? Infinity : d),
+                  latest.first_divergent_layer, "layer");
     }
   }
 

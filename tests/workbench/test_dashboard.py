@@ -8,6 +8,7 @@ import asyncio
 import json
 import threading
 from contextlib import contextmanager
+from dataclasses import replace
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -78,8 +79,23 @@ async def test_only_staff_get_the_dashboard_socket(django_user_model):
         assert not connected and code == 4403
 
 
+@pytest.mark.asyncio
+async def test_an_api_token_never_opens_the_dashboard_even_a_staff_members(staff):
+    """Through the real ASGI stack: a token is for generating, not for operating."""
+    from workbench.api.models import ApiToken
+    from workbench.asgi import application
+
+    _, token = await sync_to_async(ApiToken.issue)(staff, "ops")
+    ws = WebsocketCommunicator(application, "/ws/ops/dashboard", headers=[(b"authorization", f"Bearer {token}".encode())])
+    connected, code = await ws.connect()
+    assert not connected and code == 4403
+    api = WebsocketCommunicator(application, "/ws/v1/generate", headers=[(b"authorization", f"Bearer {token}".encode())])
+    assert (await api.connect())[0], "liveness: the same token opens the API socket"
+    await api.disconnect()
+
+
 @pytest.mark.django_db
-def test_only_staff_get_the_dashboard_page(client, django_user_model, staff):
+def test_only_staff_get_the_dashboard_page(client, django_user_model, staff, operator):
     assert client.get("/ops/dashboard").status_code == 302  # anonymous: to the login page
     client.force_login(django_user_model.objects.create_user("ursula", password="pw-ursula-1"))
     assert client.get("/ops/dashboard").status_code == 403
@@ -87,6 +103,8 @@ def test_only_staff_get_the_dashboard_page(client, django_user_model, staff):
     page = client.get("/ops/dashboard")
     assert page.status_code == 200 and 'data-may-flip="false"' in page.content.decode()
     assert '/ops/dashboard"' in client.get("/admin/").content.decode(), "linked from the admin"
+    client.force_login(operator)
+    assert 'data-may-flip="true"' in client.get("/ops/dashboard").content.decode()
 
 
 @pytest.mark.asyncio
@@ -146,6 +164,42 @@ async def test_an_operator_flips_over_the_socket_and_bad_frames_are_refused(oper
     await ws.send_to(text_data=json.dumps({"type": "set_flag", "name": "ARC_GRAPH_VERIFY_REPLAYS", "value": was}))
     await _answer(ws)
     await ws.disconnect()
+
+
+@pytest.mark.asyncio
+async def test_an_operator_who_loses_the_permission_loses_it_on_the_open_socket_too(operator):
+    ws = await dashboard(operator)
+    await ws.send_to(text_data=json.dumps({"type": "set_flag", "name": "ARC_GRAPH_VERIFY_REPLAYS", "value": 0}))
+    assert "answers" in await _answer(ws), "liveness: the permission works while held"
+    await sync_to_async(operator.user_permissions.clear)()
+    await ws.send_to(text_data=json.dumps({"type": "set_flag", "name": "ARC_GRAPH_VERIFY_REPLAYS", "value": 0}))
+    assert (await _answer(ws))["code"] == "forbidden"
+    assert await FlagChange.objects.acount() == 1
+    await ws.disconnect()
+
+
+@pytest.mark.asyncio
+async def test_a_user_who_stops_being_staff_is_dropped_from_the_open_socket(staff, monkeypatch):
+    from workbench.ops import consumers
+
+    monkeypatch.setattr(consumers, "RECHECK_S", 0.2)
+    ws = await dashboard(staff)
+    assert await first_close(ws, within=0.8) is None, "liveness: several re-checks pass while staff"
+    staff.is_staff = False
+    await staff.asave(update_fields=["is_staff"])
+    assert await first_close(ws, within=5) == 4403
+
+
+async def first_close(ws: WebsocketCommunicator, within: float) -> int | None:
+    """The close code the socket sends within `within` seconds (state frames skipped), or None."""
+    deadline = asyncio.get_running_loop().time() + within
+    while asyncio.get_running_loop().time() < deadline:
+        if await ws.receive_nothing(timeout=0.05, interval=0.01):
+            continue  # (receive_output's own timeout would cancel the consumer)
+        output = await ws.receive_output(timeout=1)
+        if output["type"] == "websocket.close":
+            return output["code"]
+    return None
 
 
 async def _answer(ws: WebsocketCommunicator) -> dict:
@@ -212,14 +266,28 @@ async def test_replay_checks_show_with_their_layer_deltas_and_are_stored_once(st
         checks = frame["workers"][LOCAL_WORKER]["state"]["replay_checks"]
         layers = len(thread.engine.loaded.model.model.layers)
         assert [c["replay"] for c in checks] == list(range(1, 12)), "one check per decode step, in order"
-        assert all(c["max_abs_delta"] == 0 and c["argmax_agrees"] and len(c["layer_deltas"]) == layers
-                   for c in checks), "a correct replay matches its eager step exactly, layer by layer"
+        assert all(c["max_abs_delta"] == 0 and not c["divergent"] and c["argmax_agrees"]
+                   and len(c["layer_deltas"]) == layers for c in checks), \
+            "a correct replay matches its eager step exactly, layer by layer"
         assert frame["workers"][LOCAL_WORKER]["state"]["capture"]["mode"] == "cpu-replay"
         for _ in range(2):  # two web processes' recorders: each check stored once
             await sync_to_async(Recorder(thread).record_once)()
         stored = [c async for c in ReplayCheck.objects.order_by("replay")]
-        assert [(c.replay, c.max_abs_delta, c.layer_deltas) for c in stored] == \
-            [(c["replay"], 0.0, c["layer_deltas"]) for c in checks]
+        assert [(c.replay, c.max_abs_delta, c.divergent, c.layer_deltas) for c in stored] == \
+            [(c["replay"], 0.0, False, c["layer_deltas"]) for c in checks]
+
+        # A replay that produced NaN: the worst divergence, shown and stored as such, and the socket
+        # still sends valid JSON (a bare NaN would stop the page).
+        broken = replace(thread.engine.runner.graphs.verify.records[-1], replay=99, max_abs_delta=float("nan"),
+                         layer_deltas=(0.0, float("nan")), first_divergent_layer=1)
+        thread.engine.runner.graphs.verify.records.append(broken)  # the engine thread is idle: nothing races
+        thread.add("s", [7, 8, 9], SamplingParams(max_tokens=1, temperature=0), Collected())  # a new snapshot
+        frame = await state_until(ws, lambda workers: any(c["replay"] == 99 for c in workers[LOCAL_WORKER]["state"]["replay_checks"]))
+        [shown] = [c for c in frame["workers"][LOCAL_WORKER]["state"]["replay_checks"] if c["replay"] == 99]
+        assert (shown["max_abs_delta"], shown["divergent"], shown["layer_deltas"]) == (None, True, [0.0, None])
+        await sync_to_async(Recorder(thread).record_once)()
+        stored = await ReplayCheck.objects.aget(replay=99)
+        assert (stored.max_abs_delta, stored.divergent) == (None, True)
         await ws.disconnect()
 
 

@@ -28,7 +28,8 @@ def user_for_token(token: str):
 
 class BearerTokenMiddleware:
     """Inside AuthMiddlewareStack: a bearer token, when sent, decides scope["user"] (an invalid or
-    revoked one means anonymous); otherwise the session's user stands."""
+    revoked one means anonymous); otherwise the session's user stands. scope["bearer_token"] says
+    which: an API token is for generating, and sockets meant for people (the dashboard) refuse it."""
 
     def __init__(self, inner) -> None:
         self.inner = inner
@@ -36,5 +37,5 @@ class BearerTokenMiddleware:
     async def __call__(self, scope, receive, send):
         token = bearer_token(scope.get("headers", []))
         if token is not None:
-            scope = {**scope, "user": await user_for_token(token) or AnonymousUser()}
+            scope = {**scope, "user": await user_for_token(token) or AnonymousUser(), "bearer_token": True}
         return await self.inner(scope, receive, send)

@@ -35,7 +35,7 @@ class LeakEventAdmin(ReadOnlyAdmin):
 
 @admin.register(ReplayCheck)
 class ReplayCheckAdmin(ReadOnlyAdmin):
-    list_display = ("recorded_at", "worker", "replay", "bucket", "rows", "max_abs_delta", "argmax_agrees",
-                    "first_divergent_layer")
-    list_filter = ("argmax_agrees", "worker", "bucket", "recorded_at")
+    list_display = ("recorded_at", "worker", "replay", "bucket", "rows", "max_abs_delta", "divergent",
+                    "argmax_agrees", "first_divergent_layer")
+    list_filter = ("divergent", "argmax_agrees", "worker", "bucket", "recorded_at")
     search_fields = ("worker", "engine_run")

@@ -1,4 +1,6 @@
-"""The dashboard socket, /ws/ops/dashboard: staff only (anyone else is refused before accept).
+"""The dashboard socket, /ws/ops/dashboard: staff signed in with a session only (anyone else, and any
+API token, is refused before accept). The user is read afresh from the database for each flag change
+and every RECHECK_S, so an operator who loses staff status or the permission loses them here too.
 
 Every PUSH_EVERY_S it sends what changed of the transport's view of every worker (device, model,
 flags, load, and the engine's inspection snapshot, engine/inspection.py) together with the flag
@@ -15,37 +17,67 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
+from django.contrib.auth import get_user_model
 
 from engine.capabilities import UnknownFlag
 from workbench.ops import flag_changes
 from workbench.serving import bridge
 
+log = logging.getLogger(__name__)
+
 PUSH_EVERY_S = 0.25
+RECHECK_S = 5.0
 MAX_FRAME_CHARS = 4096  # a flag change is a few dozen characters
+REFUSED = 4403
+
+
+@database_sync_to_async
+def _current(user):
+    """The user as the database has them now (None if deleted): staff status and permissions change."""
+    return get_user_model().objects.filter(pk=user.pk).first()
+
+
+def _is_staff(user) -> bool:
+    return user is not None and user.is_authenticated and user.is_active and user.is_staff
 
 
 class DashboardConsumer(AsyncWebsocketConsumer):
     async def connect(self) -> None:
-        user = self.scope.get("user")
-        if user is None or not user.is_authenticated or not user.is_staff:
-            await self.close(code=4403)
+        if self.scope.get("bearer_token") or not _is_staff(self.scope.get("user")):
+            await self.close(code=REFUSED)
             return
         self.transport = await asyncio.to_thread(bridge.transport)
         await self.accept()
-        self.pushing = asyncio.create_task(self._push_forever())
+        self.pushing = asyncio.create_task(self._push_until_closed())
 
     async def disconnect(self, code) -> None:
         if getattr(self, "pushing", None):
             self.pushing.cancel()
 
+    async def _push_until_closed(self) -> None:
+        try:
+            await self._push_forever()
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a page that silently stops updating would be worse than a closed socket
+            log.exception("dashboard push failed")
+            await self.close(code=1011)
+
     async def _push_forever(self) -> None:
-        last = None
+        last, checked = None, asyncio.get_running_loop().time()
         while True:
+            if asyncio.get_running_loop().time() - checked > RECHECK_S:
+                if not _is_staff(await _current(self.scope["user"])):
+                    await self.close(code=REFUSED)
+                    return
+                checked = asyncio.get_running_loop().time()
+            # allow_nan=False: a non-finite number would make the page's JSON.parse throw on every frame.
             frame = json.dumps({"type": "state", "workers": self.transport.workers_view(),
-                                "flags": flag_changes.listing(self.transport)})
+                                "flags": flag_changes.listing(self.transport)}, allow_nan=False)
             if frame != last:
                 await self.send(text_data=frame)
                 last = frame
@@ -62,7 +94,8 @@ class DashboardConsumer(AsyncWebsocketConsumer):
             await self._error(None, "invalid_frame", str(exc))
             return
         asked = frame.get("id")
-        refusal = await database_sync_to_async(flag_changes.refusal)(self.scope["user"])
+        user = await _current(self.scope["user"])
+        refusal = "your account is gone" if user is None else await database_sync_to_async(flag_changes.refusal)(user)
         if refusal is not None:
             await self._error(asked, "forbidden", refusal)
             return
@@ -71,7 +104,7 @@ class DashboardConsumer(AsyncWebsocketConsumer):
         except (ValueError, UnknownFlag) as exc:
             await self._error(asked, "invalid_change", str(exc).strip("'\""))
             return
-        result = await flag_changes.make(self.transport, self.scope["user"], name, value, worker)
+        result = await flag_changes.make(self.transport, user, name, value, worker)
         await self.send(text_data=json.dumps({"type": "flag_result", "id": asked, **result}))
 
     async def _error(self, asked, code: str, message: str) -> None:

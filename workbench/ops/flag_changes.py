@@ -24,7 +24,7 @@ def parse(change: object) -> tuple[str, bool | int, str | None]:
         raise ValueError("a flag change is a JSON object: {\"name\", \"value\", \"worker\" (optional: all)}")
     name, value = change.get("name"), checked_value(change.get("name"), change.get("value"))
     worker = change.get("worker")
-    if worker is not None and not isinstance(worker, str):
+    if worker is not None and (not isinstance(worker, str) or not worker):
         raise ValueError("worker must be a worker id (or left out for every worker)")
     return name, value, worker
 

@@ -7,6 +7,8 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
+from engine.leak_events import ALIASED_LOGITS, FOREIGN_PARKED_DROPPED
+
 
 class FlagChange(models.Model):
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="flag_changes")
@@ -31,8 +33,7 @@ class FlagChange(models.Model):
 
 class LeakEvent(models.Model):
     """One catch by the owner tag (foreign parked tokens dropped) or the logits identity check."""
-    KINDS = [("foreign_parked_dropped", "foreign parked tokens dropped"),
-             ("aliased_logits", "aliased-logits step error")]
+    KINDS = [(FOREIGN_PARKED_DROPPED, "foreign parked tokens dropped"), (ALIASED_LOGITS, "aliased-logits step error")]
     worker = models.CharField(max_length=128)
     engine_run = models.CharField(max_length=32)  # the engine's start: numbers count from 1 per start
     number = models.PositiveIntegerField()
@@ -57,7 +58,8 @@ class ReplayCheck(models.Model):
     replay = models.PositiveBigIntegerField()
     bucket = models.PositiveIntegerField()
     rows = models.PositiveIntegerField()
-    max_abs_delta = models.FloatField()
+    max_abs_delta = models.FloatField(null=True)  # empty: not finite (the replay or the eager step gave NaN/inf)
+    divergent = models.BooleanField()  # anything but an exact match
     argmax_agrees = models.BooleanField()
     layer_deltas = models.JSONField(null=True, blank=True)
     first_divergent_layer = models.IntegerField(null=True, blank=True)
@@ -67,9 +69,6 @@ class ReplayCheck(models.Model):
         ordering = ["-recorded_at", "-replay"]
         constraints = [models.UniqueConstraint(fields=["engine_run", "replay"], name="one_row_per_replay_check")]
 
-    @property
-    def divergent(self) -> bool:
-        return self.max_abs_delta > 0
-
     def __str__(self) -> str:
-        return f"{self.worker} replay {self.replay}: max |delta| {self.max_abs_delta:.3g}"
+        delta = "not finite" if self.max_abs_delta is None else f"{self.max_abs_delta:.3g}"
+        return f"{self.worker} replay {self.replay}: max |delta| {delta}"

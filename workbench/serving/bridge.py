@@ -51,7 +51,11 @@ def transport():
             started.start()
             _transports[kind] = started
             for listener in started_listeners:
-                stopper = listener(started)
+                try:
+                    stopper = listener(started)
+                except Exception:  # a companion (the event recorder) failing must not stop the serving
+                    log.exception("a transport listener failed")
+                    continue
                 if stopper is not None:
                     _stoppers.append(stopper)
         return _transports[kind]

@@ -245,7 +245,11 @@ class EngineThread:
         if self.load.state is not None and key == self._state_key and now - self._state_at < STATE_EVERY_S:
             return self.load.state
         self._state_key, self._state_at = key, now
-        return engine_state(self.engine, self._users)
+        try:
+            return engine_state(self.engine, self._users)
+        except Exception as exc:  # a view for operators must never stop the engine serving
+            log.exception("the engine's inspection snapshot failed")
+            return {"error": f"{type(exc).__name__}: {exc}"}
 
 
 def _tell(done: FlagDone, in_force: dict | None, error: str | None) -> None:

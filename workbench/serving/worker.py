@@ -150,9 +150,9 @@ class WorkerHost:
             self._beat_now.clear()
 
     async def _until_next_beat(self, sent_requests: tuple[str, ...]) -> None:
-        """A heartbeat period, cut short when asked to (a drain, a flag change) or when the requests
-        held change (the dashboard shows sequences come and go; routing sees the load sooner), but
-        never more often than every EARLY_BEAT_S."""
+        """A heartbeat period, cut short at once when asked to (a drain, a flag change), and within
+        EARLY_BEAT_S when the requests held change (the dashboard shows sequences come and go; routing
+        sees the load sooner)."""
         deadline = time.monotonic() + settings.WORKBENCH_HEARTBEAT_S
         while (left := deadline - time.monotonic()) > 0:
             try:
