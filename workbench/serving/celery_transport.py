@@ -35,7 +35,7 @@ from workbench.serving import wire
 from workbench.serving.inprocess import FLAG_ANSWER_S
 from workbench.serving.presence import Heartbeat, Presence
 from workbench.serving.sequencing import DeliveryGap, InOrder
-from workbench.serving.streams import RequestStream, StreamEvent
+from workbench.serving.streams import RequestStream, StreamEvent, deliver
 
 log = logging.getLogger(__name__)
 CANCEL_ATTEMPTS = 5
@@ -261,25 +261,26 @@ class CeleryTransport:
             if message.get("type") == wire.FLAG_DONE:
                 self._flag_answered(message)
                 continue
-            for wire_id, event in wire.events_of(message):
-                self._relay(wire_id, event)
+            # One message holds a step's deltas for many requests: one wake-up of the consumers' loop.
+            deliver(filter(None, (self._relay(wire_id, event) for wire_id, event in wire.events_of(message))))
 
-    def _relay(self, wire_id: str, event: StreamEvent) -> None:
+    def _relay(self, wire_id: str, event: StreamEvent) -> tuple[RequestStream, StreamEvent] | None:
+        """What of `event` is new, in order, for its request's stream (None: nothing to pass on)."""
         pending = self._pending.get(wire_id)
         if pending is None:
-            return  # ended here already (lost, or failed to send); its worker has been told or is gone
+            return None  # ended here already (lost, or failed to send); its worker has been told or is gone
         try:
             fresh = pending.order.accept(event)
         except DeliveryGap as exc:
             self._fail(wire_id, "delivery_gap", str(exc))
-            return
+            return None
         pending.confirmed_at = time.monotonic()
         if fresh is None:
-            return
-        pending.stream.push_threadsafe(fresh)
+            return None
         if fresh.finished:
             del self._pending[wire_id]
             self._wire_ids.pop(pending.request_id, None)
+        return pending.stream, fresh
 
     async def _poll_forever(self) -> None:
         while True:

@@ -15,14 +15,14 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Callable
 
 from engine import Engine, InvalidSamplingParams, PromptError, RequestError, SamplingParams
 from engine.inspection import engine_state
 from engine.outputs import RequestOutput
 from engine.tokenizer import Tokenizer, TokenizerError
 from workbench.serving.metrics import EngineMetrics
-from workbench.serving.streams import RequestStream, StreamEvent
+from workbench.serving.streams import RequestStream, Sink, StreamEvent, deliver
 
 log = logging.getLogger(__name__)
 
@@ -35,10 +35,6 @@ FLAG_ANSWER_S = 10.0  # a flag change is in force after the next step boundary: 
 # request arrives or finishes or a leak event is recorded: the dashboard sees every change that matters
 # without the engine paying for a snapshot on every step.
 STATE_EVERY_S = 0.1
-
-
-class Sink(Protocol):
-    def push_threadsafe(self, event: StreamEvent) -> None: ...
 
 
 # Called on the engine thread once a flag change is in force (with the flags now in force), or refused
@@ -216,15 +212,17 @@ class EngineThread:
             self._sinks.clear()
             self._users.clear()
             return
+        deliveries = []
         for output in outputs:
             self.metrics.observe(output)
             sink = self._sinks.get(output.request_id)
             if sink is None:
                 continue
-            sink.push_threadsafe(_event(output))
+            deliveries.append((sink, _event(output)))
             if output.finished:
                 del self._sinks[output.request_id]
                 self._users.pop(output.request_id, None)
+        deliver(deliveries)
 
     def _acknowledge_flags(self) -> None:
         if self._flags_waiting:

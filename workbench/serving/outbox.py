@@ -72,7 +72,7 @@ class Outbox:
 
 
 class OutboxSink:
-    """One request's sink for the engine thread (workbench.serving.inprocess.Sink). It stamps each
+    """One request's sink for the engine thread (workbench.serving.streams.Sink). It stamps each
     delta's character offset, so the web side can tell a repeat from a gap in the text too."""
 
     def __init__(self, outbox: Outbox, reply_channel: str, request_id: str) -> None:

@@ -8,7 +8,9 @@ that grows without bound, and every delta still says at which token offset it st
 from __future__ import annotations
 
 import asyncio
+from collections import defaultdict
 from dataclasses import asdict, dataclass, field
+from typing import Iterable, Protocol
 
 
 @dataclass
@@ -46,19 +48,43 @@ class StreamEvent:
         return cls(**{name: message[name] for name in cls.__dataclass_fields__ if name in message})
 
 
+class Sink(Protocol):
+    def push_threadsafe(self, event: StreamEvent) -> None: ...
+
+
+def deliver(deliveries: Iterable[tuple[Sink, StreamEvent]]) -> None:
+    """Hand each event to its sink, from another thread. The RequestStreams of one event loop get theirs
+    in one wake-up of that loop: each call_soon_threadsafe writes to the loop's self-pipe, and one
+    write per request per engine step was measured at 6% of the engine thread with 32 clients."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[RequestStream, StreamEvent]]] = defaultdict(list)
+    for sink, event in deliveries:
+        if isinstance(sink, RequestStream):
+            by_loop[sink.loop].append((sink, event))
+        else:
+            sink.push_threadsafe(event)
+    for loop, batch in by_loop.items():
+        loop.call_soon_threadsafe(_push_all, batch)
+
+
+def _push_all(batch: list[tuple["RequestStream", StreamEvent]]) -> None:
+    for stream, event in batch:
+        stream.push(event)
+
+
 class RequestStream:
     def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop) -> None:
         self.request_id = request_id
-        self._loop = loop
+        self.loop = loop
         self._pending: StreamEvent | None = None
         self._ready = asyncio.Event()
         self.closed = False
 
     def push_threadsafe(self, event: StreamEvent) -> None:
-        """Called from the engine thread."""
-        self._loop.call_soon_threadsafe(self._push, event)
+        """Called from another thread (the engine's, or the Celery link's); `deliver` batches these."""
+        self.loop.call_soon_threadsafe(self.push, event)
 
-    def _push(self, event: StreamEvent) -> None:
+    def push(self, event: StreamEvent) -> None:
+        """On the stream's own loop."""
         if self.closed or (self._pending is not None and self._pending.finished):
             return  # nothing follows a request's last event (a late duplicate error, say)
         if self._pending is None:
