@@ -15,12 +15,14 @@ from asgiref.sync import sync_to_async
 from channels.routing import URLRouter
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import AnonymousUser, Permission
+from django.db import OperationalError
 
 from engine import Engine, EngineConfig, SamplingParams
 from engine.device_loop import KILL_SWITCH
 from engine.leak_events import FOREIGN_PARKED_DROPPED
 from tests.workbench.test_websocket_api import connect
 from workbench.ops.models import FlagChange, LeakEvent, ReplayCheck
+from workbench.ops import recorder
 from workbench.ops.recorder import Recorder
 from workbench.ops.routing import websocket_urlpatterns
 from workbench.serving import bridge
@@ -317,11 +319,26 @@ async def test_a_staged_waitlist_interleave_shows_its_dropped_foreign_tokens_on_
     solo = Engine(EngineConfig(model=str(checkpoint), device_loop=False))
     assert a.tokens == solo.generate([list(range(100, 105))], greedy)[0].token_ids
     assert b.tokens == solo.generate([list(range(200, 212))], sampled)[0].token_ids
-    # The recorder stores each event once, however often it sees it.
-    recorder = Recorder(thread)
-    await sync_to_async(recorder.record_once)()
-    await sync_to_async(Recorder(thread).record_once)()  # another web process's recorder, same events
-    stored = [e async for e in LeakEvent.objects.order_by("number")]
-    assert [(e.worker, e.number, e.dropped) for e in stored] == \
-        [(LOCAL_WORKER, e["number"], e["dropped"]) for e in dropped(final["workers"])]
+    # Two web processes' recorders, running as the bridge runs them: each event stored once.
+    def recorders() -> int:
+        return sum(1 for t in threading.enumerate() if t.name == "ops-recorder")
+
+    already = recorders()  # the bridge's own, for the transport other tests use
+    stops = [recorder.start(thread), recorder.start(thread)]
+    assert recorders() == already + 2
+    expected = [(LOCAL_WORKER, e["number"], e["dropped"]) for e in dropped(final["workers"])]
+
+    async def stored():
+        try:
+            return [(e.worker, e.number, e.dropped) async for e in LeakEvent.objects.order_by("number")]
+        except OperationalError:  # the test database (SQLite, shared in memory) locks a table being written
+            return None
+
+    for _ in range(50):
+        if await stored() == expected:
+            break
+        await asyncio.sleep(0.1)
+    await asyncio.to_thread(lambda: [stop() for stop in stops])
+    assert await stored() == expected
+    assert recorders() == already, "each stops when told"
     await ws.disconnect()
