@@ -13,8 +13,9 @@ from workbench.chat.models import Conversation, Message
 from workbench.chat.routing import websocket_urlpatterns
 
 
-def as_user(user):
-    router = URLRouter(websocket_urlpatterns)
+def as_user(user, patterns=websocket_urlpatterns):
+    """A socket application that sees `user` as signed in, for `patterns` (the chat's by default)."""
+    router = URLRouter(patterns)
 
     async def app(scope, receive, send):  # what AuthMiddlewareStack does with a session, for one user
         return await router({**scope, "user": user}, receive, send)

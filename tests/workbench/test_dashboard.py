@@ -12,14 +12,14 @@ from dataclasses import replace
 
 import pytest
 from asgiref.sync import sync_to_async
-from channels.routing import URLRouter
 from channels.testing import WebsocketCommunicator
-from django.contrib.auth.models import AnonymousUser, Permission
+from django.contrib.auth.models import AnonymousUser
 from django.db import OperationalError
 
 from engine import Engine, EngineConfig, SamplingParams
 from engine.device_loop import KILL_SWITCH
 from engine.leak_events import FOREIGN_PARKED_DROPPED
+from tests.workbench.test_chat import as_user
 from tests.workbench.test_websocket_api import connect
 from workbench.ops.models import FlagChange, LeakEvent, ReplayCheck
 from workbench.ops import recorder
@@ -31,29 +31,13 @@ from workbench.serving.inprocess import LOCAL_WORKER, EngineThread
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def as_user(user):
-    router = URLRouter(websocket_urlpatterns)
-
-    async def app(scope, receive, send):  # what AuthMiddlewareStack does with a session, for one user
-        return await router({**scope, "user": user}, receive, send)
-
-    return app
-
-
 @pytest.fixture
 def staff(django_user_model):
     return django_user_model.objects.create_user("sam", password="pw-sam-12345", is_staff=True)
 
 
-@pytest.fixture
-def operator(django_user_model):
-    user = django_user_model.objects.create_user("olga", password="pw-olga-123", is_staff=True)
-    user.user_permissions.add(Permission.objects.get(codename="flip_flags"))
-    return user
-
-
 async def dashboard(user) -> WebsocketCommunicator:
-    ws = WebsocketCommunicator(as_user(user), "/ws/ops/dashboard")
+    ws = WebsocketCommunicator(as_user(user, websocket_urlpatterns), "/ws/ops/dashboard")
     connected, code = await ws.connect(timeout=30)
     assert connected, f"refused with {code}"
     ws.shown = None  # the last state frame: what the page shows until the next one
@@ -77,7 +61,7 @@ async def state_until(ws: WebsocketCommunicator, predicate, timeout: float = 20)
 async def test_only_staff_get_the_dashboard_socket(django_user_model):
     user = await sync_to_async(django_user_model.objects.create_user)("ursula", password="pw-ursula-1")
     for who in (AnonymousUser(), user):
-        connected, code = await WebsocketCommunicator(as_user(who), "/ws/ops/dashboard").connect()
+        connected, code = await WebsocketCommunicator(as_user(who, websocket_urlpatterns), "/ws/ops/dashboard").connect()
         assert not connected and code == 4403
 
 

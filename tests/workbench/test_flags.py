@@ -11,7 +11,6 @@ import json
 
 import pytest
 from django.conf import settings
-from django.contrib.auth.models import Permission
 from django.test import AsyncClient
 
 from tests.cluster import Cluster
@@ -22,13 +21,6 @@ from workbench.ops.models import FlagChange
 from workbench.serving import bridge, wire
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
-
-
-@pytest.fixture
-def operator(django_user_model):
-    user = django_user_model.objects.create_user("olga", password="pw-olga-123", is_staff=True)
-    user.user_permissions.add(Permission.objects.get(codename="flip_flags"))
-    return user
 
 
 async def client_for(user) -> AsyncClient:
