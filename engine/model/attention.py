@@ -15,7 +15,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from engine.model.config import ModelConfig
-from engine.model.layers import fuse_linears
+from engine.model.layers import Linear, fuse_linears
 from engine.model.rope import apply_rope
 
 
@@ -109,10 +109,10 @@ class Attention(nn.Module):
         self.head_dim = config.head_dim
         self.sliding_window = config.sliding_window
         hidden, bias = config.hidden_size, config.attention_bias
-        self.q_proj = nn.Linear(hidden, self.num_heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=config.attention_output_bias)
+        self.q_proj = Linear(hidden, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = Linear(hidden, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = Linear(hidden, self.num_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = Linear(self.num_heads * self.head_dim, hidden, bias=config.attention_output_bias)
         self._qkv: tuple[torch.Tensor, torch.Tensor | None] | None = None
 
     def fuse_for_inference(self) -> None:

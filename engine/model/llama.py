@@ -15,7 +15,7 @@ from torch import nn
 
 from engine.model.attention import Attention, AttentionMetadata
 from engine.model.config import ModelConfig
-from engine.model.layers import RMSNorm, SwiGLUMLP
+from engine.model.layers import Embedding, Linear, RMSNorm, SwiGLUMLP
 from engine.model.rope import rope_cos_sin, rope_inverse_frequencies
 
 if TYPE_CHECKING:  # kv_cache imports the model's config; a runtime import here would be circular
@@ -40,7 +40,7 @@ class DecoderStack(nn.Module):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -50,7 +50,7 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.model = DecoderStack(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_weights()
         # Kept in fp32 and outside the module's buffers so that model.to(bfloat16) cannot round it.
         self._inv_freq = {torch.device("cpu"): rope_inverse_frequencies(config)}
