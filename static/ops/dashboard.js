@@ -122,6 +122,15 @@
     box.textContent = JSON.stringify(answer, null, 2);
   }
 
+  function renderChanges(changes) {
+    fill(document.querySelector("#changes tbody"), changes.length ? changes.map((c) =>
+      el("tr", {"data-change": String(c.id), class: c.refused_by.length ? "mismatch" : ""},
+        el("td", {text: new Date(c.at).toLocaleString()}), el("td", {class: "who", text: c.user}),
+        el("td", {}, el("code", {text: c.name})), el("td", {text: JSON.stringify(c.value)}),
+        el("td", {text: c.workers}), el("td", {text: c.refused_by.join(", ") || "-"}))) :
+      [el("tr", {}, el("td", {colspan: "6", class: "note", text: "no changes yet"}))]);
+  }
+
   // -- sequences and parked slots -----------------------------------------------------------------
 
   function renderSequences(workers) {
@@ -214,6 +223,7 @@
         collect(frame.workers);
         renderWorkers(frame.workers);
         renderFlags(frame.flags, ids);
+        renderChanges(frame.changes || []);
         renderSequences(frame.workers);
         renderLeaks();
         renderReplays();

@@ -70,6 +70,9 @@ def test_an_operator_watches_a_chat_and_flips_one_worker(browser, cluster_server
     answer = operator.locator("#flag-answer").inner_text()
     assert workers[0] in answer and workers[1] not in answer, "the change was asked of one worker"
     assert device_loop_cell(operator, workers[1]).get_attribute("data-value") == "true", "and the other kept it"
+    # The audit log's newest row, on the page: who asked it of which worker.
+    operator.wait_for_function("w => document.querySelector('#changes tbody tr').textContent.includes(w)", arg=workers[0])
+    assert operator.locator("#changes tbody tr").first.locator(".who").inner_text() == "admin"
     assert operator.locator(f'#workers .worker[data-worker="{workers[1]}"] .device-loop').get_attribute("data-engaged") == "true"
 
     # ARC_CAPTURE_STREAM cannot change: the answer says what capture is on each worker.

@@ -147,6 +147,9 @@ async def test_an_operator_flips_over_the_socket_and_bad_frames_are_refused(oper
     change = await FlagChange.objects.aget()
     assert (change.user_id, change.name, change.value, change.workers) == (operator.pk, "ARC_GRAPH_VERIFY_REPLAYS",
                                                                           was + 3, [LOCAL_WORKER])
+    shown = (await state_until(ws, lambda workers: ws.shown["changes"]))["changes"]
+    assert [(c["id"], c["user"], c["name"], c["value"], c["workers"], c["refused_by"]) for c in shown] == \
+        [(change.pk, "olga", "ARC_GRAPH_VERIFY_REPLAYS", was + 3, LOCAL_WORKER, [])], "the log, on the dashboard"
     await ws.send_to(text_data=json.dumps({"type": "set_flag", "name": "ARC_GRAPH_VERIFY_REPLAYS", "value": was}))
     await _answer(ws)
     await ws.disconnect()

@@ -7,7 +7,7 @@ flags, load, and the engine's inspection snapshot, engine/inspection.py) togethe
 registry; operators with the `ops.flip_flags` permission may send flag changes, answered with every
 worker's answer and logged like the HTTP ones (workbench/ops/flag_changes.py).
 
-    -> {"type": "state", "workers": {worker: {...}}, "flags": [...]}
+    -> {"type": "state", "workers": {worker: {...}}, "flags": [...], "changes": [latest audit rows]}
     <- {"type": "set_flag", "id": any, "name": "ARC_GRAPH_DEVICE_LOOP", "value": false, "worker": "w1"}
     -> {"type": "flag_result", "id": any, "change": 12, "answers": {"w1": {"in_force": {...}}}}
     -> {"type": "error", "id": any, "code": "forbidden" | "invalid_change" | "invalid_frame", "message": "..."}
@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 
 PUSH_EVERY_S = 0.25
 RECHECK_S = 5.0
+CHANGES_EVERY_S = 2.0  # the audit log's latest rows (another operator's changes show within this)
 MAX_FRAME_CHARS = 4096  # a flag change is a few dozen characters
 REFUSED = 4403
 
@@ -68,16 +69,21 @@ class DashboardConsumer(AsyncWebsocketConsumer):
             await self.close(code=1011)
 
     async def _push_forever(self) -> None:
-        last, checked = None, asyncio.get_running_loop().time()
+        clock = asyncio.get_running_loop().time
+        last, checked, self.changes_read_at = None, clock(), 0.0
         while True:
-            if asyncio.get_running_loop().time() - checked > RECHECK_S:
+            if clock() - checked > RECHECK_S:
                 if not _is_staff(await _current(self.scope["user"])):
                     await self.close(code=REFUSED)
                     return
-                checked = asyncio.get_running_loop().time()
+                checked = clock()
+            if clock() - self.changes_read_at > CHANGES_EVERY_S:
+                self.changes = await database_sync_to_async(flag_changes.recent)()
+                self.changes_read_at = clock()
             # allow_nan=False: a non-finite number would make the page's JSON.parse throw on every frame.
             frame = json.dumps({"type": "state", "workers": self.transport.workers_view(),
-                                "flags": flag_changes.listing(self.transport)}, allow_nan=False)
+                                "flags": flag_changes.listing(self.transport), "changes": self.changes},
+                               allow_nan=False)
             if frame != last:
                 await self.send(text_data=frame)
                 last = frame
@@ -105,6 +111,7 @@ class DashboardConsumer(AsyncWebsocketConsumer):
             await self._error(asked, "invalid_change", str(exc).strip("'\""))
             return
         result = await flag_changes.make(self.transport, user, name, value, worker)
+        self.changes_read_at = 0.0  # the next state shows this change in the log
         await self.send(text_data=json.dumps({"type": "flag_result", "id": asked, **result}))
 
     async def _error(self, asked, code: str, message: str) -> None:

@@ -40,6 +40,13 @@ async def make(transport, user, name: str, value: bool | int, worker: str | None
     return {"change": change.pk, "answers": answers}
 
 
+def recent(limit: int = 10) -> list[dict]:
+    """The latest changes from the audit log, newest first, for the dashboard."""
+    return [{"id": c.pk, "at": c.created_at.isoformat(), "user": c.user.username, "name": c.name, "value": c.value,
+             "workers": "all workers" if c.all_workers else ", ".join(c.workers), "refused_by": c.refused_by}
+            for c in FlagChange.objects.select_related("user")[:limit]]
+
+
 def listing(transport) -> list[dict]:
     """Every registry entry with its description and its value on each worker."""
     in_force = transport.flags_in_force()
