@@ -1,7 +1,7 @@
 """Serving benchmark: the websocket API under 1, 8 and 32 concurrent clients, beside the engine alone.
 
     .venv/bin/python bench/serving.py [--clients 1,8,32] [--requests-per-client 4] [--max-tokens 64]
-                                      [--transports inprocess,celery]
+                                      [--transports inprocess,celery] [--rounds 1]
 
 In the style of vLLM's benchmark_serving: each client sends its requests one after another; per request
 we record time to first token (TTFT) and how much of it passed outside the engine (the client's TTFT
@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from statistics import median
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -150,12 +151,60 @@ def start_celery(workdir: Path) -> tuple[Cluster, str, str]:
     return cluster, address, token
 
 
+def one_round(clients: int, per_client: int, params: dict, servers: dict) -> dict[str, dict]:
+    """Engine-only, then each transport, at one concurrency; each row with its server processes' CPU."""
+    rows = {"engine": engine_only(clients, clients * per_client, SamplingParams(**params))}
+    for transport, (started, address, token) in servers.items():
+        processes = _server_processes(started)
+        before, t0 = {name: cpu_seconds(pid) for name, pid in processes.items()}, time.perf_counter()
+        rows[transport] = asyncio.run(websocket_run(address, token, clients, per_client, params))
+        wall = time.perf_counter() - t0
+        rows[transport]["cpu"] = ", ".join(f"{name} {(cpu_seconds(pid) - before[name]) / wall:.0%}"
+                                           for name, pid in processes.items())
+    return rows
+
+
+def print_round(clients: int, rows: dict[str, dict], servers: dict) -> None:
+    for mode, r in rows.items():
+        ms = {k: v * 1000 for k, v in r.items() if k not in ("tok_s", "cpu")}
+        print(f"{clients:>7} {mode:>9} {r['tok_s']:>8.1f} {ms['ttft50']:>9.1f} {ms['ttft99']:>7.1f} "
+              f"{ms['tpot50']:>9.2f} {ms['itl50']:>8.2f} {ms['itl99']:>7.2f} {ms['e2e50']:>8.1f} "
+              f"{ms['e2e99']:>7.1f}", flush=True)
+    e = rows["engine"]
+    for transport in servers:
+        w = rows[transport]
+        print(f"{clients:>7} {'ratio':>9} {transport}: delivered {w['tok_s'] / e['tok_s']:.0%} of engine-only"
+              + (f", {w['tok_s'] / rows['inprocess']['tok_s']:.0%} of inprocess"
+                 if transport != "inprocess" and "inprocess" in rows else "")
+              + f", TTFT p50 +{(w['ttft50'] - e['ttft50']) * 1000:.1f} ms"
+              + f" ({w['outside50'] * 1000:.1f} ms of each TTFT outside the engine, p50)"
+              + f"; server CPU {w['cpu']}", flush=True)
+
+
+def print_medians(clients: int, rounds: list[dict[str, dict]], servers: dict) -> None:
+    """Each transport's median share over the rounds (each round's share against its own engine-only
+    and in-process rows, measured minutes apart at most), with every round's share beside it."""
+    for transport in servers:
+        of_engine = [r[transport]["tok_s"] / r["engine"]["tok_s"] for r in rounds]
+        ttft = [r[transport]["ttft50"] - r["engine"]["ttft50"] for r in rounds]
+        line = (f"{clients:>7} {'median':>9} {transport} over {len(rounds)} rounds: delivered {median(of_engine):.0%} "
+                f"of engine-only ({', '.join(f'{x:.0%}' for x in of_engine)})")
+        if transport != "inprocess" and "inprocess" in servers:
+            of_inprocess = [r[transport]["tok_s"] / r["inprocess"]["tok_s"] for r in rounds]
+            line += f", {median(of_inprocess):.0%} of inprocess ({', '.join(f'{x:.0%}' for x in of_inprocess)})"
+        line += f", TTFT p50 +{median(ttft) * 1000:.1f} ms ({', '.join(f'+{x * 1000:.1f}' for x in ttft)})"
+        print(line, flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clients", default="1,8,32")
     parser.add_argument("--requests-per-client", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--transports", default="inprocess,celery")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="repeat each concurrency this many times, alternating the modes, and print the "
+                             "median share: one run on a shared machine moves by 10 points")
     args = parser.parse_args()
     params = {"max_tokens": args.max_tokens, "temperature": 0, "ignore_eos": True}
     workdir = Path(tempfile.mkdtemp(prefix="serving-bench-"))
@@ -168,29 +217,13 @@ def main() -> None:
         print(f"{'clients':>7} {'mode':>9} {'tok/s':>8} {'TTFT p50':>9} {'p99':>7} {'TPOT p50':>9} "
               f"{'ITL p50':>8} {'p99':>7} {'E2E p50':>8} {'p99':>7}  (ms)")
         for clients in [int(c) for c in args.clients.split(",")]:
-            total = clients * args.requests_per_client
-            rows = {"engine": engine_only(clients, total, SamplingParams(**params))}
-            for transport, (started, address, token) in servers.items():
-                processes = _server_processes(started)
-                before, t0 = {name: cpu_seconds(pid) for name, pid in processes.items()}, time.perf_counter()
-                rows[transport] = asyncio.run(websocket_run(address, token, clients, args.requests_per_client, params))
-                wall = time.perf_counter() - t0
-                rows[transport]["cpu"] = ", ".join(f"{name} {(cpu_seconds(pid) - before[name]) / wall:.0%}"
-                                                   for name, pid in processes.items())
-            for mode, r in rows.items():
-                ms = {k: v * 1000 for k, v in r.items() if k not in ("tok_s", "cpu")}
-                print(f"{clients:>7} {mode:>9} {r['tok_s']:>8.1f} {ms['ttft50']:>9.1f} {ms['ttft99']:>7.1f} "
-                      f"{ms['tpot50']:>9.2f} {ms['itl50']:>8.2f} {ms['itl99']:>7.2f} {ms['e2e50']:>8.1f} "
-                      f"{ms['e2e99']:>7.1f}", flush=True)
-            e = rows["engine"]
-            for transport in servers:
-                w = rows[transport]
-                print(f"{clients:>7} {'ratio':>9} {transport}: delivered {w['tok_s'] / e['tok_s']:.0%} of engine-only"
-                      + (f", {w['tok_s'] / rows['inprocess']['tok_s']:.0%} of inprocess"
-                         if transport != "inprocess" and "inprocess" in rows else "")
-                      + f", TTFT p50 +{(w['ttft50'] - e['ttft50']) * 1000:.1f} ms"
-                      + f" ({w['outside50'] * 1000:.1f} ms of each TTFT outside the engine, p50)"
-                      + f"; server CPU {w['cpu']}", flush=True)
+            rounds = []
+            for _ in range(args.rounds):
+                rows = one_round(clients, args.requests_per_client, params, servers)
+                print_round(clients, rows, servers)
+                rounds.append(rows)
+            if args.rounds > 1:
+                print_medians(clients, rounds, servers)
     finally:
         for started in servers.values():
             if isinstance(started[0], Cluster):
