@@ -25,7 +25,10 @@ RECENT_DIVERGENT = 16  # divergent checks carried besides, even when many clean 
 def engine_state(engine: Engine, users: Mapping[str, str] | None = None) -> dict:
     """`users`: request id -> the user it serves (the engine itself knows no users)."""
     loop, runner, graphs = engine.device_loop, engine.runner, engine.runner.graphs
-    slots = loop.parked.slots()
+    slots, users = loop.parked.slots(), users or {}
+    parked_for: dict[int, int] = {}  # owner seq id -> tokens parked for it, over every row
+    for owner, tokens in slots.values():
+        parked_for[owner] = parked_for.get(owner, 0) + tokens
     live = engine.live_sequences()
     live_ids = {seq.seq_id for seq in live}
     sequences = []
@@ -33,12 +36,12 @@ def engine_state(engine: Engine, users: Mapping[str, str] | None = None) -> dict
         row = runner.row_of.get(seq.seq_id)
         owner = slots[row][0] if row in slots else None
         sequences.append({
-            "request_id": seq.request_id, "seq_id": seq.seq_id, "user": (users or {}).get(seq.request_id, ""),
+            "request_id": seq.request_id, "seq_id": seq.seq_id, "user": users.get(seq.request_id, ""),
             "state": type(seq.state).__name__,
             # Running but left out of the last step: the default scheduler's waitlist (no state change).
             "waitlisted": row is None and isinstance(seq.state, RunningCompletion),
             "prompt_tokens": len(seq.prompt_ids), "tokens": len(seq.output_ids), "max_tokens": seq.params.max_tokens,
-            "row": row, "parked": loop.parked.pending(seq.seq_id),
+            "row": row, "parked": parked_for.get(seq.seq_id, 0),
             "slot_owner": owner, "owner_matches": owner is None or owner == seq.seq_id,
         })
     mode, reason = graphs.capture_state()
@@ -50,7 +53,7 @@ def engine_state(engine: Engine, users: Mapping[str, str] | None = None) -> dict
         "device_loop": {"enabled": loop.enabled, "engaged": loop.enabled and not killed, "killed": killed,
                         "kill_reason": kill_reason, "burst_length": loop.burst_length,
                         "generation": loop.generation, "bursts": loop.bursts, "resets": loop.resets,
-                        "parked": loop.parked.pending(), "foreign_dropped": loop.parked.foreign_dropped},
+                        "parked": sum(parked_for.values()), "foreign_dropped": loop.parked.foreign_dropped},
         "parked_slots": [{"row": row, "owner": owner, "tokens": tokens, "owner_live": owner in live_ids}
                          for row, (owner, tokens) in sorted(slots.items())],
         "capture": {"mode": mode, "reason": reason, "graphs": runner.use_graphs, "replays": graphs.replays},
