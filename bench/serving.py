@@ -1,7 +1,7 @@
 """Serving benchmark: the websocket API under 1, 8 and 32 concurrent clients, beside the engine alone.
 
     .venv/bin/python bench/serving.py [--clients 1,8,32] [--requests-per-client 4] [--max-tokens 64]
-                                      [--transports inprocess,celery] [--rounds 1]
+                                      [--transports inprocess,celery] [--rounds 1] [--stream-intervals 1]
 
 In the style of vLLM's benchmark_serving: each client sends its requests one after another; per request
 we record time to first token (TTFT) and how much of it passed outside the engine (the client's TTFT
@@ -11,6 +11,8 @@ output tokens/s. "engine" runs the same requests at the same concurrency straigh
 Engine (no web, no websocket, no JSON); "inprocess" through a real Daphne with the engine on its
 thread; "celery" through a real Daphne and one real Celery worker (one engine, as in the others) over
 the machine's Redis (REDIS_URL). The demo model, greedy, EOS ignored, so all produce the same tokens.
+With --stream-intervals 1,4 each transport also runs with WORKBENCH_STREAM_INTERVAL=4 beside the default,
+as "inprocess:4" and "celery:4" (celery:N is compared with inprocess:N).
 """
 
 from __future__ import annotations
@@ -138,17 +140,31 @@ def _server_processes(started) -> dict[str, int]:
     return {"daphne": started[0].pid}
 
 
-def start_inprocess(workdir: Path) -> tuple[list[subprocess.Popen], str, str]:
-    server, address, token = start_daphne({**os.environ, "WORKBENCH_TRANSPORT": "inprocess"},
-                                          workdir / "inprocess.sqlite3")
+def start_inprocess(workdir: Path, interval: int = 1) -> tuple[list[subprocess.Popen], str, str]:
+    server, address, token = start_daphne({**os.environ, "WORKBENCH_TRANSPORT": "inprocess",
+                                           "WORKBENCH_STREAM_INTERVAL": str(interval)},
+                                          workdir / f"inprocess-{interval}.sqlite3")
     return [server], address, token
 
 
-def start_celery(workdir: Path) -> tuple[Cluster, str, str]:
-    cluster = Cluster(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"), workdir)
+def start_celery(workdir: Path, interval: int = 1) -> tuple[Cluster, str, str]:
+    cluster = Cluster(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"), workdir,
+                      WORKBENCH_STREAM_INTERVAL=interval)
     cluster.start_workers(1)
-    address, token = cluster.start_daphne(workdir / "celery.sqlite3")
+    address, token = cluster.start_daphne(workdir / f"celery-{interval}.sqlite3")
     return cluster, address, token
+
+
+def label(transport: str, interval: int) -> str:
+    return transport if interval == 1 else f"{transport}:{interval}"
+
+
+def inprocess_peer(mode: str, servers: dict) -> str | None:
+    """The in-process mode a Celery mode is compared with: the one at the same stream interval."""
+    if not mode.startswith("celery"):
+        return None
+    peer = mode.replace("celery", "inprocess", 1)
+    return peer if peer in servers else None
 
 
 def one_round(clients: int, per_client: int, params: dict, servers: dict) -> dict[str, dict]:
@@ -167,15 +183,15 @@ def one_round(clients: int, per_client: int, params: dict, servers: dict) -> dic
 def print_round(clients: int, rows: dict[str, dict], servers: dict) -> None:
     for mode, r in rows.items():
         ms = {k: v * 1000 for k, v in r.items() if k not in ("tok_s", "cpu")}
-        print(f"{clients:>7} {mode:>9} {r['tok_s']:>8.1f} {ms['ttft50']:>9.1f} {ms['ttft99']:>7.1f} "
+        print(f"{clients:>7} {mode:>12} {r['tok_s']:>8.1f} {ms['ttft50']:>9.1f} {ms['ttft99']:>7.1f} "
               f"{ms['tpot50']:>9.2f} {ms['itl50']:>8.2f} {ms['itl99']:>7.2f} {ms['e2e50']:>8.1f} "
               f"{ms['e2e99']:>7.1f}", flush=True)
     e = rows["engine"]
     for transport in servers:
         w = rows[transport]
-        print(f"{clients:>7} {'ratio':>9} {transport}: delivered {w['tok_s'] / e['tok_s']:.0%} of engine-only"
-              + (f", {w['tok_s'] / rows['inprocess']['tok_s']:.0%} of inprocess"
-                 if transport != "inprocess" and "inprocess" in rows else "")
+        peer = inprocess_peer(transport, servers)
+        print(f"{clients:>7} {'ratio':>12} {transport}: delivered {w['tok_s'] / e['tok_s']:.0%} of engine-only"
+              + (f", {w['tok_s'] / rows[peer]['tok_s']:.0%} of {peer}" if peer else "")
               + f", TTFT p50 +{(w['ttft50'] - e['ttft50']) * 1000:.1f} ms"
               + f" ({w['outside50'] * 1000:.1f} ms of each TTFT outside the engine, p50)"
               + f"; server CPU {w['cpu']}", flush=True)
@@ -187,11 +203,12 @@ def print_medians(clients: int, rounds: list[dict[str, dict]], servers: dict) ->
     for transport in servers:
         of_engine = [r[transport]["tok_s"] / r["engine"]["tok_s"] for r in rounds]
         ttft = [r[transport]["ttft50"] - r["engine"]["ttft50"] for r in rounds]
-        line = (f"{clients:>7} {'median':>9} {transport} over {len(rounds)} rounds: delivered {median(of_engine):.0%} "
+        line = (f"{clients:>7} {'median':>12} {transport} over {len(rounds)} rounds: delivered {median(of_engine):.0%} "
                 f"of engine-only ({', '.join(f'{x:.0%}' for x in of_engine)})")
-        if transport != "inprocess" and "inprocess" in servers:
-            of_inprocess = [r[transport]["tok_s"] / r["inprocess"]["tok_s"] for r in rounds]
-            line += f", {median(of_inprocess):.0%} of inprocess ({', '.join(f'{x:.0%}' for x in of_inprocess)})"
+        peer = inprocess_peer(transport, servers)
+        if peer:
+            of_inprocess = [r[transport]["tok_s"] / r[peer]["tok_s"] for r in rounds]
+            line += f", {median(of_inprocess):.0%} of {peer} ({', '.join(f'{x:.0%}' for x in of_inprocess)})"
         line += f", TTFT p50 +{median(ttft) * 1000:.1f} ms ({', '.join(f'+{x * 1000:.1f}' for x in ttft)})"
         print(line, flush=True)
 
@@ -205,16 +222,19 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1,
                         help="repeat each concurrency this many times, alternating the modes, and print the "
                              "median share: one run on a shared machine moves by 10 points")
+    parser.add_argument("--stream-intervals", default="1",
+                        help="WORKBENCH_STREAM_INTERVAL values to run each transport at, side by side")
     args = parser.parse_args()
     params = {"max_tokens": args.max_tokens, "temperature": 0, "ignore_eos": True}
     workdir = Path(tempfile.mkdtemp(prefix="serving-bench-"))
     servers = {}
     try:
-        for transport in args.transports.split(","):
-            started = start_celery(workdir) if transport == "celery" else start_inprocess(workdir)
-            servers[transport] = started
-            asyncio.run(websocket_run(started[1], started[2], 1, 1, params))  # warm-up: the engine loads
-        print(f"{'clients':>7} {'mode':>9} {'tok/s':>8} {'TTFT p50':>9} {'p99':>7} {'TPOT p50':>9} "
+        for interval in [int(n) for n in args.stream_intervals.split(",")]:
+            for transport in args.transports.split(","):
+                start = start_celery if transport == "celery" else start_inprocess
+                started = servers[label(transport, interval)] = start(workdir, interval)
+                asyncio.run(websocket_run(started[1], started[2], 1, 1, params))  # warm-up: the engine loads
+        print(f"{'clients':>7} {'mode':>12} {'tok/s':>8} {'TTFT p50':>9} {'p99':>7} {'TPOT p50':>9} "
               f"{'ITL p50':>8} {'p99':>7} {'E2E p50':>8} {'p99':>7}  (ms)")
         for clients in [int(c) for c in args.clients.split(",")]:
             rounds = []

@@ -110,5 +110,12 @@ TIME_ZONE = "UTC"
 WORKBENCH_MODEL = os.environ.get("WORKBENCH_MODEL", "demo")
 WORKBENCH_DEVICE = os.environ.get("WORKBENCH_DEVICE", "cpu")
 WORKBENCH_DTYPE = os.environ.get("WORKBENCH_DTYPE", "float32")
+# Tokens a request's deltas gather before they go out (workbench/serving/stream_interval.py): 1 sends
+# every step's tokens; N sends N times fewer messages, for servers where per-message cost dominates.
+# The first tokens and the last event always go at once. Read by the process that runs the engine.
+_stream_interval = os.environ.get("WORKBENCH_STREAM_INTERVAL", "1")
+if not re.fullmatch(r"[1-9][0-9]{0,3}", _stream_interval.strip()):
+    raise ValueError(f"WORKBENCH_STREAM_INTERVAL must be a whole number of tokens from 1 to 9999, not {_stream_interval!r}")
+WORKBENCH_STREAM_INTERVAL = int(_stream_interval)
 # Limits on what one websocket frame or HTTP body may carry.
 WORKBENCH_MAX_FRAME_BYTES = int(os.environ.get("WORKBENCH_MAX_FRAME_BYTES", 256 * 1024))

@@ -34,7 +34,7 @@ def _inprocess():
 
     config = EngineConfig(model=settings.WORKBENCH_MODEL, device=settings.WORKBENCH_DEVICE,
                           dtype=settings.WORKBENCH_DTYPE)
-    return EngineThread(lambda: Engine(config))
+    return EngineThread(lambda: Engine(config), settings.WORKBENCH_STREAM_INTERVAL)
 
 
 def _celery():

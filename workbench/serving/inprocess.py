@@ -22,6 +22,7 @@ from engine.inspection import engine_state
 from engine.outputs import RequestOutput
 from engine.tokenizer import Tokenizer, TokenizerError
 from workbench.serving.metrics import EngineMetrics
+from workbench.serving.stream_interval import DeltaHold
 from workbench.serving.streams import RequestStream, Sink, StreamEvent, deliver
 
 log = logging.getLogger(__name__)
@@ -54,8 +55,10 @@ class Load:
 
 
 class EngineThread:
-    def __init__(self, engine_factory: Callable[[], Engine]) -> None:
+    def __init__(self, engine_factory: Callable[[], Engine], stream_interval: int = 1) -> None:
+        """`stream_interval`: tokens a request's deltas gather before they go out (stream_interval.py)."""
         self._factory = engine_factory
+        self._hold = DeltaHold(stream_interval)
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._sinks: dict[str, Sink] = {}
         self._users: dict[str, str] = {}  # request id -> the user it serves, for the dashboard
@@ -206,6 +209,9 @@ class EngineThread:
         except Exception as exc:  # the engine isolates forward errors; anything else is a bug
             log.exception("engine step failed")
             for request_id, sink in list(self._sinks.items()):
+                held = self._hold.flush(request_id)
+                if held is not None:  # the tokens it did produce reach the client before the error
+                    sink.push_threadsafe(held)
                 sink.push_threadsafe(StreamEvent.failure("engine_error", f"{type(exc).__name__}: {exc}"))
                 self.engine.abort(request_id)
                 self.metrics.failed(request_id)
@@ -218,7 +224,9 @@ class EngineThread:
             sink = self._sinks.get(output.request_id)
             if sink is None:
                 continue
-            deliveries.append((sink, _event(output)))
+            event = self._hold.release(output.request_id, _event(output))
+            if event is not None:
+                deliveries.append((sink, event))
             if output.finished:
                 del self._sinks[output.request_id]
                 self._users.pop(output.request_id, None)
