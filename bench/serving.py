@@ -167,48 +167,65 @@ def inprocess_peer(mode: str, servers: dict) -> str | None:
     return peer if peer in servers else None
 
 
-def one_round(clients: int, per_client: int, params: dict, servers: dict) -> dict[str, dict]:
-    """Engine-only, then each transport, at one concurrency; each row with its server processes' CPU."""
-    rows = {"engine": engine_only(clients, clients * per_client, SamplingParams(**params))}
+def one_round(clients: int, per_client: int, params: dict, servers: dict) -> dict:
+    """Each transport at one concurrency, bracketed by engine-only runs (engine, inprocess, engine,
+    celery, engine, ...): a transport is compared with the mean of the engine-only runs just before
+    and just after it, because this shared machine's speed drifts by up to 2x within a minute, and a
+    reference measured further away would measure the drift. Rows in the order they ran; each
+    transport's row with its server processes' CPU."""
+    def run_engine() -> dict:
+        return engine_only(clients, clients * per_client, SamplingParams(**params))
+
+    rows, results = [("engine", run_engine())], {}
     for transport, (started, address, token) in servers.items():
+        before_engine = rows[-1][1]
         processes = _server_processes(started)
         before, t0 = {name: cpu_seconds(pid) for name, pid in processes.items()}, time.perf_counter()
-        rows[transport] = asyncio.run(websocket_run(address, token, clients, per_client, params))
+        row = asyncio.run(websocket_run(address, token, clients, per_client, params))
         wall = time.perf_counter() - t0
-        rows[transport]["cpu"] = ", ".join(f"{name} {(cpu_seconds(pid) - before[name]) / wall:.0%}"
-                                           for name, pid in processes.items())
-    return rows
+        row["cpu"] = ", ".join(f"{name} {(cpu_seconds(pid) - before[name]) / wall:.0%}"
+                               for name, pid in processes.items())
+        after_engine = run_engine()
+        rows += [(transport, row), ("engine", after_engine)]
+        row["engine_tok_s"] = (before_engine["tok_s"] + after_engine["tok_s"]) / 2
+        row["engine_ttft50"] = (before_engine["ttft50"] + after_engine["ttft50"]) / 2
+        row["of_engine"] = row["tok_s"] / row["engine_tok_s"]
+        row["ttft_over"] = row["ttft50"] - row["engine_ttft50"]
+        results[transport] = row
+    for transport, row in results.items():
+        peer = inprocess_peer(transport, servers)
+        # Each against its own engine-only bracket, so the drift between the two runs cancels.
+        row["of_peer"] = row["of_engine"] / results[peer]["of_engine"] if peer else None
+    return {"rows": rows, "results": results}
 
 
-def print_round(clients: int, rows: dict[str, dict], servers: dict) -> None:
-    for mode, r in rows.items():
-        ms = {k: v * 1000 for k, v in r.items() if k not in ("tok_s", "cpu")}
+def print_round(clients: int, measured: dict, servers: dict) -> None:
+    for mode, r in measured["rows"]:
+        ms = {k: r[k] * 1000 for k in ("ttft50", "ttft99", "tpot50", "itl50", "itl99", "e2e50", "e2e99")}
         print(f"{clients:>7} {mode:>12} {r['tok_s']:>8.1f} {ms['ttft50']:>9.1f} {ms['ttft99']:>7.1f} "
               f"{ms['tpot50']:>9.2f} {ms['itl50']:>8.2f} {ms['itl99']:>7.2f} {ms['e2e50']:>8.1f} "
               f"{ms['e2e99']:>7.1f}", flush=True)
-    e = rows["engine"]
-    for transport in servers:
-        w = rows[transport]
+    for transport, w in measured["results"].items():
         peer = inprocess_peer(transport, servers)
-        print(f"{clients:>7} {'ratio':>12} {transport}: delivered {w['tok_s'] / e['tok_s']:.0%} of engine-only"
-              + (f", {w['tok_s'] / rows[peer]['tok_s']:.0%} of {peer}" if peer else "")
-              + f", TTFT p50 +{(w['ttft50'] - e['ttft50']) * 1000:.1f} ms"
+        print(f"{clients:>7} {'ratio':>12} {transport}: delivered {w['of_engine']:.0%} of engine-only "
+              f"({w['engine_tok_s']:.1f} tok/s, the runs either side)"
+              + (f", {w['of_peer']:.0%} of {peer}" if peer else "")
+              + f", TTFT p50 +{w['ttft_over'] * 1000:.1f} ms"
               + f" ({w['outside50'] * 1000:.1f} ms of each TTFT outside the engine, p50)"
               + f"; server CPU {w['cpu']}", flush=True)
 
 
-def print_medians(clients: int, rounds: list[dict[str, dict]], servers: dict) -> None:
-    """Each transport's median share over the rounds (each round's share against its own engine-only
-    and in-process rows, measured minutes apart at most), with every round's share beside it."""
+def print_medians(clients: int, rounds: list[dict], servers: dict) -> None:
+    """Each transport's median share over the rounds, with every round's share beside it."""
     for transport in servers:
-        of_engine = [r[transport]["tok_s"] / r["engine"]["tok_s"] for r in rounds]
-        ttft = [r[transport]["ttft50"] - r["engine"]["ttft50"] for r in rounds]
+        results = [r["results"][transport] for r in rounds]
+        of_engine, ttft = [r["of_engine"] for r in results], [r["ttft_over"] for r in results]
         line = (f"{clients:>7} {'median':>12} {transport} over {len(rounds)} rounds: delivered {median(of_engine):.0%} "
                 f"of engine-only ({', '.join(f'{x:.0%}' for x in of_engine)})")
         peer = inprocess_peer(transport, servers)
         if peer:
-            of_inprocess = [r[transport]["tok_s"] / r[peer]["tok_s"] for r in rounds]
-            line += f", {median(of_inprocess):.0%} of {peer} ({', '.join(f'{x:.0%}' for x in of_inprocess)})"
+            of_peer = [r["of_peer"] for r in results]
+            line += f", {median(of_peer):.0%} of {peer} ({', '.join(f'{x:.0%}' for x in of_peer)})"
         line += f", TTFT p50 +{median(ttft) * 1000:.1f} ms ({', '.join(f'+{x * 1000:.1f}' for x in ttft)})"
         print(line, flush=True)
 
