@@ -80,7 +80,7 @@ class GenerateConsumer(AsyncWebsocketConsumer):
                                 request_id)
         if len(self.active) >= MAX_ACTIVE_REQUESTS:
             raise ProtocolError("too_many_requests", f"at most {MAX_ACTIVE_REQUESTS} requests per socket", request_id)
-        transport = await asyncio.to_thread(bridge.transport)
+        transport = await bridge.transport_from_loop()
         prompt = self._prompt(frame, transport, request_id)
         params_raw = frame.get("params", {})
         try:

@@ -94,7 +94,7 @@ def _handler(kind: str):
             user = await _authenticate(request)
             body = _body(request)
             params = _params(body)
-            transport = await asyncio.to_thread(bridge.transport)
+            transport = await bridge.transport_from_loop()
             prompt = _prompt(kind, body, transport)
         except ApiError as exc:
             return exc.response()

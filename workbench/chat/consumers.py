@@ -101,7 +101,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
         return conversation.history()
 
     async def _generate(self, history: list[dict], params: SamplingParams) -> None:
-        transport = await asyncio.to_thread(bridge.transport)
+        transport = await bridge.transport_from_loop()
         try:
             prompt = transport.tokenizer.encode_chat(history)
         except TokenizerError as exc:

@@ -51,7 +51,7 @@ class DashboardConsumer(AsyncWebsocketConsumer):
         if self.scope.get("bearer_token") or not _is_staff(self.scope.get("user")):
             await self.close(code=REFUSED)
             return
-        self.transport = await asyncio.to_thread(bridge.transport)
+        self.transport = await bridge.transport_from_loop()
         await self.accept()
         self.pushing = asyncio.create_task(self._push_until_closed())
 

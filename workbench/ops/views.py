@@ -6,7 +6,6 @@ worker; POST changes one, on one worker or all, recorded in the audit log), and 
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 from asgiref.sync import sync_to_async
@@ -24,7 +23,7 @@ async def flags(request: HttpRequest) -> JsonResponse:
     refusal = await sync_to_async(flag_changes.refusal)(user)
     if refusal is not None:
         return JsonResponse({"error": refusal}, status=403)
-    transport = await asyncio.to_thread(bridge.transport)
+    transport = await bridge.transport_from_loop()
     if request.method == "GET":
         return JsonResponse({"flags": flag_changes.listing(transport)})
     if request.method != "POST":

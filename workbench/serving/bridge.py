@@ -10,6 +10,7 @@ the transport starts the first time a request needs it.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from typing import Callable
@@ -64,6 +65,12 @@ def transport():
 def running():
     """This process's transport if something has started it, else None (starts nothing)."""
     return _transports.get(settings.WORKBENCH_TRANSPORT)
+
+
+async def transport_from_loop():
+    """transport() for an event loop: the started one at once; starting it blocks, so that on a thread.
+    (A thread hop on every request was measurable under load: the loop waits for a pool thread to run.)"""
+    return running() or await asyncio.to_thread(transport)
 
 
 def shutdown() -> None:
