@@ -22,8 +22,10 @@ RECENT = 64  # leak events and replay checks carried per snapshot; readers keep 
 RECENT_DIVERGENT = 16  # divergent checks carried besides, even when many clean ones followed them
 
 
-def engine_state(engine: Engine, users: Mapping[str, str] | None = None) -> dict:
-    """`users`: request id -> the user it serves (the engine itself knows no users)."""
+def engine_state(engine: Engine, users: Mapping[str, str] | None = None, with_sequences: bool = True) -> dict:
+    """`users`: request id -> the user it serves (the engine itself knows no users). Without
+    `with_sequences` the per-sequence list (the one part that grows with the load) is left out, as
+    None, and only counted: a Celery worker sends it only while a dashboard watches."""
     loop, runner, graphs = engine.device_loop, engine.runner, engine.runner.graphs
     slots, users = loop.parked.slots(), users or {}
     parked_for: dict[int, int] = {}  # owner seq id -> tokens parked for it, over every row
@@ -31,8 +33,8 @@ def engine_state(engine: Engine, users: Mapping[str, str] | None = None) -> dict
         parked_for[owner] = parked_for.get(owner, 0) + tokens
     live = engine.live_sequences()
     live_ids = {seq.seq_id for seq in live}
-    sequences = []
-    for seq in live:
+    sequences = [] if with_sequences else None
+    for seq in live if with_sequences else ():
         row = runner.row_of.get(seq.seq_id)
         owner = slots[row][0] if row in slots else None
         sequences.append({
@@ -58,6 +60,7 @@ def engine_state(engine: Engine, users: Mapping[str, str] | None = None) -> dict
                          for row, (owner, tokens) in sorted(slots.items())],
         "capture": {"mode": mode, "reason": reason, "graphs": runner.use_graphs, "replays": graphs.replays},
         "sequences": sequences,
+        "sequence_count": len(live),
         "leak_events": [event.as_dict() for event in engine.leak_events.recent(RECENT)],
         "replay_checks": [_check(record) for record in checks],
     }

@@ -137,6 +137,11 @@
     const rows = [], slots = [];
     for (const [id, w] of Object.entries(workers)) {
       const state = w.state || {};
+      if (state.sequences === null && state.sequence_count) {
+        // A Celery worker sends its list only while a dashboard is open: it arrives with its next heartbeat.
+        rows.push(el("tr", {"data-worker": id}, el("td", {text: id}),
+          el("td", {colspan: "9", class: "note", text: `${state.sequence_count} live sequences; their list comes with the worker's next heartbeat`})));
+      }
       for (const s of state.sequences || []) {
         const matches = s.owner_matches;
         rows.push(el("tr", {"data-request": s.request_id, "data-worker": id, class: matches ? "" : "mismatch"},

@@ -329,3 +329,52 @@ async def test_a_staged_waitlist_interleave_shows_its_dropped_foreign_tokens_on_
     assert await stored() == expected
     assert recorders() == already, "each stops when told"
     await ws.disconnect()
+
+
+def listing(transport) -> tuple[bool, bool]:
+    """(a worker's heartbeat lists a sequence of the busy user, a worker's counts its sequences unlisted)"""
+    beats = transport.workers().values()
+    listed = any(s["user"] == "kept-busy" for beat in beats for s in beat.state.get("sequences") or [])
+    unlisted = any(beat.state.get("sequences") is None and beat.state.get("sequence_count") for beat in beats)
+    return listed, unlisted
+
+
+async def until(predicate, timeout: float) -> bool:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while asyncio.get_running_loop().time() < deadline:
+        if predicate():
+            return True
+        await asyncio.sleep(0.1)
+    return False
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("serving_transport", ["celery"], indirect=True)
+async def test_celery_workers_send_their_sequence_lists_only_while_a_dashboard_is_open(serving_transport, staff):
+    """The list grows with the load and rides every heartbeat, so it goes only while someone looks."""
+    transport = await bridge.transport_from_loop()
+    stop = asyncio.Event()
+
+    async def keep_busy() -> None:  # one request after another (the demo model's 512 positions are ~2 s)
+        n = 0
+        while not stop.is_set():
+            n += 1
+            params = SamplingParams(max_tokens=400, temperature=0, ignore_eos=True)
+            async for _ in transport.submit(f"busy-{id(stop)}-{n}", "The list type", params, user="kept-busy"):
+                pass
+
+    busy = asyncio.create_task(keep_busy())
+    lost_after = transport.lost_after_s
+    try:
+        assert await until(lambda: listing(transport) == (False, True), lost_after + 10), \
+            "unwatched, a worker counts its sequences without listing them"
+        ws = await dashboard(staff)
+        shown = await state_until(ws, lambda workers: any(
+            s["user"] == "kept-busy" for w in workers.values() for s in w["state"].get("sequences") or []), 15)
+        assert shown["type"] == "state"
+        await ws.disconnect()
+        assert await until(lambda: listing(transport) == (False, True), lost_after + 10), \
+            "the lists stop once the last dashboard closed"
+    finally:
+        stop.set()
+        await asyncio.wait_for(busy, 30)

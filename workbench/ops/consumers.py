@@ -53,11 +53,14 @@ class DashboardConsumer(AsyncWebsocketConsumer):
             return
         self.transport = await bridge.transport_from_loop()
         await self.accept()
+        self.unwatch = self.transport.watch_state()  # Celery workers send their sequence lists meanwhile
         self.pushing = asyncio.create_task(self._push_until_closed())
 
     async def disconnect(self, code) -> None:
         if getattr(self, "pushing", None):
             self.pushing.cancel()
+        if getattr(self, "unwatch", None):
+            self.unwatch()
 
     async def _push_until_closed(self) -> None:
         try:

@@ -23,6 +23,7 @@ import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
+from typing import Callable
 
 from django.conf import settings
 
@@ -60,6 +61,8 @@ class CeleryTransport:
         self._beat_changed: dict[str, tuple[float, float]] = {}  # worker -> (its sent_at, when it changed)
         self._polled_at = 0.0
         self._flag_answers: dict[str, dict[str, asyncio.Future]] = {}  # change id -> worker -> answer
+        self._dashboards = 0  # dashboards open in this process: while any is, workers send sequence lists
+        self._dashboards_lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run_loop, name="celery-link", daemon=True)
         self._tasks: list[asyncio.Task] = []
@@ -123,6 +126,30 @@ class CeleryTransport:
 
     def metrics_by_worker(self) -> dict[str, dict]:
         return {worker_id: beat.metrics for worker_id, beat in self._workers.items() if beat.metrics}
+
+    def watch_state(self) -> Callable[[], None]:
+        """A dashboard opens: the workers include their sequence lists in their heartbeats (within one
+        heartbeat) until the returned unwatch is called for every watch and the Redis mark expires."""
+        with self._dashboards_lock:
+            self._dashboards += 1
+            first = self._dashboards == 1
+        if first:  # say so now, not at the next poll
+            asyncio.run_coroutine_threadsafe(self._mark_watched(), self._loop)
+        unwatched = threading.Event()
+
+        def unwatch() -> None:
+            if not unwatched.is_set():
+                unwatched.set()
+                with self._dashboards_lock:
+                    self._dashboards -= 1
+
+        return unwatch
+
+    async def _mark_watched(self) -> None:
+        try:
+            await self.presence.watch()
+        except Exception as exc:  # the next poll tries again
+            log.warning("presence: %s: %s", type(exc).__name__, exc)
 
     def workers_view(self) -> dict[str, dict]:
         """The dashboard's view of each live worker, from its last heartbeat."""
@@ -299,6 +326,8 @@ class CeleryTransport:
 
     async def _refresh(self) -> None:
         await self.presence.mark_web(self.reply_channel)
+        if self._dashboards:
+            await self.presence.watch()
         workers = await self.presence.workers()
         now = self._polled_at = time.monotonic()
         for worker_id, beat in workers.items():

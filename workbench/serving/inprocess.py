@@ -59,6 +59,9 @@ class EngineThread:
         """`stream_interval`: tokens a request's deltas gather before they go out (stream_interval.py)."""
         self._factory = engine_factory
         self._hold = DeltaHold(stream_interval)
+        # The inspection snapshot's per-sequence list, which grows with the load: a Celery worker turns
+        # it off while no dashboard watches (its snapshot travels in every heartbeat).
+        self.sequences_in_state = True
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._sinks: dict[str, Sink] = {}
         self._users: dict[str, str] = {}  # request id -> the user it serves, for the dashboard
@@ -134,6 +137,11 @@ class EngineThread:
 
     def metrics_by_worker(self) -> dict[str, dict]:
         return {LOCAL_WORKER: self.load.metrics} if self.load.metrics else {}
+
+    def watch_state(self) -> Callable[[], None]:
+        """A dashboard opens: here the snapshot is always whole (it never leaves the process), so the
+        returned unwatch does nothing. The Celery transport's asks its workers for the sequence list."""
+        return lambda: None
 
     def workers_view(self) -> dict[str, dict]:
         """The dashboard's view of each worker: here, this process's one engine."""
@@ -247,12 +255,12 @@ class EngineThread:
 
     def _state(self, request_ids: tuple[str, ...], flags: dict) -> dict:
         now = time.monotonic()
-        key = (request_ids, self.engine.leak_events.last_number, tuple(flags.values()))
+        key = (request_ids, self.engine.leak_events.last_number, tuple(flags.values()), self.sequences_in_state)
         if self.load.state is not None and key == self._state_key and now - self._state_at < STATE_EVERY_S:
             return self.load.state
         self._state_key, self._state_at = key, now
         try:
-            return engine_state(self.engine, self._users)
+            return engine_state(self.engine, self._users, with_sequences=self.sequences_in_state)
         except Exception as exc:  # a view for operators must never stop the engine serving
             log.exception("the engine's inspection snapshot failed")
             return {"error": f"{type(exc).__name__}: {exc}"}

@@ -6,6 +6,10 @@ under a key that expires after WORKBENCH_WORKER_LOST_S, so a worker killed witho
 by itself. A web process marks its reply channel the same way, so a worker can drop the requests of a
 web process that died instead of generating for nobody. Both sides use plain redis-py: these keys are
 read far more often than they change, and Celery's own worker events carry none of this.
+
+The snapshot's list of live sequences grows with the load (about 270 bytes a sequence), so a worker
+sends it only while a web process says a dashboard is open (WATCHED_KEY, refreshed while one is), and
+otherwise only their count.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import redis.asyncio as aioredis
 WORKER_KEY = "{prefix}:worker:{worker_id}"
 WEB_KEY = "{prefix}:web:{reply_channel}"
 ADMITTED_KEY = "{prefix}:admitted:{request_id}"
+WATCHED_KEY = "{prefix}:dashboard-watched"
 # Long past any redelivery: Celery drops a task older than wire.TASK_EXPIRES_S unrun.
 ADMITTED_MEMORY_S = 600
 
@@ -61,10 +66,19 @@ class Presence:
         self.prefix = prefix
         self.ttl_ms = int(lost_after_s * 1000)
 
-    async def beat(self, heartbeat: Heartbeat) -> None:
+    async def beat(self, heartbeat: Heartbeat) -> bool:
+        """Publish a heartbeat; returns whether a dashboard is open anywhere (one round trip for both)."""
         heartbeat.sent_at = time.time()
         key = WORKER_KEY.format(prefix=self.prefix, worker_id=heartbeat.worker_id)
-        await self.redis.set(key, heartbeat.to_json(), px=self.ttl_ms)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.set(key, heartbeat.to_json(), px=self.ttl_ms)
+            pipe.exists(WATCHED_KEY.format(prefix=self.prefix))
+            _, watched = await pipe.execute()
+        return bool(watched)
+
+    async def watch(self) -> None:
+        """A dashboard is open in this web process: workers send their sequence lists for lost_after_s."""
+        await self.redis.set(WATCHED_KEY.format(prefix=self.prefix), "1", px=self.ttl_ms)
 
     async def retire(self, worker_id: str) -> None:
         await self.redis.delete(WORKER_KEY.format(prefix=self.prefix, worker_id=worker_id))

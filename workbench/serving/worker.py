@@ -26,7 +26,7 @@ from django.conf import settings
 
 from engine import Engine, EngineConfig, InvalidSamplingParams, SamplingParams
 from workbench.serving import wire
-from workbench.serving.inprocess import EngineThread
+from workbench.serving.inprocess import STATE_EVERY_S, EngineThread
 from workbench.serving.outbox import Outbox
 from workbench.serving.presence import Heartbeat, Presence, admit_once
 from workbench.serving.streams import StreamEvent
@@ -135,7 +135,7 @@ class WorkerHost:
         while not self._retired:
             load = self.engine_thread.load
             sent_requests = load.request_ids
-            await self.presence.beat(Heartbeat(
+            watched = await self.presence.beat(Heartbeat(
                 worker_id=self.worker_id, queue=self.queue,
                 hostname=socket.gethostname(), pid=os.getpid(), device=self.engine_config.device,
                 model=self.engine_config.model, capacity=settings.WORKBENCH_WORKER_CAPACITY,
@@ -143,6 +143,10 @@ class WorkerHost:
                 requests=list(load.request_ids), flags=load.flags or {},
                 draining=self._draining, metrics=load.metrics or {}, engine_run=self.engine_thread.engine_run,
                 state=load.state or {}))
+            if watched != self.engine_thread.sequences_in_state:
+                self.engine_thread.sequences_in_state = watched
+                if watched:  # a dashboard just opened: the list once the engine has taken it (<= 0.1 s)
+                    self._loop.call_later(2 * STATE_EVERY_S, self._beat_now.set)
             if first:  # a change for all workers made while this one started, seen by nobody: take it now
                 first = False
                 await asyncio.to_thread(self._apply_flags_in_force)
