@@ -69,6 +69,11 @@ def _sample_row(logits: torch.Tensor, row: SampleRequest) -> int:
         probs = _top_p(probs, params.top_p)
     if params.min_p > 0.0:
         probs = probs.masked_fill(probs < params.min_p * probs.max(), 0.0)
+    if not bool(torch.isfinite(probs).all()) or not float(probs.sum()) > 0:
+        # Extreme but valid parameters (temperature 1e-300, repetition_penalty 1e-300) overflow a logit
+        # to inf and the softmax to NaN: this row takes its most likely token, where multinomial would
+        # fail the step for every sequence in the batch.
+        return int(torch.nan_to_num(logits, nan=float("-inf")).argmax())
     return int(torch.multinomial(probs, 1, generator=row.generator))
 
 
@@ -76,7 +81,9 @@ def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     """Keep the smallest set of most likely tokens whose mass reaches top_p (always at least one)."""
     sorted_probs, order = torch.sort(probs, descending=True)
     mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
-    sorted_probs = sorted_probs.masked_fill(mass_before >= top_p, 0.0)
+    drop = mass_before >= top_p
+    drop[0] = False  # a top_p below float32's smallest number compares as 0 >= 0: the first always stays
+    sorted_probs = sorted_probs.masked_fill(drop, 0.0)
     return torch.zeros_like(probs).scatter(0, order, sorted_probs)
 
 

@@ -83,6 +83,10 @@ class Tokenizer:
         return self._backend.token_to_id(token)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:  # a lone surrogate (JSON's \\ud800): the backend raises a bare TypeError
+            raise TokenizerError(f"the text is not valid Unicode: a lone surrogate at character {exc.start}") from None
         return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:

@@ -392,3 +392,22 @@ def test_out_of_range_seed_is_refused_as_a_sampling_param(seed):
     with pytest.raises(InvalidSamplingParams) as caught:
         SamplingParams(seed=seed)
     assert caught.value.parameter == "seed"
+
+
+# --- extreme but valid parameters -------------------------------------------------------------------
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=1.0, top_p=1e-300),  # below float32's smallest number: compares as 0
+    SamplingParams(temperature=1.0, repetition_penalty=1e-300),  # a seen positive logit overflows to inf
+], ids=["top_p=1e-300", "repetition_penalty=1e-300"])
+def test_extreme_parameters_take_the_most_likely_token_and_leave_the_other_rows_alone(params):
+    """Each used to make torch.multinomial raise, which failed the engine step for every sequence."""
+    logits = random_logits(3, (3, 500))
+    logits[1, 2] = 5.0  # a positive logit among the seen tokens
+    plain = row(SamplingParams(temperature=1.0), seed=7)
+    tokens, _ = sample(logits, [row(SamplingParams(temperature=0)), row(params, prompt_ids=[1, 2, 3]), plain])
+    expected = apply_penalties(logits[1], params, [1, 2, 3], []) if params.has_penalties else logits[1]
+    assert tokens[0] == int(logits[0].argmax())
+    assert tokens[1] == int(expected.argmax())
+    # The sampled row drew exactly what it draws alone.
+    assert tokens[2] == sample(logits[2:], [row(SamplingParams(temperature=1.0), seed=7)])[0][0]

@@ -128,6 +128,16 @@ BAD_FRAMES = [
     (json.dumps({"type": "generate", "request_id": "p", "prompt": "hi", "params": "fast"}), "invalid_params"),
     (json.dumps({"type": "cancel", "request_id": "never-started"}), "unknown_request_id"),
     (json.dumps({"type": "generate", "request_id": "big", "prompt": "x" * 300_000}), "frame_too_large"),
+    # Lone surrogates (JSON escapes UTF-8 cannot carry), anywhere a string goes; and nesting past json's
+    # recursion limit.
+    (r'{"type": "generate", "request_id": "p", "prompt": "abc\ud800def"}', "invalid_request"),
+    (r'{"type": "generate", "request_id": "x\ud800", "prompt": "hi"}', "invalid_request"),
+    (r'{"type": "cancel", "request_id": "\udc00"}', "invalid_request"),
+    (r'{"type": "generate", "request_id": "p", "prompt": "hi", "params": {"\ud800": 1}}', "invalid_request"),
+    (r'{"type": "generate", "request_id": "p", "prompt": "hi", "params": {"stop": ["\ud800"]}}', "invalid_request"),
+    (r'{"type": "generate", "request_id": "p", "messages": [{"role": "user", "content": "hi\ud800"}]}',
+     "invalid_request"),
+    ("[" * 50_000, "invalid_json"),
 ]
 
 

@@ -13,9 +13,10 @@ def bearer_token(headers) -> str | None:
     """From ASGI scope headers (a list of byte pairs) or a Django request's headers (a mapping)."""
     items = headers.items() if hasattr(headers, "items") else headers
     for name, value in items:
-        name = name.decode() if isinstance(name, bytes) else name
+        name = name.decode("latin-1") if isinstance(name, bytes) else name
         if name.lower() == "authorization":
-            value = value.decode() if isinstance(value, bytes) else value
+            # latin-1 decodes any bytes: a header that is not UTF-8 is just a token that matches nobody.
+            value = value.decode("latin-1") if isinstance(value, bytes) else value
             scheme, _, token = value.partition(" ")
             return token.strip() if scheme.lower() == "bearer" and token.strip() else None
     return None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import uuid
 
 from channels.generic.websocket import AsyncWebsocketConsumer
@@ -16,7 +17,10 @@ from django.conf import settings
 
 from engine import InvalidSamplingParams, SamplingParams
 from engine.tokenizer import TokenizerError
+from workbench.api.json_input import LONE_SURROGATE, JsonInputError, parse_object
 from workbench.serving import bridge
+
+log = logging.getLogger(__name__)
 
 MAX_REQUEST_ID_CHARS = 128
 MAX_ACTIVE_REQUESTS = 64
@@ -36,11 +40,16 @@ class GenerateConsumer(AsyncWebsocketConsumer):
             return
         self.socket_id = uuid.uuid4().hex
         self.active: dict[str, asyncio.Task] = {}
+        # The engine's id for each active request: unique per request, not per request_id, because a
+        # client reuses its ids, and a cancel that lost the race with its request's end must not reach
+        # (or be remembered for) the next request under the same id.
+        self.engine_ids: dict[str, str] = {}
+        self.submitted = 0
         await self.accept()
 
     async def disconnect(self, code) -> None:
         for request_id in list(getattr(self, "active", {})):
-            bridge.transport().cancel(self._engine_id(request_id))
+            bridge.transport().cancel(self.engine_ids[request_id])
             self.active.pop(request_id).cancel()
 
     async def receive(self, text_data=None, bytes_data=None) -> None:
@@ -56,6 +65,10 @@ class GenerateConsumer(AsyncWebsocketConsumer):
                                     _request_id_or_none(frame))
         except ProtocolError as exc:
             await self._send({"type": "error", "request_id": exc.request_id, "code": exc.code, "message": exc.message})
+        except Exception:  # a bug costs this frame its answer, not the socket and every request on it
+            log.exception("a websocket frame failed")
+            await self._send({"type": "error", "request_id": None, "code": "internal_error",
+                              "message": "the server failed on this frame (it is logged); the socket stays open"})
 
     def _parse(self, text_data, bytes_data) -> dict:
         if text_data is None:
@@ -63,12 +76,9 @@ class GenerateConsumer(AsyncWebsocketConsumer):
         if len(text_data.encode()) > settings.WORKBENCH_MAX_FRAME_BYTES:
             raise ProtocolError("frame_too_large", f"frames are limited to {settings.WORKBENCH_MAX_FRAME_BYTES} bytes")
         try:
-            frame = json.loads(text_data)
-        except json.JSONDecodeError as exc:
-            raise ProtocolError("invalid_json", f"frame is not valid JSON: {exc}") from None
-        if not isinstance(frame, dict):
-            raise ProtocolError("invalid_request", "a frame must be a JSON object")
-        return frame
+            return parse_object(text_data)
+        except JsonInputError as exc:
+            raise ProtocolError(exc.code, exc.message, _request_id_or_none(exc.partial)) from None
 
     async def _generate(self, frame: dict) -> None:
         request_id = frame.get("request_id")
@@ -87,7 +97,9 @@ class GenerateConsumer(AsyncWebsocketConsumer):
             params = SamplingParams.from_dict(params_raw)
         except (InvalidSamplingParams, TypeError) as exc:
             raise ProtocolError("invalid_params", str(exc), request_id) from None
-        stream = transport.submit(self._engine_id(request_id), prompt, params, user=self.scope["user"].username)
+        self.submitted += 1
+        engine_id = self.engine_ids[request_id] = f"ws-{self.socket_id}-{self.submitted}-{request_id}"
+        stream = transport.submit(engine_id, prompt, params, user=self.scope["user"].username)
         self.active[request_id] = asyncio.create_task(self._relay(request_id, stream))
         await self._send({"type": "accepted", "request_id": request_id})
 
@@ -112,7 +124,7 @@ class GenerateConsumer(AsyncWebsocketConsumer):
             # Request ids are per socket: another user's (or another socket's) request is unknown here.
             raise ProtocolError("unknown_request_id", f"no running request {request_id!r} on this socket",
                                 _request_id_or_none(frame))
-        bridge.transport().cancel(self._engine_id(request_id))
+        bridge.transport().cancel(self.engine_ids[request_id])
 
     async def _relay(self, request_id: str, stream) -> None:
         try:
@@ -130,9 +142,7 @@ class GenerateConsumer(AsyncWebsocketConsumer):
                                           "timings": event.timings})
         finally:
             self.active.pop(request_id, None)
-
-    def _engine_id(self, request_id: str) -> str:
-        return f"ws-{self.socket_id}-{request_id}"
+            self.engine_ids.pop(request_id, None)
 
     async def _send(self, frame: dict) -> None:
         await self.send(text_data=json.dumps(frame, ensure_ascii=False))
@@ -140,4 +150,4 @@ class GenerateConsumer(AsyncWebsocketConsumer):
 
 def _request_id_or_none(frame) -> str | None:
     request_id = frame.get("request_id") if isinstance(frame, dict) else None
-    return request_id if isinstance(request_id, str) else None
+    return request_id if isinstance(request_id, str) and not LONE_SURROGATE.search(request_id) else None

@@ -15,12 +15,14 @@ import uuid
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from engine import InvalidSamplingParams, SamplingParams
 from engine.tokenizer import TokenizerError
 from workbench.api.auth import bearer_token
+from workbench.api.json_input import JsonInputError, parse_object
 from workbench.api.models import ApiToken
 from workbench.serving import bridge
 
@@ -57,14 +59,26 @@ async def _authenticate(request: HttpRequest):
 
 
 def _body(request: HttpRequest) -> dict:
-    if len(request.body) > settings.WORKBENCH_MAX_FRAME_BYTES:
-        raise ApiError(413, f"request bodies are limited to {settings.WORKBENCH_MAX_FRAME_BYTES} bytes")
+    too_large = ApiError(413, f"request bodies are limited to {settings.WORKBENCH_MAX_FRAME_BYTES} bytes")
     try:
-        body = json.loads(request.body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ApiError(400, f"the body is not valid JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise ApiError(400, "the body must be a JSON object")
+        raw = request.body
+    except RequestDataTooBig:  # past Django's own limit, which is higher than ours
+        raise too_large from None
+    if len(raw) > settings.WORKBENCH_MAX_FRAME_BYTES:
+        raise too_large
+    try:
+        body = parse_object(raw, "the body")
+    except JsonInputError as exc:
+        raise ApiError(400, exc.message) from None
+    # Checked here, before any is used: a wrong type would otherwise fail after the stream started.
+    if body.get("stream") is not None and not isinstance(body["stream"], bool):
+        raise ApiError(400, "stream must be true or false", param="stream")
+    options = body.get("stream_options")
+    if options is not None and (not isinstance(options, dict)
+                                or not isinstance(options.get("include_usage", False), bool)):
+        raise ApiError(400, "stream_options must be an object like {\"include_usage\": true}", param="stream_options")
+    if body.get("model") is not None and not isinstance(body["model"], str):
+        raise ApiError(400, "model must be a string", param="model")
     return body
 
 
@@ -76,7 +90,8 @@ def _params(body: dict) -> SamplingParams:
                 values[FIELD_MAP[key]] = value
         elif key not in IGNORED:
             raise ApiError(400, f"unsupported parameter {key!r}", param=key, code="unsupported_parameter")
-    if body.get("n", 1) != 1:
+    n = body.get("n", 1)
+    if n is not None and (isinstance(n, bool) or n != 1):
         raise ApiError(400, "only n=1 is supported", param="n")
     try:
         return SamplingParams.from_dict(values)

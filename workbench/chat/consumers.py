@@ -17,6 +17,7 @@ from django.utils import timezone
 
 from engine import InvalidSamplingParams, SamplingParams
 from engine.tokenizer import TokenizerError
+from workbench.api.json_input import JsonInputError, parse_object
 from workbench.chat.models import Conversation, Message
 from workbench.serving import bridge
 
@@ -45,11 +46,9 @@ class ChatConsumer(AsyncWebsocketConsumer):
 
     async def receive(self, text_data=None, bytes_data=None) -> None:
         try:
-            frame = json.loads(text_data or "")
-            if not isinstance(frame, dict):
-                raise ValueError("a frame must be a JSON object")
-        except ValueError as exc:
-            await self._error("invalid_frame", str(exc))
+            frame = parse_object(text_data or "")
+        except JsonInputError as exc:
+            await self._error("invalid_frame", exc.message)
             return
         kind = frame.get("type")
         if kind == "stop":

@@ -24,6 +24,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.contrib.auth import get_user_model
 
 from engine.capabilities import UnknownFlag
+from workbench.api.json_input import parse_object
 from workbench.ops import flag_changes
 from workbench.serving import bridge
 
@@ -96,8 +97,8 @@ class DashboardConsumer(AsyncWebsocketConsumer):
         try:
             if text_data is None or len(text_data) > MAX_FRAME_CHARS:
                 raise ValueError(f"frames are JSON text of at most {MAX_FRAME_CHARS} characters")
-            frame = json.loads(text_data)
-            if not isinstance(frame, dict) or frame.get("type") != "set_flag":
+            frame = parse_object(text_data)  # JsonInputError is a ValueError
+            if frame.get("type") != "set_flag":
                 raise ValueError("the one frame this socket takes is {\"type\": \"set_flag\", ...}")
         except ValueError as exc:
             await self._error(None, "invalid_frame", str(exc))

@@ -203,6 +203,10 @@ class EngineThread:
             code = "invalid_params" if isinstance(exc, InvalidSamplingParams) else "invalid_request"
             sink.push_threadsafe(StreamEvent.failure(code, str(exc)))
             return
+        except Exception as exc:  # a request the checks above missed must not end the thread (and every request)
+            log.exception("adding request %s failed", request_id)
+            sink.push_threadsafe(StreamEvent.failure("engine_error", f"{type(exc).__name__}: {exc}"))
+            return
         self._sinks[request_id] = sink
         self._users[request_id] = user
 
