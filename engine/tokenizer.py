@@ -100,7 +100,7 @@ class Tokenizer:
         """The prompt text for a conversation, rendered by the checkpoint's chat template."""
         if self.chat_template is None:
             raise TokenizerError("this model has no chat template; send a plain prompt instead of messages")
-        _check_messages(messages)
+        messages = _plain_messages(messages)
         context = {"bos_token": "", "eos_token": "", **self.special_tokens}
         try:
             return self._compiled_template.render(
@@ -152,16 +152,33 @@ def _raise_template_error(message: str):
     raise ChatTemplateError(message)
 
 
-def _check_messages(messages: Any) -> None:
+def _plain_messages(messages: Any) -> list[dict[str, Any]]:
+    """The messages checked, each content as one string: OpenAI's text parts
+    ([{"type": "text", "text": ...}]) joined with newlines (as vLLM does), an assistant's null content
+    (a message that only calls tools) as "". Other parts (images, audio) are refused: this reads text."""
     if not isinstance(messages, list) or not messages:
         raise TokenizerError("messages must be a non-empty list of {role, content} objects")
+    plain = []
     for index, message in enumerate(messages):
         if not isinstance(message, dict):
             raise TokenizerError(f"messages[{index}] must be an object with role and content")
         if not isinstance(message.get("role"), str) or not message["role"]:
             raise TokenizerError(f"messages[{index}].role must be a non-empty string")
-        if not isinstance(message.get("content"), str):
-            raise TokenizerError(f"messages[{index}].content must be a string")
+        content = message.get("content")
+        if content is None and message["role"] == "assistant":
+            content = ""
+        elif isinstance(content, list):
+            texts = []
+            for n, part in enumerate(content):
+                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    raise TokenizerError(f"messages[{index}].content[{n}] must be a text part "
+                                         '{"type": "text", "text": "..."}: this model reads text only')
+                texts.append(part["text"])
+            content = "\n".join(texts)
+        elif not isinstance(content, str):
+            raise TokenizerError(f"messages[{index}].content must be a string or a list of text parts")
+        plain.append({**message, "content": content})
+    return plain
 
 
 def _find_chat_template(path: Path, config: dict[str, Any]) -> str | None:

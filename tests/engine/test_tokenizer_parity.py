@@ -224,13 +224,26 @@ def test_generation_prompt_changes_the_render(pair):
     ([{"role": "user", "content": "hi"}, {"role": "", "content": "x"}], "messages[1].role"),
     ([{"role": "user"}], "messages[0].content"),
     ([{"role": "user", "content": None}], "messages[0].content"),
-    ([{"role": "user", "content": [{"type": "text", "text": "hi"}]}], "messages[0].content"),
+    ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], "messages[0].content[0]"),
+    ([{"role": "user", "content": [{"type": "text", "text": 5}]}], "messages[0].content[0]"),
+    ([{"role": "user", "content": ["hi"]}], "messages[0].content[0]"),
     ([{"role": "user", "content": 42}], "messages[0].content"),
 ])
 def test_bad_messages_raise_tokenizer_error(pair, messages, fragment):
     ours, _ = pair
     with pytest.raises(TokenizerError, match=re.escape(fragment)):
         ours.apply_chat_template(messages)
+
+
+def test_openai_text_parts_and_a_tool_only_assistant_render_as_their_text(pair):
+    """What OpenAI clients send: content as text parts (joined with newlines), and an assistant message
+    with null content; each renders as the plain-string conversation HF renders."""
+    ours, theirs = pair
+    parts = [{"role": "user", "content": [{"type": "text", "text": "What is"}, {"type": "text", "text": "a list?"}]},
+             {"role": "assistant", "content": None}, {"role": "user", "content": "go on"}]
+    plain = [{"role": "user", "content": "What is\na list?"}, {"role": "assistant", "content": ""},
+             {"role": "user", "content": "go on"}]
+    assert ours.apply_chat_template(parts) == theirs.apply_chat_template(plain, tokenize=False, add_generation_prompt=True)
 
 
 # --- chat template (custom Jinja) ------------------------------------------------------------------

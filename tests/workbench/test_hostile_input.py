@@ -108,6 +108,7 @@ def test_the_http_api_answers_bad_text_and_wrong_types_with_a_json_400(daphne_se
          "stream_options"),
         ("completions", b'{"prompt": "hi", "stream": "false"}', "stream"),
         ("completions", b'{"prompt": "hi", "n": true}', "n"),
+        ("completions", b'{"prompt": "hi", "max_tokens": 1, "max_completion_tokens": 3}', "max_completion_tokens"),
         ("completions", b"[" * 50_000, None),
     ]
     for path, raw, param in cases:

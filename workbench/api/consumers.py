@@ -97,6 +97,8 @@ class GenerateConsumer(AsyncWebsocketConsumer):
             params = SamplingParams.from_dict(params_raw)
         except (InvalidSamplingParams, TypeError) as exc:
             raise ProtocolError("invalid_params", str(exc), request_id) from None
+        if params.logprobs is not None:  # the engine computes them, but deltas do not carry them (yet)
+            raise ProtocolError("invalid_params", "logprobs: not sent over this API; leave it out", request_id)
         self.submitted += 1
         engine_id = self.engine_ids[request_id] = f"ws-{self.socket_id}-{self.submitted}-{request_id}"
         stream = transport.submit(engine_id, prompt, params, user=self.scope["user"].username)

@@ -83,6 +83,9 @@ def _body(request: HttpRequest) -> dict:
 
 
 def _params(body: dict) -> SamplingParams:
+    both = body.get("max_tokens"), body.get("max_completion_tokens")
+    if None not in both and both[0] != both[1]:
+        raise ApiError(400, "max_tokens and max_completion_tokens disagree; send one", param="max_completion_tokens")
     values = {}
     for key, value in body.items():
         if key in FIELD_MAP:
