@@ -11,6 +11,8 @@ logits, before penalties and temperature), as OpenAI's do.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 import torch
@@ -54,8 +56,8 @@ def _wants_logprob(params: SamplingParams) -> bool:
     return params.logprobs is not None or params.stop_below_prob is not None
 
 
-def _sample_row(logits: torch.Tensor, row: SampleRequest) -> int:
-    params = row.params
+def _sample_row(logits: torch.Tensor, row: SampleRequest, exact: bool = False) -> int:
+    params, raw = row.params, logits
     if params.has_penalties:
         logits = apply_penalties(logits, params, row.prompt_ids, row.output_ids)
     if params.greedy:
@@ -69,11 +71,12 @@ def _sample_row(logits: torch.Tensor, row: SampleRequest) -> int:
         probs = _top_p(probs, params.top_p)
     if params.min_p > 0.0:
         probs = probs.masked_fill(probs < params.min_p * probs.max(), 0.0)
-    if not bool(torch.isfinite(probs).all()) or not float(probs.sum()) > 0:
-        # Extreme but valid parameters (temperature 1e-300, repetition_penalty 1e-300) overflow a logit
-        # to inf and the softmax to NaN: this row takes its most likely token, where multinomial would
-        # fail the step for every sequence in the batch.
-        return int(torch.nan_to_num(logits, nan=float("-inf")).argmax())
+    if not exact and not 0 < float(probs.sum()) < math.inf:
+        # Extreme but valid parameters (repetition_penalty 1e-300) overflow float32 logits to inf and the
+        # softmax to NaN, and multinomial would fail the step for every sequence in the batch: the row
+        # again in float64, where they stay finite. NaN logits (a numerical fault) stay NaN there and
+        # still fail the step, as they must.
+        return _sample_row(raw.double(), row, exact=True)
     return int(torch.multinomial(probs, 1, generator=row.generator))
 
 

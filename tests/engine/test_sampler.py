@@ -406,8 +406,18 @@ def test_extreme_parameters_take_the_most_likely_token_and_leave_the_other_rows_
     logits[1, 2] = 5.0  # a positive logit among the seen tokens
     plain = row(SamplingParams(temperature=1.0), seed=7)
     tokens, _ = sample(logits, [row(SamplingParams(temperature=0)), row(params, prompt_ids=[1, 2, 3]), plain])
-    expected = apply_penalties(logits[1], params, [1, 2, 3], []) if params.has_penalties else logits[1]
+    # In exact arithmetic both leave one token all the mass: the largest logit, penalised or not.
+    exact = apply_penalties(logits[1].double(), params, [1, 2, 3], []) if params.has_penalties else logits[1]
     assert tokens[0] == int(logits[0].argmax())
-    assert tokens[1] == int(expected.argmax())
+    assert tokens[1] == int(exact.argmax())
     # The sampled row drew exactly what it draws alone.
     assert tokens[2] == sample(logits[2:], [row(SamplingParams(temperature=1.0), seed=7)])[0][0]
+
+
+def test_nan_logits_still_fail_rather_than_sample_a_token():
+    """The fallback above is for overflow only: a row of NaN (a numerical fault, a bad replay) must fail
+    loudly, not quietly become token 0."""
+    logits = random_logits(4, (2, 500))
+    logits[1] = float("nan")
+    with pytest.raises(RuntimeError):
+        sample(logits, [row(SamplingParams(temperature=0)), row(SamplingParams(temperature=1.0))])

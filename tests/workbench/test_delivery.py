@@ -54,6 +54,22 @@ def test_a_failure_passes_wherever_the_stream_stands():
     assert order.accept(StreamEvent.failure("worker_lost", "gone")).error_code == "worker_lost"
 
 
+def test_a_failure_carrying_held_tokens_is_checked_like_a_delta():
+    """With a stream interval a failure carries the tokens held before it: a resend's repeat is trimmed,
+    and tokens that would leave a hole are dropped (the error stands either way)."""
+    order = InOrder()
+    order.accept(delta(0, [1, 2], "ab", 0))
+    resent = order.accept(delta(1, [2, 3], "bc", 1, finished=True, finish_reason="error", error_code="engine_error",
+                                error="boom"))
+    assert (resent.index, resent.token_ids, resent.text, resent.error_code) == (2, [3], "c", "engine_error")
+    assert (order.tokens, order.chars) == (3, 3)
+    beyond = InOrder()
+    beyond.accept(delta(0, [1], "a", 0))
+    holed = beyond.accept(delta(4, [5], "e", 4, finished=True, finish_reason="error", error_code="engine_error",
+                                error="boom"))
+    assert (holed.token_ids, holed.text, holed.error_code) == ([], "", "engine_error")
+
+
 def test_outbox_coalesces_per_request_and_wakes_once_per_channel():
     wakes = []
     outbox = Outbox(lambda: wakes.append(1))

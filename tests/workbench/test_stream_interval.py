@@ -165,3 +165,37 @@ def test_a_celery_worker_applies_its_interval(tmp_path):
         assert [f["index"] for f in deltas] == [sum(sizes[:n]) for n in range(len(sizes))]
     finally:
         cluster.stop()
+
+
+def sse_text_before_a_forward_error(thread: EngineThread) -> tuple[str, list[str]]:
+    """Stream a completion over the OpenAI view's SSE generator while the engine's 4th forward fails."""
+    from workbench.api.openai_views import _sse
+
+    real_run, calls = thread.engine.runner.run, []
+
+    def failing_fourth(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 4:
+            raise RuntimeError("injected forward failure")
+        return real_run(*args, **kwargs)
+
+    async def stream() -> list[str]:
+        events = thread.submit(f"sse-{time.monotonic_ns()}", "The list type", GREEDY)
+        return [chunk async for chunk in _sse("completion", events, thread, {"id": "x", "created": 0, "model": "m"},
+                                               False)]
+
+    thread.engine.runner.run = failing_fourth
+    try:
+        chunks = asyncio.run(stream())
+    finally:
+        thread.engine.runner.run = real_run
+    payloads = [json.loads(c[len("data: "):]) for c in chunks if c != "data: [DONE]\n\n"]
+    text = "".join(p["choices"][0]["text"] for p in payloads if "choices" in p)
+    return text, [p["error"]["code"] for p in payloads if "error" in p]
+
+
+def test_sse_sends_the_held_text_before_a_forward_error(engine_threads):
+    every_step = sse_text_before_a_forward_error(engine_threads[1])
+    held = sse_text_before_a_forward_error(engine_threads[1000])
+    assert every_step[1] == held[1] == ["engine_error"]
+    assert len(every_step[0]) > 0 and held[0] == every_step[0], "the same text reaches the client either way"

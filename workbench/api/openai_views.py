@@ -182,6 +182,9 @@ async def _sse(kind: str, stream, transport, meta: dict, include_usage: bool):
             yield chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
         async for event in stream:
             if event.error_code:
+                if event.text:  # what was generated before the failure (a stream interval holds it back)
+                    body = {"delta": {"content": event.text}} if kind == "chat" else {"text": event.text}
+                    yield chunk([{"index": 0, **body, "finish_reason": None, "logprobs": None}])
                 error = {"message": event.error, "type": "server_error", "code": event.error_code}
                 yield f"data: {json.dumps({'error': error})}\n\n"
                 finished = True
