@@ -20,8 +20,20 @@ from workbench.api.routing import websocket_urlpatterns as api_sockets  # noqa: 
 from workbench.chat.routing import websocket_urlpatterns as chat_sockets  # noqa: E402
 from workbench.ops.routing import websocket_urlpatterns as ops_sockets  # noqa: E402
 
+from channels.generic.websocket import AsyncWebsocketConsumer  # noqa: E402
+from django.urls import re_path  # noqa: E402
+
+
+class NoSuchSocket(AsyncWebsocketConsumer):
+    """Any other websocket path (/ws/chat/abc, a typo): refused, where URLRouter's "No route found"
+    would be a 500 and a traceback."""
+
+    async def connect(self) -> None:
+        await self.close(code=4404)
+
+
 application = ProtocolTypeRouter({
     "http": django_application,
     "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(BearerTokenMiddleware(
-        URLRouter(api_sockets + chat_sockets + ops_sockets)))),
+        URLRouter(api_sockets + chat_sockets + ops_sockets + [re_path(r"", NoSuchSocket.as_asgi())])))),
 })

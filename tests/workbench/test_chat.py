@@ -62,6 +62,9 @@ def test_api_tokens_are_created_once_and_revoked(client, users):
     assert ApiToken.user_for(plaintext) == users[0] and token.digest not in page
     client.post(f"/tokens/{token.pk}/revoke")
     assert ApiToken.user_for(plaintext) is None
+    first = ApiToken.objects.get(pk=token.pk).revoked_at
+    client.post(f"/tokens/{token.pk}/revoke")
+    assert ApiToken.objects.get(pk=token.pk).revoked_at == first, "revoking again keeps when it was revoked"
     client.force_login(users[1])
     assert client.post(f"/tokens/{token.pk}/revoke").status_code == 404
 
@@ -129,3 +132,83 @@ async def test_stop_keeps_the_partial_reply_as_canceled(users):
     reply = await sync_to_async(lambda: Message.objects.get(conversation=conversation, role="assistant"))()
     assert reply.finish_reason == "canceled" and reply.completion_tokens == frames[-1]["usage"]["completion_tokens"]
     await ws.disconnect()
+
+
+async def frames_until(ws, kinds: tuple[str, ...], timeout: float = 30) -> list[dict]:
+    frames = []
+    while not frames or frames[-1]["type"] not in kinds:
+        frames.append(json.loads(await ws.receive_from(timeout=timeout)))
+    return frames
+
+
+@pytest.mark.asyncio
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("serving_transport")
+async def test_a_stop_sent_right_after_the_message_stops_it(users):
+    """The stop comes before the reply has an engine request (the first request after a restart waits
+    for the transport to start): it must still stop it, not let it run to max_tokens."""
+    from asgiref.sync import sync_to_async
+
+    conversation = await sync_to_async(Conversation.objects.create)(owner=users[0])
+    ws = WebsocketCommunicator(as_user(users[0]), f"/ws/chat/{conversation.pk}")
+    await ws.connect()
+    await ws.send_to(text_data=json.dumps({"type": "send", "content": "x",
+                                           "params": {"max_tokens": 500, "ignore_eos": True, "temperature": 0}}))
+    await ws.send_to(text_data=json.dumps({"type": "stop"}))
+    done = (await frames_until(ws, ("done",)))[-1]
+    assert done["finish_reason"] == "canceled" and (done["usage"] or {}).get("completion_tokens", 0) < 500
+    await ws.disconnect()
+
+
+@pytest.mark.asyncio
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("serving_transport")
+async def test_a_conversation_deleted_while_it_is_answered_ends_the_reply_and_the_socket(users):
+    from asgiref.sync import sync_to_async
+
+    conversation = await sync_to_async(Conversation.objects.create)(owner=users[0])
+    ws = WebsocketCommunicator(as_user(users[0]), f"/ws/chat/{conversation.pk}")
+    await ws.connect()
+    await ws.send_to(text_data=json.dumps({"type": "send", "content": "x",
+                                           "params": {"max_tokens": 500, "ignore_eos": True, "temperature": 0}}))
+    await frames_until(ws, ("delta",))
+    await sync_to_async(Conversation.objects.filter(pk=conversation.pk).delete)()
+    await ws.send_to(text_data=json.dumps({"type": "stop"}))
+    frames = await frames_until(ws, ("error",))
+    assert frames[-1]["code"] == "conversation_gone"
+    assert (await ws.receive_output(timeout=10))["type"] == "websocket.close"
+    assert await sync_to_async(Message.objects.count)() == 0
+
+
+@pytest.mark.asyncio
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("serving_transport")
+async def test_a_conversation_longer_than_the_model_is_answered_from_its_newest_turns(users):
+    """The demo model reads 512 tokens: an old long message gives way, and a failed reply stored for the
+    page is not part of what the model continues. A last message too long alone is a clear error."""
+    from asgiref.sync import sync_to_async
+
+    conversation = await sync_to_async(Conversation.objects.create)(owner=users[0])
+
+    def seed() -> None:
+        Message.objects.create(conversation=conversation, role="user", content="tell me " * 400)
+        Message.objects.create(conversation=conversation, role="assistant", content="", finish_reason="error",
+                               error="prompt too long")
+
+    await sync_to_async(seed)()
+    ws = WebsocketCommunicator(as_user(users[0]), f"/ws/chat/{conversation.pk}")
+    await ws.connect()
+    params = {"max_tokens": 8, "ignore_eos": True, "temperature": 0}
+    frames = await talk(ws, {"type": "send", "content": "What is a list?", "params": params})
+    assert frames[-1]["type"] == "done" and frames[-1]["finish_reason"] == "length", frames[-1]
+    # What the model saw: the newest turn alone, exactly as a fresh conversation would send it.
+    fresh = await sync_to_async(Conversation.objects.create)(owner=users[0])
+    ws_fresh = WebsocketCommunicator(as_user(users[0]), f"/ws/chat/{fresh.pk}")
+    await ws_fresh.connect()
+    alone = await talk(ws_fresh, {"type": "send", "content": "What is a list?", "params": params})
+    assert "".join(f["text"] for f in frames if f["type"] == "delta") == \
+        "".join(f["text"] for f in alone if f["type"] == "delta")
+    too_long = await talk(ws, {"type": "send", "content": "tell me " * 1000, "params": params})
+    assert too_long[-1]["type"] == "error" and "shorten it" in too_long[-1]["message"]
+    await ws.disconnect()
+    await ws_fresh.disconnect()

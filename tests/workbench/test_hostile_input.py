@@ -199,3 +199,22 @@ def test_the_engine_thread_outlives_a_request_it_cannot_take():
         assert [t for e in after.events for t in e.token_ids] == solo("The list type", 16)
     finally:
         thread.stop()
+
+
+def test_a_websocket_path_that_matches_nothing_is_refused_not_a_500(daphne_server):
+    address, token = daphne_server
+    for path in ("/ws/chat/abc", "/ws/chat/-1", "/ws/nothing-here"):
+        host, port = address.split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as conn:
+            conn.sendall(f"GET {path} HTTP/1.1\r\nHost: {address}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                         "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+                         f"Origin: http://{address}\r\n\r\n".encode())
+            status_line = conn.recv(4096).split(b"\r\n")[0]
+        assert status_line.split()[1] == b"403", (path, status_line)
+
+
+def test_a_flag_change_body_nested_too_deeply_is_a_400(client, django_user_model):
+    staff = django_user_model.objects.create_user("ops", password="pw-ops-12345", is_staff=True, is_superuser=True)
+    client.force_login(staff)
+    response = client.post("/ops/flags", data="[" * 100_000, content_type="application/json")
+    assert response.status_code == 400 and "nested too deeply" in response.json()["error"]

@@ -46,5 +46,7 @@ class ApiToken(models.Model):
         return token.user if token and token.user.is_active else None
 
     def revoke(self) -> None:
-        self.revoked_at = timezone.now()
-        self.save(update_fields=["revoked_at"])
+        """Idempotent: revoking again keeps the time it was first revoked."""
+        if self.revoked_at is None:
+            self.revoked_at = timezone.now()
+            self.save(update_fields=["revoked_at"])

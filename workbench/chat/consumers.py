@@ -13,11 +13,13 @@ import uuid
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
+from django.db import DatabaseError
 from django.utils import timezone
 
 from engine import InvalidSamplingParams, SamplingParams
 from engine.tokenizer import TokenizerError
 from workbench.api.json_input import JsonInputError, parse_object
+from workbench.chat.fitting import fitted_prompt
 from workbench.chat.models import Conversation, Message
 from workbench.serving import bridge
 
@@ -32,6 +34,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
             return
         self.generation: asyncio.Task | None = None
         self.engine_id: str | None = None
+        self.stop_asked = False  # a stop (or close) before the request reached the transport
         await self.accept()
 
     @database_sync_to_async
@@ -41,8 +44,14 @@ class ChatConsumer(AsyncWebsocketConsumer):
         return Conversation.owned_by(user).filter(pk=conversation_id).first() if user else None
 
     async def disconnect(self, code) -> None:
-        if getattr(self, "engine_id", None) and self.generation and not self.generation.done():
-            bridge.transport().cancel(self.engine_id)
+        if getattr(self, "generation", None) and not self.generation.done():
+            self._stop()
+
+    def _stop(self) -> None:
+        self.stop_asked = True  # seen by _generate if its request is not submitted yet
+        transport = bridge.running()  # never start (block on) a transport just to stop
+        if self.engine_id and transport is not None:
+            transport.cancel(self.engine_id)
 
     async def receive(self, text_data=None, bytes_data=None) -> None:
         try:
@@ -52,8 +61,8 @@ class ChatConsumer(AsyncWebsocketConsumer):
             return
         kind = frame.get("type")
         if kind == "stop":
-            if self.engine_id and self.generation and not self.generation.done():
-                bridge.transport().cancel(self.engine_id)
+            if self.generation and not self.generation.done():
+                self._stop()
             return
         if kind not in ("send", "regenerate", "edit"):
             await self._error("unknown_type", f"unknown frame type {kind!r}")
@@ -71,10 +80,19 @@ class ChatConsumer(AsyncWebsocketConsumer):
                                          or len(content) > MAX_MESSAGE_CHARS):
             await self._error("invalid_request", f"content must be 1-{MAX_MESSAGE_CHARS} characters of text")
             return
-        history = await self._prepare(kind, content)
+        try:
+            history = await self._prepare(kind, content)
+        except DatabaseError:
+            if await self._exists():
+                raise
+            await self._gone()
+            return
         if history is None:
             await self._error("invalid_request", "nothing to regenerate or edit yet")
             return
+        # The id and the stop flag are this request's before the task runs: a stop that comes while the
+        # transport is still starting (the first request after a restart) must reach it.
+        self.engine_id, self.stop_asked = f"chat-{self.conversation.pk}-{uuid.uuid4().hex}", False
         self.generation = asyncio.create_task(self._generate(history, params))
 
     @database_sync_to_async
@@ -102,20 +120,36 @@ class ChatConsumer(AsyncWebsocketConsumer):
     async def _generate(self, history: list[dict], params: SamplingParams) -> None:
         transport = await bridge.transport_from_loop()
         try:
-            prompt = transport.tokenizer.encode_chat(history)
+            prompt = fitted_prompt(transport.tokenizer, history)
         except TokenizerError as exc:
             await self._error("invalid_request", str(exc))
             return
-        self.engine_id = f"chat-{self.conversation.pk}-{uuid.uuid4().hex}"
         await self._send({"type": "started"})
         text, event = "", None
-        async for event in transport.submit(self.engine_id, prompt, params, user=self.scope["user"].username):
+        stream = transport.submit(self.engine_id, prompt, params, user=self.scope["user"].username)
+        if self.stop_asked:
+            transport.cancel(self.engine_id)
+        async for event in stream:
             if event.text:
                 text += event.text
                 await self._send({"type": "delta", "index": event.index, "text": event.text})
-        message = await self._store_reply(text, event)
+        try:
+            message = await self._store_reply(text, event)
+        except DatabaseError:
+            if await self._exists():
+                raise
+            await self._gone()  # deleted while it was answered
+            return
         await self._send({"type": "done", "message_id": message.pk, "finish_reason": event.finish_reason,
                           "error": event.error, "usage": event.usage, "timings": event.timings})
+
+    @database_sync_to_async
+    def _exists(self) -> bool:
+        return Conversation.objects.filter(pk=self.conversation.pk).exists()
+
+    async def _gone(self) -> None:
+        await self._error("conversation_gone", "this conversation was deleted")
+        await self.close(code=4404)
 
     @database_sync_to_async
     def _store_reply(self, text: str, event) -> Message:

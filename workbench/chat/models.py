@@ -25,8 +25,10 @@ class Conversation(models.Model):
         return cls.objects.filter(owner=user) if user.is_authenticated else cls.objects.none()
 
     def history(self) -> list[dict]:
-        """The conversation as chat-template messages, oldest first."""
-        return [{"role": m.role, "content": m.content} for m in self.messages.order_by("created_at", "id")]
+        """The conversation as chat-template messages, oldest first. A reply that failed before any
+        text (stored so the page shows the error) is not part of what the model is asked to continue."""
+        return [{"role": m.role, "content": m.content} for m in self.messages.order_by("created_at", "id")
+                if not (m.role == "assistant" and m.finish_reason == "error" and not m.content)]
 
 
 class Message(models.Model):

@@ -6,14 +6,13 @@ worker; POST changes one, on one worker or all, recorded in the audit log), and 
 
 from __future__ import annotations
 
-import json
-
 from asgiref.sync import sync_to_async
 from django.contrib.auth.views import redirect_to_login
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 
 from engine.capabilities import UnknownFlag
+from workbench.api.json_input import JsonInputError, parse_object
 from workbench.ops import flag_changes
 from workbench.serving import bridge
 
@@ -29,9 +28,9 @@ async def flags(request: HttpRequest) -> JsonResponse:
     if request.method != "POST":
         return JsonResponse({"error": "use GET or POST"}, status=405)
     try:
-        body = json.loads(request.body)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return JsonResponse({"error": "the body must be JSON: {\"name\", \"value\", \"worker\" (optional: all)}"},
+        body = parse_object(request.body, "the body")
+    except JsonInputError as exc:
+        return JsonResponse({"error": f"{exc.message}; send {{\"name\", \"value\", \"worker\" (optional: all)}}"},
                             status=400)
     try:
         name, value, worker = flag_changes.parse(body)
