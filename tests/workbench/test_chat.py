@@ -212,3 +212,35 @@ async def test_a_conversation_longer_than_the_model_is_answered_from_its_newest_
     assert too_long[-1]["type"] == "error" and "shorten it" in too_long[-1]["message"]
     await ws.disconnect()
     await ws_fresh.disconnect()
+
+
+@pytest.mark.asyncio
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("serving_transport")
+async def test_two_tabs_on_one_conversation_take_turns(users):
+    """One reply at a time per conversation, whichever socket asks: a second tab is told it is busy and
+    stores nothing, and once the first reply ends it is answered; the history stays question, answer."""
+    from asgiref.sync import sync_to_async
+
+    conversation = await sync_to_async(Conversation.objects.create)(owner=users[0])
+    path = f"/ws/chat/{conversation.pk}"
+    first, second = WebsocketCommunicator(as_user(users[0]), path), WebsocketCommunicator(as_user(users[0]), path)
+    await first.connect()
+    await second.connect()
+    params = {"max_tokens": 400, "ignore_eos": True, "temperature": 0}
+    await first.send_to(text_data=json.dumps({"type": "send", "content": "from the first tab", "params": params}))
+    await frames_until(first, ("delta",))
+    for frame in ({"type": "send", "content": "from the second tab", "params": params},
+                  {"type": "regenerate", "params": params}, {"type": "edit", "content": "edited", "params": params}):
+        refused = await talk(second, frame)
+        assert refused[-1]["type"] == "error" and refused[-1]["code"] == "busy", refused[-1]
+    await first.send_to(text_data=json.dumps({"type": "stop"}))
+    await frames_until(first, ("done",))
+    answered = await talk(second, {"type": "send", "content": "from the second tab", "params": {**params, "max_tokens": 4}})
+    assert answered[-1]["type"] == "done" and answered[-1]["finish_reason"] == "length"
+    stored = await sync_to_async(lambda: list(conversation.messages.order_by("created_at", "id")
+                                              .values_list("role", "content")))()
+    assert [(role, content if role == "user" else "") for role, content in stored] == [
+        ("user", "from the first tab"), ("assistant", ""), ("user", "from the second tab"), ("assistant", "")]
+    await first.disconnect()
+    await second.disconnect()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
+from datetime import datetime
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
@@ -81,23 +82,42 @@ class ChatConsumer(AsyncWebsocketConsumer):
             await self._error("invalid_request", f"content must be 1-{MAX_MESSAGE_CHARS} characters of text")
             return
         try:
-            history = await self._prepare(kind, content)
+            prepared = await self._prepare(kind, content)
+        except Conversation.DoesNotExist:
+            await self._gone()
+            return
         except DatabaseError:
             if await self._exists():
                 raise
             await self._gone()
             return
-        if history is None:
+        if prepared == "busy":
+            await self._error("busy", "a reply to this conversation is being generated (in another tab?); "
+                                      "wait for it or stop it there")
+            return
+        if prepared is None:
             await self._error("invalid_request", "nothing to regenerate or edit yet")
             return
         # The id and the stop flag are this request's before the task runs: a stop that comes while the
         # transport is still starting (the first request after a restart) must reach it.
         self.engine_id, self.stop_asked = f"chat-{self.conversation.pk}-{uuid.uuid4().hex}", False
-        self.generation = asyncio.create_task(self._generate(history, params))
+        self.generation = asyncio.create_task(self._generate(*prepared, params))
 
     @database_sync_to_async
-    def _prepare(self, kind: str, content: str | None) -> list[dict] | None:
-        """Apply the user's action to the stored conversation; returns the history to answer."""
+    def _prepare(self, kind: str, content: str | None) -> tuple[list[dict], datetime] | str | None:
+        """Claim the conversation for a reply and apply the user's action to it; returns the history to
+        answer with the claim, "busy" if a reply is under way (any tab), None if nothing to answer."""
+        conversation = self.conversation
+        claim = conversation.claim_reply()
+        if claim is None:
+            return "busy"
+        try:
+            return self._apply(kind, content, claim)
+        except BaseException:
+            conversation.release_reply(claim)
+            raise
+
+    def _apply(self, kind: str, content: str | None, claim: datetime) -> tuple[list[dict], datetime] | None:
         conversation = self.conversation
         messages = list(conversation.messages.all())
         if kind == "send":
@@ -107,6 +127,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
         else:
             last_user = next((m for m in reversed(messages) if m.role == "user"), None)
             if last_user is None:
+                conversation.release_reply(claim)
                 return None
             # Drop the replies to the last user message; "edit" also replaces its text.
             conversation.messages.filter(created_at__gte=last_user.created_at, role="assistant").delete()
@@ -115,9 +136,15 @@ class ChatConsumer(AsyncWebsocketConsumer):
                 last_user.save(update_fields=["content"])
         conversation.updated_at = timezone.now()
         conversation.save(update_fields=["title", "updated_at"])
-        return conversation.history()
+        return conversation.history(), claim
 
-    async def _generate(self, history: list[dict], params: SamplingParams) -> None:
+    async def _generate(self, history: list[dict], claim: datetime, params: SamplingParams) -> None:
+        try:
+            await self._answer(history, params)
+        finally:
+            await database_sync_to_async(self.conversation.release_reply)(claim)
+
+    async def _answer(self, history: list[dict], params: SamplingParams) -> None:
         transport = await bridge.transport_from_loop()
         try:
             prompt = fitted_prompt(transport.tokenizer, history)

@@ -3,9 +3,15 @@ is only ever reached by its owner."""
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
+
 from django.conf import settings
 from django.db import models
 from django.utils import timezone
+
+
+# A reply's claim on its conversation outlives a server that died mid-reply by at most this long.
+REPLY_CLAIM_STALE = timedelta(minutes=10)
 
 
 class Conversation(models.Model):
@@ -13,6 +19,9 @@ class Conversation(models.Model):
     title = models.CharField(max_length=200, default="New conversation")
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
+    # Set while a reply is generated: one reply at a time per conversation, whichever tab or web process
+    # asks (two at once stored their messages interleaved: question, question, answer, answer).
+    replying_since = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-updated_at"]
@@ -23,6 +32,20 @@ class Conversation(models.Model):
     @classmethod
     def owned_by(cls, user):
         return cls.objects.filter(owner=user) if user.is_authenticated else cls.objects.none()
+
+    def claim_reply(self) -> datetime | None:
+        """Atomically mark a reply as under way; returns the claim (None: one is already under way).
+        Raises Conversation.DoesNotExist if the conversation is gone."""
+        now = timezone.now()
+        free = models.Q(replying_since__isnull=True) | models.Q(replying_since__lt=now - REPLY_CLAIM_STALE)
+        if Conversation.objects.filter(free, pk=self.pk).update(replying_since=now):
+            return now
+        if not Conversation.objects.filter(pk=self.pk).exists():
+            raise Conversation.DoesNotExist
+        return None
+
+    def release_reply(self, claim: datetime) -> None:
+        Conversation.objects.filter(pk=self.pk, replying_since=claim).update(replying_since=None)
 
     def history(self) -> list[dict]:
         """The conversation as chat-template messages, oldest first. A reply that failed before any
