@@ -9,6 +9,9 @@ const stopButton = document.getElementById("stop-button");
 const statusLine = document.getElementById("status");
 let socket = null;
 let reply = null;        // {article, content, text} of the reply being streamed
+let pending = null;      // the user's message shown before the server took it (a "started" frame)
+// Errors that mean the message was refused before it was stored: it comes off the page, back to the input.
+const NOT_STORED = new Set(["busy", "invalid_params", "signed_out"]);
 let sentAt = 0;
 
 document.querySelectorAll("[data-markdown]").forEach((el) => renderMarkdown(el, el.textContent));
@@ -52,6 +55,7 @@ function params() {
 
 function handle(frame) {
   if (frame.type === "started") {
+    pending = null;
     reply = addMessage("assistant", "");
     reply.article.dataset.streaming = "true";
   } else if (frame.type === "delta" && reply) {
@@ -77,6 +81,11 @@ function handle(frame) {
     statusLine.textContent = "";
   } else if (frame.type === "error") {
     statusLine.textContent = `Error: ${frame.message}`;
+    if (pending && !reply && NOT_STORED.has(frame.code)) {
+      pending.article.remove();
+      if (!input.value) input.value = pending.text;
+    }
+    pending = null;
     if (!reply) setBusy(false);
   }
 }
@@ -92,7 +101,7 @@ document.getElementById("composer").addEventListener("submit", (event) => {
   event.preventDefault();
   const text = input.value;
   if (!text.trim()) return;
-  addMessage("user", text);
+  pending = addMessage("user", text);  // shown at once; taken back if the server refuses it
   input.value = "";
   send({type: "send", content: text});
 });

@@ -70,3 +70,28 @@ def test_model_output_cannot_run_script(browser, daphne_server):
     assert rendered["pwned"] == 0 and "<img" not in rendered["html"] and "<script" not in rendered["html"]
     assert "<strong>bold</strong>" in rendered["html"] and "<code>code</code>" in rendered["html"]
     assert "&lt;b&gt;x&lt;/b&gt;" in rendered["html"]
+
+
+def test_a_second_tab_is_told_the_conversation_is_busy_and_keeps_its_text(browser, daphne_server):
+    """Two tabs of one user on one conversation: while the first streams, the second's message is
+    refused (one reply at a time) and comes back to its input box instead of hanging on the page."""
+    base = f"http://{daphne_server[0]}"
+    first = signed_up_in_a_new_conversation(browser, base, "tabby")
+    second = first.context.new_page()
+    second.goto(first.url)
+    first.click("details summary")
+    first.fill("#max_tokens", "400")
+    first.fill("#temperature", "0")
+    first.fill("#input", "Tell me about lists")  # greedy, this runs long (as in the test above)
+    first.click("#send")
+    first.locator("article.assistant[data-streaming]").wait_for()
+    second.wait_for_function("document.querySelector('#send') && !document.querySelector('#send').disabled")
+    second.fill("#input", "Me too")
+    second.click("#send")
+    second.wait_for_function("document.querySelector('#status').textContent.includes('another tab')")
+    assert second.locator("article.user").count() == 0 and second.input_value("#input") == "Me too"
+    first.evaluate("document.getElementById('stop-button').click()")  # a no-op if it has just finished
+    first.locator("article.assistant .meta").wait_for()
+    second.click("#send")  # now it is answered
+    second.locator("article.assistant .meta").wait_for()
+    assert second.locator("article.user .content").inner_text() == "Me too"

@@ -244,3 +244,31 @@ async def test_two_tabs_on_one_conversation_take_turns(users):
         ("user", "from the first tab"), ("assistant", ""), ("user", "from the second tab"), ("assistant", "")]
     await first.disconnect()
     await second.disconnect()
+
+
+@pytest.mark.asyncio
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("serving_transport")
+async def test_a_socket_opened_before_logging_out_stops_answering(users):
+    """Through the real session middleware: the socket keeps the session it was opened with, so once
+    the user logs out (in any tab) it must refuse to generate and close."""
+    from asgiref.sync import sync_to_async
+    from django.test import Client
+
+    from workbench.asgi import application
+
+    conversation = await sync_to_async(Conversation.objects.create)(owner=users[0])
+    browser = Client()
+    await sync_to_async(browser.force_login)(users[0])
+    cookie = f"sessionid={browser.cookies['sessionid'].value}".encode()
+    ws = WebsocketCommunicator(application, f"/ws/chat/{conversation.pk}",
+                               headers=[(b"cookie", cookie), (b"host", b"127.0.0.1"), (b"origin", b"http://127.0.0.1")])
+    assert (await ws.connect())[0]
+    params = {"max_tokens": 4, "ignore_eos": True, "temperature": 0}
+    assert (await talk(ws, {"type": "send", "content": "first", "params": params}))[-1]["type"] == "done"
+    await sync_to_async(browser.post)("/logout")
+    refused = await talk(ws, {"type": "send", "content": "after logout", "params": params})
+    assert refused[-1]["type"] == "error" and refused[-1]["code"] == "signed_out"
+    assert (await ws.receive_output(timeout=10))["type"] == "websocket.close"
+    contents = await sync_to_async(lambda: list(conversation.messages.filter(role="user").values_list("content", flat=True)))()
+    assert contents == ["first"]

@@ -71,6 +71,10 @@ class ChatConsumer(AsyncWebsocketConsumer):
         if self.generation and not self.generation.done():
             await self._error("busy", "a reply is still being generated; stop it first")
             return
+        if not await self._still_signed_in():
+            await self._error("signed_out", "you signed out (in this or another tab); sign in again")
+            await self.close(code=4401)
+            return
         try:
             params = SamplingParams.from_dict(frame.get("params") or {})
         except (InvalidSamplingParams, TypeError) as exc:
@@ -169,6 +173,15 @@ class ChatConsumer(AsyncWebsocketConsumer):
             return
         await self._send({"type": "done", "message_id": message.pk, "finish_reason": event.finish_reason,
                           "error": event.error, "usage": event.usage, "timings": event.timings})
+
+    @database_sync_to_async
+    def _still_signed_in(self) -> bool:
+        """False once the session this socket was opened with is gone: logging out (in any tab) deletes
+        it, and a socket opened before must not go on generating in the user's name. (A socket without
+        a session key was not opened by a session.)"""
+        session = self.scope.get("session")
+        key = getattr(session, "session_key", None)
+        return key is None or session.exists(key)
 
     @database_sync_to_async
     def _exists(self) -> bool:
