@@ -272,3 +272,21 @@ async def test_a_socket_opened_before_logging_out_stops_answering(users):
     assert (await ws.receive_output(timeout=10))["type"] == "websocket.close"
     contents = await sync_to_async(lambda: list(conversation.messages.filter(role="user").values_list("content", flat=True)))()
     assert contents == ["first"]
+
+
+def test_fitting_keeps_the_most_turns_that_fit_starting_at_a_user_message():
+    """Against the plain search it replaces: every suffix from a user message, longest first."""
+    from engine.loader import resolve_model_path
+    from engine.tokenizer import Tokenizer
+    from workbench.chat.fitting import fitted_prompt, model_length
+
+    tokenizer = Tokenizer.from_dir(resolve_model_path("demo"))
+    limit = model_length("demo") - 1
+    for turns_count, words in [(3, 10), (9, 30), (20, 25), (31, 12)]:
+        history = [{"role": "system", "content": "Be brief."}]
+        for n in range(turns_count):
+            history.append({"role": "user" if n % 2 == 0 else "assistant", "content": f"turn {n} " + "word " * words})
+        system, turns = history[:1], history[1:]
+        fitting = [tokenizer.encode_chat(system + turns[k:]) for k in range(len(turns)) if turns[k]["role"] == "user"]
+        expected = next(ids for ids in fitting if len(ids) <= limit)
+        assert fitted_prompt(tokenizer, history) == expected

@@ -49,7 +49,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
             self._stop()
 
     def _stop(self) -> None:
-        self.stop_asked = True  # seen by _generate if its request is not submitted yet
+        self.stop_asked = True  # seen by _answer if its request is not submitted yet
         transport = bridge.running()  # never start (block on) a transport just to stop
         if self.engine_id and transport is not None:
             transport.cancel(self.engine_id)
@@ -151,7 +151,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
     async def _answer(self, history: list[dict], params: SamplingParams) -> None:
         transport = await bridge.transport_from_loop()
         try:
-            prompt = fitted_prompt(transport.tokenizer, history)
+            prompt = await asyncio.to_thread(fitted_prompt, transport.tokenizer, history)  # long ones take a while
         except TokenizerError as exc:
             await self._error("invalid_request", str(exc))
             return
