@@ -141,19 +141,27 @@ async def frames_until(ws, kinds: tuple[str, ...], timeout: float = 30) -> list[
     return frames
 
 
+LONG_REPLY = {"max_tokens": 500, "ignore_eos": True, "temperature": 0}
+
+
+async def long_reply_asked(user) -> tuple[Conversation, WebsocketCommunicator]:
+    """A new conversation of `user`, its socket open, and a long greedy reply just asked for."""
+    from asgiref.sync import sync_to_async
+
+    conversation = await sync_to_async(Conversation.objects.create)(owner=user)
+    ws = WebsocketCommunicator(as_user(user), f"/ws/chat/{conversation.pk}")
+    await ws.connect()
+    await ws.send_to(text_data=json.dumps({"type": "send", "content": "x", "params": LONG_REPLY}))
+    return conversation, ws
+
+
 @pytest.mark.asyncio
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("serving_transport")
 async def test_a_stop_sent_right_after_the_message_stops_it(users):
     """The stop comes before the reply has an engine request (the first request after a restart waits
     for the transport to start): it must still stop it, not let it run to max_tokens."""
-    from asgiref.sync import sync_to_async
-
-    conversation = await sync_to_async(Conversation.objects.create)(owner=users[0])
-    ws = WebsocketCommunicator(as_user(users[0]), f"/ws/chat/{conversation.pk}")
-    await ws.connect()
-    await ws.send_to(text_data=json.dumps({"type": "send", "content": "x",
-                                           "params": {"max_tokens": 500, "ignore_eos": True, "temperature": 0}}))
+    _, ws = await long_reply_asked(users[0])
     await ws.send_to(text_data=json.dumps({"type": "stop"}))
     done = (await frames_until(ws, ("done",)))[-1]
     assert done["finish_reason"] == "canceled" and (done["usage"] or {}).get("completion_tokens", 0) < 500
@@ -166,11 +174,7 @@ async def test_a_stop_sent_right_after_the_message_stops_it(users):
 async def test_a_conversation_deleted_while_it_is_answered_ends_the_reply_and_the_socket(users):
     from asgiref.sync import sync_to_async
 
-    conversation = await sync_to_async(Conversation.objects.create)(owner=users[0])
-    ws = WebsocketCommunicator(as_user(users[0]), f"/ws/chat/{conversation.pk}")
-    await ws.connect()
-    await ws.send_to(text_data=json.dumps({"type": "send", "content": "x",
-                                           "params": {"max_tokens": 500, "ignore_eos": True, "temperature": 0}}))
+    conversation, ws = await long_reply_asked(users[0])
     await frames_until(ws, ("delta",))
     await sync_to_async(Conversation.objects.filter(pk=conversation.pk).delete)()
     await ws.send_to(text_data=json.dumps({"type": "stop"}))

@@ -54,6 +54,16 @@ def http(address: str, method: str, path: str, body: bytes | None = None, **head
         conn.close()
 
 
+def handshake_status(address: str, path: str, extra_headers: bytes) -> bytes:
+    """The HTTP status of a websocket handshake sent byte for byte (headers no client library sends)."""
+    host, port = address.split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        conn.sendall(f"GET {path} HTTP/1.1\r\nHost: {address}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                     "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n".encode()
+                     + extra_headers + b"\r\n")
+        return conn.recv(4096).split(b"\r\n")[0].split()[1]
+
+
 def tokens(frames: list[dict], request_id: str) -> list[int]:
     return [t for f in frames if f["type"] == "delta" and f["request_id"] == request_id for t in f["token_ids"]]
 
@@ -126,13 +136,7 @@ def test_an_authorization_header_that_is_not_utf8_is_a_token_that_matches_nobody
     address, _ = daphne_server
     status, answer = http(address, "GET", "/v1/models", Authorization=b"Bearer \xff\xfe")
     assert status == 401 and answer["error"]["code"] == "invalid_api_key"
-    host, port = address.split(":")
-    with socket.create_connection((host, int(port)), timeout=10) as conn:
-        conn.sendall(b"GET /ws/v1/generate HTTP/1.1\r\nHost: " + address.encode() + b"\r\nUpgrade: websocket\r\n"
-                     b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
-                     b"Sec-WebSocket-Version: 13\r\nAuthorization: Bearer \xff\xfe\r\n\r\n")
-        status_line = conn.recv(4096).split(b"\r\n")[0]
-    assert status_line.split()[1] == b"403", status_line  # refused, not a 500
+    assert handshake_status(address, "/ws/v1/generate", b"Authorization: Bearer \xff\xfe\r\n") == b"403"
 
 
 def test_a_cancel_that_loses_the_race_never_cancels_the_next_request_with_that_id(daphne_server):
@@ -202,15 +206,9 @@ def test_the_engine_thread_outlives_a_request_it_cannot_take():
 
 
 def test_a_websocket_path_that_matches_nothing_is_refused_not_a_500(daphne_server):
-    address, token = daphne_server
+    address, _ = daphne_server
     for path in ("/ws/chat/abc", "/ws/chat/-1", "/ws/nothing-here"):
-        host, port = address.split(":")
-        with socket.create_connection((host, int(port)), timeout=10) as conn:
-            conn.sendall(f"GET {path} HTTP/1.1\r\nHost: {address}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-                         "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
-                         f"Origin: http://{address}\r\n\r\n".encode())
-            status_line = conn.recv(4096).split(b"\r\n")[0]
-        assert status_line.split()[1] == b"403", (path, status_line)
+        assert handshake_status(address, path, f"Origin: http://{address}\r\n".encode()) == b"403", path
 
 
 def test_a_flag_change_body_nested_too_deeply_is_a_400(client, django_user_model):

@@ -27,19 +27,14 @@ class InOrder:
         """The part of `event` not yet received (None when there is none); raises DeliveryGap."""
         if event.error_code:
             return self._failure(event)
-        if event.index > self.tokens or event.text_offset > self.chars:
+        if not self._continues(event):
             raise DeliveryGap(f"tokens {self.tokens}-{event.index - 1} were lost in transit")
-        new_tokens = event.token_ids[self.tokens - event.index:]
-        new_text = event.text[self.chars - event.text_offset:]
-        if not new_tokens and not new_text and not event.finished:
+        fresh = self._advance(event)
+        if not fresh.token_ids and not fresh.text and not event.finished:
             return None
-        self.tokens += len(new_tokens)
-        self.chars += len(new_text)
         if event.finished and event.usage and event.usage.get("completion_tokens") != self.tokens:
             raise DeliveryGap(f"{event.usage.get('completion_tokens')} tokens were generated, {self.tokens} arrived")
-        return StreamEvent(index=self.tokens - len(new_tokens), text=new_text, token_ids=new_tokens,
-                           finished=event.finished, finish_reason=event.finish_reason, usage=event.usage,
-                           timings=event.timings, text_offset=self.chars - len(new_text))
+        return fresh
 
     def _failure(self, event: StreamEvent) -> StreamEvent:
         """A failure ends the request wherever it stands. The tokens it may carry (held back by a stream
@@ -47,9 +42,15 @@ class InOrder:
         if they would leave a hole (the error says the request is incomplete anyway)."""
         if not event.token_ids and not event.text:
             return event
-        continues = event.index <= self.tokens and event.text_offset <= self.chars
-        new_tokens = event.token_ids[self.tokens - event.index:] if continues else []
-        new_text = event.text[self.chars - event.text_offset:] if continues else ""
+        return self._advance(event) if self._continues(event) else replace(event, token_ids=[], text="")
+
+    def _continues(self, event: StreamEvent) -> bool:
+        return event.index <= self.tokens and event.text_offset <= self.chars
+
+    def _advance(self, event: StreamEvent) -> StreamEvent:
+        """`event` trimmed to what was not yet received, which now counts as received."""
+        new_tokens = event.token_ids[self.tokens - event.index:]
+        new_text = event.text[self.chars - event.text_offset:]
         self.tokens += len(new_tokens)
         self.chars += len(new_text)
         return replace(event, index=self.tokens - len(new_tokens), token_ids=new_tokens, text=new_text,

@@ -25,6 +25,8 @@ class DeltaHold:
 
     def release(self, request_id: str, event: StreamEvent) -> StreamEvent | None:
         """The event to send now for this request (with what was held merged in front), or None to hold."""
+        if self.interval == 1:
+            return event  # the default holds nothing: no bookkeeping per token on the engine thread
         held = self._held.pop(request_id, None)
         if held is not None:
             held.merge(event)
