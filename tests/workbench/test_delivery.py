@@ -8,7 +8,7 @@ import pytest
 
 from workbench.serving.outbox import Outbox
 from workbench.serving.sequencing import DeliveryGap, InOrder
-from workbench.serving.streams import StreamEvent
+from workbench.serving.streams import StreamEvent, deliver
 
 
 def delta(index: int, tokens: list[int], text: str, text_offset: int, **finish) -> StreamEvent:
@@ -84,6 +84,19 @@ def test_outbox_coalesces_per_request_and_wakes_once_per_channel():
     assert len(wakes) == 2 and outbox.take()["web-1"]["ra"].text_offset == 3, "the sink stamps character offsets"
 
 
+def test_one_engine_step_for_many_requests_wakes_the_link_once():
+    # Woken per request, the link took a step's deltas as they came: four messages a step at 8 clients.
+    wakes = []
+    outbox = Outbox(lambda: wakes.append(1))
+    sinks = [outbox.sink("web-1", f"r{n}") for n in range(3)] + [outbox.sink("web-2", "s")]
+    deliver([(sink, delta(0, [n], "ab", 0)) for n, sink in enumerate(sinks)])
+    assert len(wakes) == 1
+    taken = outbox.take()
+    assert sorted(taken["web-1"]) == ["r0", "r1", "r2"] and list(taken["web-2"]) == ["s"]
+    deliver([(sinks[0], delta(1, [9], "c", 0))])
+    assert len(wakes) == 2 and outbox.take()["web-1"]["r0"].text_offset == 2, "each sink stamps its own offsets"
+
+
 def test_a_failed_send_goes_back_in_front_of_newer_deltas():
     outbox = Outbox(lambda: None)
     sink = outbox.sink("web-1", "r")
@@ -125,3 +138,25 @@ async def test_the_one_trip_send_is_read_by_channels_redis_and_refuses_when_full
         await receiver.flush()  # only this test's prefix
         await sender.close_pools()
         await receiver.close_pools()
+
+
+@pytest.mark.asyncio
+async def test_the_batch_receive_takes_what_waits_in_order_and_reads_channels_redis_sends():
+    from channels_redis.core import RedisChannelLayer
+
+    from workbench.serving.wire import OneTripChannelLayer
+
+    receiver = OneTripChannelLayer(hosts=["redis://127.0.0.1:6379/0"], prefix="wbtest-batch")
+    plain = RedisChannelLayer(hosts=["redis://127.0.0.1:6379/0"], prefix="wbtest-batch")
+    receiver.brpop_timeout = 1
+    try:
+        channel = await receiver.new_channel()
+        for n in range(5):
+            await (plain if n == 2 else receiver).send(channel, {"type": "t", "n": n})
+        assert [m["n"] for m in await receiver.receive_batch(channel, limit=3)] == [0, 1, 2]
+        assert [m for m in await receiver.receive_batch(channel)] == [{"type": "t", "n": 3}, {"type": "t", "n": 4}]
+        assert await receiver.receive_batch(channel) == [], "nothing waiting: empty after the timeout"
+    finally:
+        await receiver.flush()  # only this test's prefix
+        await receiver.close_pools()
+        await plain.close_pools()

@@ -278,18 +278,22 @@ class CeleryTransport:
     async def _receive_forever(self) -> None:
         while True:
             try:
-                message = await self.layer.receive(self.reply_channel)
+                messages = await self.layer.receive_batch(self.reply_channel)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 log.warning("reply channel: %s: %s; retrying", type(exc).__name__, exc)
                 await asyncio.sleep(0.5)
                 continue
-            if message.get("type") == wire.FLAG_DONE:
-                self._flag_answered(message)
-                continue
-            # One message holds a step's deltas for many requests: one wake-up of the consumers' loop.
-            deliver(filter(None, (self._relay(wire_id, event) for wire_id, event in wire.events_of(message))))
+            deliveries = []
+            for message in messages:
+                if message.get("type") == wire.FLAG_DONE:
+                    self._flag_answered(message)
+                    continue
+                deliveries += filter(None, (self._relay(wire_id, event) for wire_id, event in wire.events_of(message)))
+            # A message holds a worker's step for many requests, a batch several steps: one wake-up of
+            # the consumers' loop for all of it.
+            deliver(deliveries)
 
     def _relay(self, wire_id: str, event: StreamEvent) -> tuple[RequestStream, StreamEvent] | None:
         """What of `event` is new, in order, for its request's stream (None: nothing to pass on)."""

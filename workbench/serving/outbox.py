@@ -25,17 +25,20 @@ class Outbox:
     def sink(self, reply_channel: str, request_id: str) -> "OutboxSink":
         return OutboxSink(self, reply_channel, request_id)
 
-    def push(self, reply_channel: str, request_id: str, event: StreamEvent) -> None:
+    def push_many(self, events: list[tuple[str, str, StreamEvent]]) -> None:
+        """(reply channel, request id, delta) for each: a whole engine step's deltas with one wake-up."""
+        wake = False
         with self._lock:
-            first_for_channel = reply_channel not in self._pending
-            waiting = self._pending.setdefault(reply_channel, {})
-            if request_id in waiting:
-                waiting[request_id].merge(event)
-            else:
-                waiting[request_id] = event
-        # One wake-up per reply channel and batch: what follows is taken with it. (A channel that is
-        # pending already was put back after a failed send: its retry timer takes it.)
-        if first_for_channel:
+            for reply_channel, request_id, event in events:
+                wake = wake or reply_channel not in self._pending
+                waiting = self._pending.setdefault(reply_channel, {})
+                if request_id in waiting:
+                    waiting[request_id].merge(event)
+                else:
+                    waiting[request_id] = event
+        # One wake-up per batch: the link takes every channel pending then. (A channel that is pending
+        # already was put back after a failed send, or is not taken yet: that wake-up covers it.)
+        if wake:
             self._wake()
 
     def take(self) -> dict[str, dict[str, StreamEvent]]:
@@ -72,14 +75,22 @@ class Outbox:
 
 
 class OutboxSink:
-    """One request's sink for the engine thread (workbench.serving.streams.Sink). It stamps each
-    delta's character offset, so the web side can tell a repeat from a gap in the text too."""
+    """One request's sink for the engine thread (workbench.serving.streams.GroupedSink: the sinks of
+    one outbox take an engine step's deltas in one push). It stamps each delta's character offset, so
+    the web side can tell a repeat from a gap in the text too."""
 
     def __init__(self, outbox: Outbox, reply_channel: str, request_id: str) -> None:
         self.outbox, self.reply_channel, self.request_id = outbox, reply_channel, request_id
+        self.group = outbox
         self.chars = 0
 
-    def push_threadsafe(self, event: StreamEvent) -> None:
+    def stamped(self, event: StreamEvent) -> tuple[str, str, StreamEvent]:
         event.text_offset = self.chars
         self.chars += len(event.text)
-        self.outbox.push(self.reply_channel, self.request_id, event)
+        return self.reply_channel, self.request_id, event
+
+    def push_threadsafe(self, event: StreamEvent) -> None:
+        self.outbox.push_many([self.stamped(event)])
+
+    def push_group(self, batch: list[tuple["OutboxSink", StreamEvent]]) -> None:
+        self.outbox.push_many([sink.stamped(event) for sink, event in batch])

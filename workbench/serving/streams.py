@@ -53,18 +53,29 @@ class Sink(Protocol):
     def push_threadsafe(self, event: StreamEvent) -> None: ...
 
 
+class GroupedSink(Sink, Protocol):
+    """A sink whose events can travel with others': sinks with the same `group` take a whole engine
+    step's events in one `push_group` call (on any one of them), so that one step costs one wake-up of
+    whoever sends them on, not one per request."""
+    group: object
+
+    def push_group(self, batch: list[tuple["GroupedSink", StreamEvent]]) -> None: ...
+
+
 def deliver(deliveries: Iterable[tuple[Sink, StreamEvent]]) -> None:
-    """Hand each event to its sink, from another thread. The RequestStreams of one event loop get theirs
-    in one wake-up of that loop: each call_soon_threadsafe writes to the loop's self-pipe, and one
-    write per request per engine step was measured at 6% of the engine thread with 32 clients."""
-    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[RequestStream, StreamEvent]]] = defaultdict(list)
+    """Hand each event to its sink, from another thread, one call per group of sinks (GroupedSink).
+    Each call_soon_threadsafe writes to a loop's self-pipe, and one write per request per engine step
+    was measured at 6% of the engine thread with 32 clients; a worker's outbox woken per request sent
+    a step's deltas to a web process as four messages instead of one (docs/BENCHMARKS.md)."""
+    groups: dict[object, list[tuple[GroupedSink, StreamEvent]]] = defaultdict(list)
     for sink, event in deliveries:
-        if isinstance(sink, RequestStream):
-            by_loop[sink.loop].append((sink, event))
-        else:
+        group = getattr(sink, "group", None)
+        if group is None:
             sink.push_threadsafe(event)
-    for loop, batch in by_loop.items():
-        loop.call_soon_threadsafe(_push_all, batch)
+        else:
+            groups[group].append((sink, event))
+    for batch in groups.values():
+        batch[0][0].push_group(batch)
 
 
 def _push_all(batch: list[tuple["RequestStream", StreamEvent]]) -> None:
@@ -80,8 +91,16 @@ class RequestStream:
         self._ready = asyncio.Event()
         self.closed = False
 
+    @property
+    def group(self) -> asyncio.AbstractEventLoop:
+        """The streams of one event loop take a step's events in one wake-up of it."""
+        return self.loop
+
+    def push_group(self, batch: list[tuple["RequestStream", StreamEvent]]) -> None:
+        self.loop.call_soon_threadsafe(_push_all, batch)
+
     def push_threadsafe(self, event: StreamEvent) -> None:
-        """Called from another thread (the engine's, or the Celery link's); `deliver` batches these."""
+        """Called from another thread (the engine's, or the Celery link's); `deliver` groups these."""
         self.loop.call_soon_threadsafe(self.push, event)
 
     def push(self, event: StreamEvent) -> None:
