@@ -140,8 +140,9 @@ class Cluster:
         self.stop_processes()
         try:  # what this cluster left in Redis (flags in force have no expiry)
             client = redis.Redis.from_url(self.env["REDIS_URL"], socket_connect_timeout=1)
-            for key in client.scan_iter(match=f"{self.prefix}*"):
-                client.delete(key)
+            for pattern in (f"{self.prefix}*", f"_kombu.binding*.{self.prefix}*"):  # kombu's: a killed worker's
+                for key in client.scan_iter(match=pattern):
+                    client.delete(key)
         except redis.RedisError:
             pass  # a test that stopped Redis: nothing left
 

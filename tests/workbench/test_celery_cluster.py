@@ -12,6 +12,7 @@ import time
 from contextlib import contextmanager
 
 import pytest
+import redis
 import websockets
 from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
@@ -273,6 +274,12 @@ async def test_a_worker_stopped_with_sigterm_finishes_what_it_holds_and_takes_no
             held = transport.submit("held", "The list type", params)
             first = await held.next()
             assert first.token_ids, "liveness: it runs"
+            [queue] = [beat.queue for beat in transport.workers().values()]
+            redis_client = redis.Redis.from_url(settings.REDIS_URL)
+            assert redis_client.keys(f"_kombu.binding*{queue}"), "liveness: kombu keeps the queue's binding"
+            bound_to_default_exchange = lambda: [member for member in redis_client.smembers(  # noqa: E731
+                f"_kombu.binding.{cluster.prefix}.unrouted") if queue.encode() in member]
+            assert bound_to_default_exchange(), "liveness: and the worker's own binding"
             worker.send_signal(signal.SIGTERM)
             assert await wait_for(lambda: any(b.draining for b in transport.workers().values()), timeout=5)
             refused = await transport.submit("late", "x", params).next()
@@ -283,5 +290,7 @@ async def test_a_worker_stopped_with_sigterm_finishes_what_it_holds_and_takes_no
             assert event.finish_reason == "length" and tokens == greedy_solo("The list type", 200)
             await asyncio.to_thread(worker.wait, 30)
             assert worker.returncode == 0
+            assert not redis_client.keys(f"*{queue}*"), "its queue and kombu's keys for it go with the worker"
+            assert not bound_to_default_exchange(), "nor its member in the default exchange's bindings"
     finally:
         cluster.stop()

@@ -108,6 +108,24 @@ class WorkerHost:
         self.engine_thread.stop()
         self._retired = True
         asyncio.run_coroutine_threadsafe(self.presence.retire(self.worker_id), self._loop).result(timeout=5)
+        self._delete_queue()
+
+    def _delete_queue(self) -> None:
+        """The queue dies with its worker (its id is new at every start): delete it, with kombu's bindings
+        of it, which Redis would otherwise keep for every worker start ever (the web side's publishes
+        bind it to an exchange of its own name, this worker's consumer to the default exchange), and any
+        task published in the moment before its web process saw the drain (that client gets worker_lost)."""
+        from workbench.celery import app
+
+        queues = app.amqp.queues
+        try:
+            with app.connection_for_write() as connection:
+                for queue in (queues[self.queue], queues.new_missing(self.queue)):
+                    bound = queue(connection.default_channel)
+                    bound.declare()  # kombu deletes the bindings its channel knows of: this one now does
+                    bound.delete()
+        except Exception as exc:  # Redis away: the keys stay, as they do for a killed worker
+            log.warning("could not delete queue %s: %s", self.queue, exc)
 
     # -- the Celery task's side (the worker's main thread) --------------------------------------
 
