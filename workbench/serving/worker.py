@@ -120,6 +120,7 @@ class WorkerHost:
         queues = app.amqp.queues
         try:
             with app.connection_for_write() as connection:
+                connection.ensure_connection(max_retries=1)  # Redis away: give up now, not retry for ever
                 for queue in (queues[self.queue], queues.new_missing(self.queue)):
                     bound = queue(connection.default_channel)
                     bound.declare()  # kombu deletes the bindings its channel knows of: this one now does
