@@ -203,6 +203,31 @@ async def test_no_worker_gives_unavailable_and_full_workers_give_overloaded(api_
 
 
 @pytest.mark.asyncio
+async def test_the_prompt_stays_out_of_the_task_headers(celery_cluster):
+    """Celery shows a task's argsrepr header in logs, events and monitors: never the user's prompt."""
+    from celery import signals
+
+    published = []
+
+    def seen(sender=None, headers=None, body=None, **kwargs):
+        published.append((headers, body))
+
+    signals.before_task_publish.connect(seen, weak=False)
+    try:
+        with served_by(celery_cluster) as transport:
+            params = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)
+            stream = transport.submit("private", "my bank password is hunter2", params)
+            async for event in stream:
+                pass
+    finally:
+        signals.before_task_publish.disconnect(seen)
+    assert event.finish_reason == "length"
+    [(headers, body)] = published
+    assert "hunter2" in json.dumps(body), "liveness: the prompt travels in the body"
+    assert "hunter2" not in json.dumps(headers) and "private" in headers["argsrepr"]
+
+
+@pytest.mark.asyncio
 async def test_a_task_delivered_twice_runs_once(celery_cluster):
     """The worker refuses a request id it admitted before, so a redelivered task never runs again."""
     with served_by(celery_cluster) as transport:

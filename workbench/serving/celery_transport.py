@@ -206,7 +206,11 @@ class CeleryTransport:
 
     async def _publish(self, wire_id: str, prompt, params: SamplingParams, worker: Heartbeat, user: str) -> None:
         def send() -> None:
+            # argsrepr: what Celery shows of a task's arguments in its headers, and so in its logs, events
+            # and monitors (Flower). Left to Celery it is the prompt itself; a user's conversation is not
+            # for them.
             celery_app.send_task(wire.GENERATE_TASK, args=[wire_id, prompt, asdict(params), self.reply_channel, user],
+                                 argsrepr=f"[{wire_id!r}, <prompt withheld>]", kwargsrepr="{}",
                                  queue=worker.queue, expires=wire.TASK_EXPIRES_S, retry=False)
         try:
             await self._loop.run_in_executor(None, send)
