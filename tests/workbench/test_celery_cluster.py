@@ -302,8 +302,11 @@ async def test_a_worker_stopped_with_sigterm_finishes_what_it_holds_and_takes_no
             [queue] = [beat.queue for beat in transport.workers().values()]
             redis_client = redis.Redis.from_url(settings.REDIS_URL)
             assert redis_client.keys(f"_kombu.binding*{queue}"), "liveness: kombu keeps the queue's binding"
-            bound_to_default_exchange = lambda: [member for member in redis_client.smembers(  # noqa: E731
-                f"_kombu.binding.{cluster.prefix}.unrouted") if queue.encode() in member]
+
+            def bound_to_default_exchange() -> list[bytes]:
+                members = redis_client.smembers(f"_kombu.binding.{cluster.prefix}.unrouted")
+                return [member for member in members if queue.encode() in member]
+
             assert bound_to_default_exchange(), "liveness: and the worker's own binding"
             worker.send_signal(signal.SIGTERM)
             assert await wait_for(lambda: any(b.draining for b in transport.workers().values()), timeout=5)
