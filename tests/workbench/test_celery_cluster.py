@@ -27,6 +27,7 @@ from tests.workbench.test_websocket_api import (MAX_TOKENS_AFTER_CANCEL, connect
 from workbench.celery import app as celery_app
 from workbench.chat.models import Conversation, Message
 from workbench.serving import bridge, wire
+from workbench.serving.streams import StreamEvent
 
 pytestmark = pytest.mark.django_db(transaction=True)
 PROMPTS = ["The list type", "A dictionary is", "This module provides", "Return the number of",
@@ -225,6 +226,27 @@ async def test_the_prompt_stays_out_of_the_task_headers(celery_cluster):
     [(headers, body)] = published
     assert "hunter2" in json.dumps(body), "liveness: the prompt travels in the body"
     assert "hunter2" not in json.dumps(headers) and "private" in headers["argsrepr"]
+
+
+@pytest.mark.asyncio
+async def test_a_garbled_message_on_the_reply_channel_costs_no_other_request(celery_cluster):
+    """Whatever lands on a web process's reply channel (a worker of another version, a stray sender),
+    its reading must not stop the relay that carries every request's tokens there."""
+    with served_by(celery_cluster) as transport:
+        layer = wire.make_layer()
+        for garbled in ({"type": wire.EVENTS, "events": [{"index": "zero"}]}, {"type": wire.EVENTS, "events": 7}):
+            await layer.send(transport.reply_channel, garbled)
+        await layer.close_pools()
+        params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+
+        async def collect() -> tuple[list[int], StreamEvent]:
+            tokens = []
+            async for event in transport.submit("after", "The list type", params):
+                tokens += event.token_ids
+            return tokens, event
+
+        tokens, event = await asyncio.wait_for(collect(), 30)  # a dead relay would leave it hanging
+        assert event.finish_reason == "length" and tokens == greedy_solo("The list type", 8)
 
 
 @pytest.mark.asyncio

@@ -291,10 +291,14 @@ class CeleryTransport:
                 continue
             deliveries = []
             for message in messages:
-                if message.get("type") == wire.FLAG_DONE:
-                    self._flag_answered(message)
-                    continue
-                deliveries += filter(None, (self._relay(wire_id, event) for wire_id, event in wire.events_of(message)))
+                try:
+                    if message.get("type") == wire.FLAG_DONE:
+                        self._flag_answered(message)
+                        continue
+                    deliveries += filter(None, (self._relay(wire_id, event) for wire_id, event in wire.events_of(message)))
+                except Exception:  # a garbled message (a worker of another version?) must not end every stream here
+                    log.exception("unreadable message on the reply channel; requests it carried end with an error "
+                                  "(delivery_gap at their next delta, or worker_lost)")
             # A message holds a worker's step for many requests, a batch several steps: one wake-up of
             # the consumers' loop for all of it.
             deliver(deliveries)
