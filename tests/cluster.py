@@ -65,16 +65,19 @@ def start_daphne(env: dict, db_path: Path) -> tuple[subprocess.Popen, str, str]:
 class RedisServer:
     """redis-server on a free port, keeping nothing on disk; stop() and start() keep the port."""
 
-    def __init__(self) -> None:
+    def __init__(self, *options: str) -> None:
+        """`options`: more redis-server command-line options."""
         if shutil.which("redis-server") is None:
             raise RuntimeError("redis-server is not installed (make test installs it)")
         self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.options = options
         self.process: subprocess.Popen | None = None
 
     def start(self) -> "RedisServer":
         self.process = subprocess.Popen(["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
-                                         "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL)
+                                         "--save", "", "--appendonly", "no", *self.options],
+                                        stdout=subprocess.DEVNULL)
         wait_for_port(self.port, self.process, "redis-server")
         return self
 

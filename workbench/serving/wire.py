@@ -19,6 +19,7 @@ import time
 from channels.exceptions import ChannelFull
 from channels_redis.core import RedisChannelLayer
 from django.conf import settings
+from redis.exceptions import ResponseError
 
 from workbench.serving.streams import StreamEvent
 
@@ -60,20 +61,32 @@ class OneTripChannelLayer(RedisChannelLayer):
         if not added:
             raise ChannelFull()
 
+    has_bzmpop = True  # until Redis says otherwise (before 7.0): then one message per round trip
+
     async def receive_batch(self, channel: str, limit: int = 256) -> list[dict]:
         """Every message waiting on `channel` (up to `limit`, oldest first), after waiting up to
-        brpop_timeout for the first: one round trip (BZMPOP, Redis 7), where channels-redis's receive
-        takes four per message (a cleanup script, BZPOPMIN, and adding to and removing from a backup
-        set that keeps a message taken by a receive cancelled midway). So only for a process-specific
-        channel whose one receiver lives as long as its process (the Celery transport's reply channel):
-        a message taken by a receive cancelled at shutdown goes with the process that would have read
-        it. The same keys and message format as channels-redis."""
+        brpop_timeout for the first: one round trip (BZMPOP; before Redis 7, BZPOPMIN and one message),
+        where channels-redis's receive takes four per message (a cleanup script, BZPOPMIN, and adding
+        to and removing from a backup set that keeps a message taken by a receive cancelled midway).
+        So only for a process-specific channel whose one receiver lives as long as its process (the
+        Celery transport's reply channel): a message taken by a receive cancelled at shutdown goes with
+        the process that would have read it. The same keys and message format as channels-redis."""
         assert "!" in channel, "receive_batch is for this process's own channels"
         key = self.prefix + self.non_local_name(channel)
         connection = self.connection(self.consistent_hash(channel))
-        popped = await connection.bzmpop(self.brpop_timeout, 1, [key], min=True, count=limit)
+        if self.has_bzmpop:
+            try:
+                popped = await connection.bzmpop(self.brpop_timeout, 1, [key], min=True, count=limit)
+                popped = popped[1] if popped else []
+            except ResponseError as exc:
+                if "unknown command" not in str(exc).lower():
+                    raise
+                self.has_bzmpop = False
+        if not self.has_bzmpop:
+            first = await connection.bzpopmin(key, timeout=self.brpop_timeout)
+            popped = [first[1:]] if first else []
         messages = []
-        for member, _score in popped[1] if popped else []:
+        for member, _score in popped:
             message = self.deserialize(member)
             if message.pop("__asgi_channel__", channel) == channel:  # another channel of ours: none exists
                 messages.append(message)
