@@ -165,6 +165,8 @@ async def test_the_batch_receive_takes_what_waits_in_order_and_reads_channels_re
         channel = await receiver.new_channel()
         for n in range(5):
             await (plain if n == 2 else receiver).send(channel, {"type": "t", "n": n})
+            if n == 3:  # and something no layer sent, among them
+                await receiver.connection(0).zadd(receiver.prefix + receiver.non_local_name(channel), {b"junk": 1e12})
         received = []
         while len(received) < 5:
             batch = await receiver.receive_batch(channel, limit=3)

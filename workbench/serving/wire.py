@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 
 from channels.exceptions import ChannelFull
@@ -22,6 +23,8 @@ from django.conf import settings
 from redis.exceptions import ResponseError
 
 from workbench.serving.streams import StreamEvent
+
+log = logging.getLogger(__name__)
 
 GENERATE_TASK = "workbench.generate"
 EVENTS = "workbench.events"
@@ -87,7 +90,11 @@ class OneTripChannelLayer(RedisChannelLayer):
             popped = [first[1:]] if first else []
         messages = []
         for member, _score in popped:
-            message = self.deserialize(member)
+            try:
+                message = self.deserialize(member)
+            except Exception:  # one undecodable message must not cost the others taken with it
+                log.exception("undecodable message on %s skipped", channel)
+                continue
             if message.pop("__asgi_channel__", channel) == channel:  # another channel of ours: none exists
                 messages.append(message)
         return messages
