@@ -1,7 +1,7 @@
 """The Celery app: `celery -A workbench worker --pool solo` starts a GPU worker (docs/OPERATIONS.md).
 
 Why these settings (the full reasoning is in docs/OPERATIONS.md):
-- The task only admits a request into the worker's engine and returns in milliseconds; the engine
+- The task only admits requests into the worker's engine and returns in milliseconds; the engine
   batches everything it holds. So one solo pool per process (one engine per GPU), no prefork.
 - Early acks (acks_late off): a task is acknowledged when received, so a worker that dies never has
   its tasks redelivered to another; a lost worker is detected by its heartbeat instead, and its

@@ -81,6 +81,53 @@ async def test_requests_spread_over_two_workers_and_each_matches_its_solo_run(ap
 
 
 @pytest.mark.asyncio
+async def test_requests_that_arrive_together_share_tasks_and_each_gets_its_own_tokens(celery_cluster):
+    from celery import signals
+
+    tasks = []
+
+    def published_task(body=None, **kwargs):
+        tasks.append(body)
+
+    signals.before_task_publish.connect(published_task, weak=False)
+    try:
+        with served_by(celery_cluster) as transport:
+            params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+            prompts = PROMPTS * 3
+            streams = [transport.submit(f"burst-{i}", prompt, params) for i, prompt in enumerate(prompts)]
+
+            async def tokens_of_stream(stream) -> list[int]:
+                return [token for event in [event async for event in stream] for token in event.token_ids]
+
+            results = await asyncio.wait_for(asyncio.gather(*map(tokens_of_stream, streams)), 60)
+    finally:
+        signals.before_task_publish.disconnect(published_task)
+    for prompt, tokens in zip(prompts, results):
+        assert tokens == greedy_solo(prompt, 12)
+    published = [request["request_id"] for body in tasks for request in body[0][0]]
+    assert sorted(published) == sorted(set(published)) and len(published) == len(prompts), "each sent once"
+    assert len(tasks) < len(prompts), "requests that arrived together travel together"
+
+
+@pytest.mark.asyncio
+async def test_a_malformed_request_in_a_task_keeps_no_other_out(celery_cluster):
+    with served_by(celery_cluster) as transport:
+        beat = next(iter(transport.workers().values()))
+        layer = wire.make_layer()
+        reply = await layer.new_channel()
+        params = {"max_tokens": 4, "temperature": 0, "ignore_eos": True}
+        good = {"request_id": "after-junk", "prompt": "The list type", "params": params}
+        celery_app.send_task(wire.GENERATE_TASK, args=[["junk", {"prompt": "x"}, good], reply], queue=beat.queue)
+        tokens = []
+        while len(tokens) < 4:
+            for request_id, event in wire.events_of(await asyncio.wait_for(layer.receive(reply), 10)):
+                assert request_id == "after-junk"
+                tokens += event.token_ids
+        await layer.close_pools()
+        assert tokens == greedy_solo("The list type", 4)
+
+
+@pytest.mark.asyncio
 async def test_a_cancel_reaches_the_worker_that_holds_the_request(api_user, celery_cluster):
     with served_by(celery_cluster) as transport:
         ws = await connect(api_user[1])
@@ -258,7 +305,8 @@ async def test_a_task_delivered_twice_runs_once(celery_cluster):
         reply = await layer.new_channel()
         params = {"max_tokens": 8, "temperature": 0, "ignore_eos": True}
         for _ in range(2):
-            celery_app.send_task(wire.GENERATE_TASK, args=["twice-1", "The list type", params, reply], queue=beat.queue)
+            request = {"request_id": "twice-1", "prompt": "The list type", "params": params}
+            celery_app.send_task(wire.GENERATE_TASK, args=[[request], reply], queue=beat.queue)
         tokens, finished = [], 0
         while finished < 1:
             message = await asyncio.wait_for(layer.receive(reply), 10)

@@ -23,6 +23,7 @@ import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from typing import Callable
 
 from django.conf import settings
@@ -56,6 +57,8 @@ class CeleryTransport:
         self.tokenizer = Tokenizer.from_dir(resolve_model_path(settings.WORKBENCH_MODEL))
         self.lost_after_s = settings.WORKBENCH_WORKER_LOST_S
         self._pending: dict[str, _Pending] = {}  # by wire id
+        self._outgoing: dict[str, list[dict]] = {}  # worker id -> requests waiting for the next task to it
+        self._publishing: set[str] = set()  # workers with a task on its way
         self._wire_ids: dict[str, str] = {}  # request id -> wire id, while pending
         self._workers: dict[str, Heartbeat] = {}  # as of the last successful poll
         self._beat_changed: dict[str, tuple[float, float]] = {}  # worker -> (its sent_at, when it changed)
@@ -182,7 +185,11 @@ class CeleryTransport:
         wire_id = f"{request_id}.{uuid.uuid4().hex[:12]}"
         self._pending[wire_id] = _Pending(request_id, stream, worker.worker_id, time.monotonic())
         self._wire_ids[request_id] = wire_id
-        self._loop.create_task(self._publish(wire_id, prompt, params, worker, user))
+        self._outgoing.setdefault(worker.worker_id, []).append(
+            {"request_id": wire_id, "prompt": prompt, "params": asdict(params), "user": user})
+        if worker.worker_id not in self._publishing:
+            self._publishing.add(worker.worker_id)
+            self._loop.create_task(self._publish(worker))
 
     def _routable(self) -> list[Heartbeat]:
         """Workers taking requests: not draining, and whose heartbeat moved lately (a worker killed a
@@ -204,19 +211,28 @@ class CeleryTransport:
         least = min(n for n, _ in open_loads)
         return random.choice([beat for n, beat in open_loads if n == least])
 
-    async def _publish(self, wire_id: str, prompt, params: SamplingParams, worker: Heartbeat, user: str) -> None:
-        def send() -> None:
-            # argsrepr: what Celery shows of a task's arguments in its headers, and so in its logs, events
-            # and monitors (Flower). Left to Celery it is the prompt itself; a user's conversation is not
-            # for them.
-            celery_app.send_task(wire.GENERATE_TASK, args=[wire_id, prompt, asdict(params), self.reply_channel, user],
-                                 argsrepr=f"[{wire_id!r}, <prompt withheld>]", kwargsrepr="{}",
-                                 queue=worker.queue, expires=wire.TASK_EXPIRES_S, retry=False)
+    async def _publish(self, worker: Heartbeat) -> None:
+        """Send the requests waiting for `worker`, one task at a time: what arrives while a task is on
+        its way goes in the next. Requests come in bursts (a wave of replies ends in one engine step and
+        its clients answer together), and a task costs ~0.5-0.9 ms of CPU here and more on the worker,
+        one after another (docs/BENCHMARKS.md): with one task per request, the burst's last waited."""
         try:
-            await self._loop.run_in_executor(None, send)
-        except Exception as exc:
-            log.warning("could not send %s to %s: %s", wire_id, worker.worker_id, exc)
-            self._fail(wire_id, "unavailable", "the request could not reach a GPU worker (is Redis up?)")
+            while batch := [r for r in self._outgoing.pop(worker.worker_id, []) if r["request_id"] in self._pending]:
+                ids = [r["request_id"] for r in batch]
+                # argsrepr: what Celery shows of a task's arguments in its headers, and so in its logs,
+                # events and monitors (Flower). Left to Celery it holds the prompts; a user's
+                # conversation is not for them.
+                send = partial(celery_app.send_task, wire.GENERATE_TASK, args=[batch, self.reply_channel],
+                               argsrepr=f"[{ids!r} (prompts withheld)]", kwargsrepr="{}",
+                               queue=worker.queue, expires=wire.TASK_EXPIRES_S, retry=False)
+                try:
+                    await self._loop.run_in_executor(None, send)
+                except Exception as exc:
+                    log.warning("could not send %s to %s: %s", ids, worker.worker_id, exc)
+                    for wire_id in ids:
+                        self._fail(wire_id, "unavailable", "the request could not reach a GPU worker (is Redis up?)")
+        finally:
+            self._publishing.discard(worker.worker_id)
 
     async def _change_flag(self, name: str, value, workers: list[str] | None) -> dict[str, dict]:
         targets = list(self._workers) if workers is None else workers

@@ -101,8 +101,11 @@ class Presence:
         await self.redis.aclose()
 
 
-def admit_once(client: redis.Redis, prefix: str, request_id: str, worker_id: str) -> bool:
-    """True the first time a request id is admitted anywhere; a redelivered task gets False. Synchronous:
-    the Celery task calls it on its own thread, with no hop to an event loop on the way."""
-    key = ADMITTED_KEY.format(prefix=prefix, request_id=request_id)
-    return bool(client.set(key, worker_id, nx=True, ex=ADMITTED_MEMORY_S))
+def admit_once(client: redis.Redis, prefix: str, request_ids: list[str], worker_id: str) -> list[bool]:
+    """For each request id, True the first time it is admitted anywhere; a redelivered task gets False.
+    One round trip for all of a task's requests. Synchronous: the Celery task calls it on its own
+    thread, with no hop to an event loop on the way."""
+    with client.pipeline(transaction=False) as pipe:
+        for request_id in request_ids:
+            pipe.set(ADMITTED_KEY.format(prefix=prefix, request_id=request_id), worker_id, nx=True, ex=ADMITTED_MEMORY_S)
+        return [bool(answer) for answer in pipe.execute()]

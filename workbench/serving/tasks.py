@@ -1,4 +1,4 @@
-"""The Celery task: admit one request into this worker's engine (its outputs travel on the channel layer)."""
+"""The Celery task: admit requests into this worker's engine (their outputs travel on the channel layer)."""
 
 from __future__ import annotations
 
@@ -8,5 +8,7 @@ from workbench.serving import wire, worker
 
 
 @shared_task(name=wire.GENERATE_TASK, ignore_result=True)
-def generate(request_id: str, prompt: str | list[int], params: dict, reply_channel: str, user: str = "") -> None:
-    worker.host().admit(request_id, prompt, params, reply_channel, user)
+def generate(requests: list[dict], reply_channel: str) -> None:
+    """Admit each request (request_id, prompt, params, user), in order: requests that reached the web
+    process together travel in one task."""
+    worker.host().admit(requests, reply_channel)

@@ -1,6 +1,7 @@
 """What travels between web processes and Celery workers, and on what.
 
-- A request: a Celery task (`workbench.generate`) on the chosen worker's own queue, `<prefix>.<worker id>`.
+- Requests: a Celery task (`workbench.generate`) on the chosen worker's own queue, `<prefix>.<worker id>`,
+  carrying the requests for that worker that reached the web process while the previous task was on its way.
 - Tokens back: `events` messages on the channels-redis layer, sent to the web process's reply channel;
   each carries every pending delta of that web process's requests on that worker (coalesced), and each
   delta says at which token offset it starts, so the web side can tell a gap from a late delta.

@@ -3,7 +3,7 @@
 `celery -A workbench worker --pool solo` (docs/OPERATIONS.md) runs one of these. The engine is
 created when the worker is ready, in the process that will run it: the solo pool never forks, so
 CUDA is never touched before a fork, and a prefork pool is refused outright (it would put one engine
-per child on the same GPU). The `workbench.generate` task only admits a request; the engine thread
+per child on the same GPU). The `workbench.generate` task only admits requests; the engine thread
 batches every admitted request continuously; the link loop (its own thread and event loop) sends the
 outputs back, takes cancels from the control channel, publishes the heartbeat, and drops the requests
 of web processes that went away.
@@ -130,22 +130,33 @@ class WorkerHost:
 
     # -- the Celery task's side (the worker's main thread) --------------------------------------
 
-    def admit(self, request_id: str, prompt: str | list[int], params: dict, reply_channel: str,
-              user: str = "") -> None:
-        sink = self.outbox.sink(reply_channel, request_id)
-        if not admit_once(self._redis, settings.WORKBENCH_QUEUE_PREFIX, request_id, self.worker_id):
-            # A redelivered task: the request ran (or runs) already. Never twice; the client has its answer.
-            log.warning("refused %s: admitted before", request_id)
+    def admit(self, requests: list[dict], reply_channel: str) -> None:
+        """A task's requests (request_id, prompt, params, user) into the engine, in order."""
+        if not isinstance(requests, list):
+            log.warning("dropped a task whose requests are not a list")
             return
-        log.info("admitted %s", request_id)
-        try:
-            sampling = SamplingParams.from_dict(params)
-        except (InvalidSamplingParams, TypeError) as exc:
-            sink.push_threadsafe(StreamEvent.failure("invalid_params", str(exc)))
-            return
-        with self._reply_lock:
-            self._reply_of[request_id] = reply_channel
-        self.engine_thread.add(request_id, prompt, sampling, sink, user if isinstance(user, str) else "")
+        well_formed = [r for r in requests if isinstance(r, dict) and isinstance(r.get("request_id"), str)]
+        if len(well_formed) < len(requests):
+            log.warning("dropped %d malformed request(s) of a task", len(requests) - len(well_formed))
+        firsts = admit_once(self._redis, settings.WORKBENCH_QUEUE_PREFIX,
+                            [r["request_id"] for r in well_formed], self.worker_id)
+        for request, first in zip(well_formed, firsts):
+            request_id = request["request_id"]
+            if not first:
+                # A redelivered task: the request ran (or runs) already. Never twice; the client has its answer.
+                log.warning("refused %s: admitted before", request_id)
+                continue
+            log.info("admitted %s", request_id)
+            sink = self.outbox.sink(reply_channel, request_id)
+            try:
+                sampling = SamplingParams.from_dict(request.get("params"))
+            except (InvalidSamplingParams, TypeError) as exc:
+                sink.push_threadsafe(StreamEvent.failure("invalid_params", str(exc)))
+                continue
+            with self._reply_lock:
+                self._reply_of[request_id] = reply_channel
+            user = request.get("user", "")
+            self.engine_thread.add(request_id, request.get("prompt"), sampling, sink, user if isinstance(user, str) else "")
 
     # -- the link loop ---------------------------------------------------------------------------
 
