@@ -311,7 +311,8 @@ class CeleryTransport:
                     if message.get("type") == wire.FLAG_DONE:
                         self._flag_answered(message)
                         continue
-                    deliveries += filter(None, (self._relay(wire_id, event) for wire_id, event in wire.events_of(message)))
+                    relayed = (self._relay(wire_id, event) for wire_id, event in wire.events_of(message))
+                    deliveries += filter(None, relayed)
                 except Exception:  # a garbled message (a worker of another version?) must not end every stream here
                     log.exception("unreadable message on the reply channel; requests it carried end with an error "
                                   "(delivery_gap at their next delta, or worker_lost)")

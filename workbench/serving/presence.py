@@ -107,5 +107,6 @@ def admit_once(client: redis.Redis, prefix: str, request_ids: list[str], worker_
     thread, with no hop to an event loop on the way."""
     with client.pipeline(transaction=False) as pipe:
         for request_id in request_ids:
-            pipe.set(ADMITTED_KEY.format(prefix=prefix, request_id=request_id), worker_id, nx=True, ex=ADMITTED_MEMORY_S)
+            key = ADMITTED_KEY.format(prefix=prefix, request_id=request_id)
+            pipe.set(key, worker_id, nx=True, ex=ADMITTED_MEMORY_S)
         return [bool(answer) for answer in pipe.execute()]

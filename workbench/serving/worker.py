@@ -155,8 +155,9 @@ class WorkerHost:
                 continue
             with self._reply_lock:
                 self._reply_of[request_id] = reply_channel
-            user = request.get("user", "")
-            self.engine_thread.add(request_id, request.get("prompt"), sampling, sink, user if isinstance(user, str) else "")
+            user = request.get("user")
+            self.engine_thread.add(request_id, request.get("prompt"), sampling, sink,
+                                   user if isinstance(user, str) else "")
 
     # -- the link loop ---------------------------------------------------------------------------
 
