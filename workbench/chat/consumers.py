@@ -27,6 +27,10 @@ from workbench.serving import bridge
 MAX_MESSAGE_CHARS = 20_000
 
 
+class ReplyUnderWay(Exception):
+    """Another reply to this conversation is being generated (any tab, any web process)."""
+
+
 class ChatConsumer(AsyncWebsocketConsumer):
     async def connect(self) -> None:
         self.conversation = await self._conversation()
@@ -87,6 +91,10 @@ class ChatConsumer(AsyncWebsocketConsumer):
             return
         try:
             prepared = await self._prepare(kind, content)
+        except ReplyUnderWay:
+            await self._error("busy", "a reply to this conversation is being generated (in another tab?); "
+                                      "wait for it or stop it there")
+            return
         except Conversation.DoesNotExist:
             await self._gone()
             return
@@ -94,10 +102,6 @@ class ChatConsumer(AsyncWebsocketConsumer):
             if await self._exists():
                 raise
             await self._gone()
-            return
-        if prepared == "busy":
-            await self._error("busy", "a reply to this conversation is being generated (in another tab?); "
-                                      "wait for it or stop it there")
             return
         if prepared is None:
             await self._error("invalid_request", "nothing to regenerate or edit yet")
@@ -108,20 +112,22 @@ class ChatConsumer(AsyncWebsocketConsumer):
         self.generation = asyncio.create_task(self._generate(*prepared, params))
 
     @database_sync_to_async
-    def _prepare(self, kind: str, content: str | None) -> tuple[list[dict], datetime] | str | None:
+    def _prepare(self, kind: str, content: str | None) -> tuple[list[dict], datetime] | None:
         """Claim the conversation for a reply and apply the user's action to it; returns the history to
-        answer with the claim, "busy" if a reply is under way (any tab), None if nothing to answer."""
-        conversation = self.conversation
-        claim = conversation.claim_reply()
+        answer with the claim, None if there is nothing to answer. ReplyUnderWay if a reply is under way
+        (any tab); the claim is released unless a reply is to follow."""
+        claim = self.conversation.claim_reply()
         if claim is None:
-            return "busy"
+            raise ReplyUnderWay
+        history = None
         try:
-            return self._apply(kind, content, claim)
-        except BaseException:
-            conversation.release_reply(claim)
-            raise
+            history = self._apply(kind, content)
+        finally:
+            if history is None:
+                self.conversation.release_reply(claim)
+        return None if history is None else (history, claim)
 
-    def _apply(self, kind: str, content: str | None, claim: datetime) -> tuple[list[dict], datetime] | None:
+    def _apply(self, kind: str, content: str | None) -> list[dict] | None:
         conversation = self.conversation
         messages = list(conversation.messages.all())
         if kind == "send":
@@ -131,7 +137,6 @@ class ChatConsumer(AsyncWebsocketConsumer):
         else:
             last_user = next((m for m in reversed(messages) if m.role == "user"), None)
             if last_user is None:
-                conversation.release_reply(claim)
                 return None
             # Drop the replies to the last user message; "edit" also replaces its text.
             conversation.messages.filter(created_at__gte=last_user.created_at, role="assistant").delete()
@@ -140,7 +145,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
                 last_user.save(update_fields=["content"])
         conversation.updated_at = timezone.now()
         conversation.save(update_fields=["title", "updated_at"])
-        return conversation.history(), claim
+        return conversation.history()
 
     async def _generate(self, history: list[dict], claim: datetime, params: SamplingParams) -> None:
         try:
