@@ -47,6 +47,28 @@ def served_by(cluster: Cluster):
         bridge.shutdown()
 
 
+class DirectTasks:
+    """Tasks sent straight to the cluster's one worker, as a web process would send them, with a reply
+    channel of the test's own: for what no well-behaved web process sends."""
+
+    def __init__(self, transport) -> None:
+        self.worker = next(iter(transport.workers().values()))
+        self.layer = wire.make_layer()
+
+    async def __aenter__(self) -> "DirectTasks":
+        self.reply = await self.layer.new_channel()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.layer.close_pools()
+
+    def send(self, requests: list) -> None:
+        celery_app.send_task(wire.GENERATE_TASK, args=[requests, self.reply], queue=self.worker.queue)
+
+    async def receive(self, timeout: float = 10) -> list[tuple[str, StreamEvent]]:
+        return wire.events_of(await asyncio.wait_for(self.layer.receive(self.reply), timeout))
+
+
 def generate(request_id: str, prompt: str, max_tokens: int) -> str:
     return json.dumps({"type": "generate", "request_id": request_id, "prompt": prompt,
                        "params": {"max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}})
@@ -112,18 +134,15 @@ async def test_requests_that_arrive_together_share_tasks_and_each_gets_its_own_t
 @pytest.mark.asyncio
 async def test_a_malformed_request_in_a_task_keeps_no_other_out(celery_cluster):
     with served_by(celery_cluster) as transport:
-        beat = next(iter(transport.workers().values()))
-        layer = wire.make_layer()
-        reply = await layer.new_channel()
-        params = {"max_tokens": 4, "temperature": 0, "ignore_eos": True}
-        good = {"request_id": "after-junk", "prompt": "The list type", "params": params}
-        celery_app.send_task(wire.GENERATE_TASK, args=[["junk", {"prompt": "x"}, good], reply], queue=beat.queue)
-        tokens = []
-        while len(tokens) < 4:
-            for request_id, event in wire.events_of(await asyncio.wait_for(layer.receive(reply), 10)):
-                assert request_id == "after-junk"
-                tokens += event.token_ids
-        await layer.close_pools()
+        async with DirectTasks(transport) as tasks:
+            params = {"max_tokens": 4, "temperature": 0, "ignore_eos": True}
+            good = {"request_id": "after-junk", "prompt": "The list type", "params": params}
+            tasks.send(["junk", {"prompt": "x"}, good])
+            tokens = []
+            while len(tokens) < 4:
+                for request_id, event in await tasks.receive():
+                    assert request_id == "after-junk"
+                    tokens += event.token_ids
         assert tokens == greedy_solo("The list type", 4)
 
 
@@ -300,25 +319,20 @@ async def test_a_garbled_message_on_the_reply_channel_costs_no_other_request(cel
 async def test_a_task_delivered_twice_runs_once(celery_cluster):
     """The worker refuses a request id it admitted before, so a redelivered task never runs again."""
     with served_by(celery_cluster) as transport:
-        beat = next(iter(transport.workers().values()))
-        layer = wire.make_layer()
-        reply = await layer.new_channel()
-        params = {"max_tokens": 8, "temperature": 0, "ignore_eos": True}
-        for _ in range(2):
-            request = {"request_id": "twice-1", "prompt": "The list type", "params": params}
-            celery_app.send_task(wire.GENERATE_TASK, args=[[request], reply], queue=beat.queue)
-        tokens, finished = [], 0
-        while finished < 1:
-            message = await asyncio.wait_for(layer.receive(reply), 10)
-            for request_id, event in wire.events_of(message):
-                assert request_id == "twice-1" and event.index == len(tokens)
-                tokens += event.token_ids
-                finished += event.finished
-        with pytest.raises(asyncio.TimeoutError):
-            await asyncio.wait_for(layer.receive(reply), 2)  # nothing from a second run
-        await layer.close_pools()
+        async with DirectTasks(transport) as tasks:
+            params = {"max_tokens": 8, "temperature": 0, "ignore_eos": True}
+            for _ in range(2):
+                tasks.send([{"request_id": "twice-1", "prompt": "The list type", "params": params}])
+            tokens, finished = [], 0
+            while finished < 1:
+                for request_id, event in await tasks.receive():
+                    assert request_id == "twice-1" and event.index == len(tokens)
+                    tokens += event.token_ids
+                    finished += event.finished
+            with pytest.raises(asyncio.TimeoutError):
+                await tasks.receive(timeout=2)  # nothing from a second run
         assert tokens == greedy_solo("The list type", 8)
-        assert celery_cluster.admissions()["twice-1"] == [beat.worker_id]
+        assert celery_cluster.admissions()["twice-1"] == [tasks.worker.worker_id]
 
 
 def test_redis_stopped_and_restarted(tmp_path):
