@@ -1,7 +1,7 @@
 """Serving benchmark: the websocket API under 1, 8 and 32 concurrent clients, beside the engine alone.
 
     .venv/bin/python bench/serving.py [--clients 1,8,32] [--requests-per-client 4] [--max-tokens 64]
-                                      [--transports inprocess,celery] [--rounds 1] [--stream-intervals 1]
+                                      [--transports inprocess,celery] [--rounds 1] [--streams default]
 
 In the style of vLLM's benchmark_serving: each client sends its requests one after another; per request
 we record time to first token (TTFT) and how much of it passed outside the engine (the client's TTFT
@@ -11,8 +11,10 @@ output tokens/s. "engine" runs the same requests at the same concurrency straigh
 Engine (no web, no websocket, no JSON); "inprocess" through a real Daphne with the engine on its
 thread; "celery" through a real Daphne and one real Celery worker (one engine, as in the others) over
 the machine's Redis (REDIS_URL). The demo model, greedy, EOS ignored, so all produce the same tokens.
-With --stream-intervals 1,4 each transport also runs with WORKBENCH_STREAM_INTERVAL=4 beside the default,
-as "inprocess:4" and "celery:4" (celery:N is compared with inprocess:N).
+With --streams default,1,4,20ms each transport also runs with every step's tokens sent as they come
+(WORKBENCH_STREAM_INTERVAL=1, WORKBENCH_STREAM_GAP_MS=0), with 4-token deltas (interval 4) and with
+deltas at least 20 ms apart (gap 20), beside the server's defaults, as "inprocess:1", "inprocess:4",
+"inprocess:20ms" and the same for celery (celery:X is compared with inprocess:X).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -140,27 +143,37 @@ def _server_processes(started) -> dict[str, int]:
     return {"daphne": started[0].pid}
 
 
-def start_inprocess(workdir: Path, interval: int = 1) -> tuple[list[subprocess.Popen], str, str]:
-    server, address, token = start_daphne({**os.environ, "WORKBENCH_TRANSPORT": "inprocess",
-                                           "WORKBENCH_STREAM_INTERVAL": str(interval)},
-                                          workdir / f"inprocess-{interval}.sqlite3")
+def stream_env(spec: str) -> dict[str, str]:
+    """The stream settings a --streams entry names: "default" (the server's own, or the shell's), "N" (N-token deltas,
+    no gap) or "Gms" (deltas at least G ms apart, interval 1)."""
+    if spec == "default":
+        return {}
+    if re.fullmatch(r"[0-9]+", spec):
+        return {"WORKBENCH_STREAM_INTERVAL": spec, "WORKBENCH_STREAM_GAP_MS": "0"}
+    if re.fullmatch(r"[0-9]+ms", spec):
+        return {"WORKBENCH_STREAM_INTERVAL": "1", "WORKBENCH_STREAM_GAP_MS": spec[:-2]}
+    raise SystemExit(f"--streams: {spec!r} is not default, a number of tokens or a number of ms (20ms)")
+
+
+def start_inprocess(workdir: Path, spec: str) -> tuple[list[subprocess.Popen], str, str]:
+    server, address, token = start_daphne({**os.environ, **stream_env(spec), "WORKBENCH_TRANSPORT": "inprocess"},
+                                          workdir / f"inprocess-{spec}.sqlite3")
     return [server], address, token
 
 
-def start_celery(workdir: Path, interval: int = 1) -> tuple[Cluster, str, str]:
-    cluster = Cluster(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"), workdir,
-                      WORKBENCH_STREAM_INTERVAL=interval)
+def start_celery(workdir: Path, spec: str) -> tuple[Cluster, str, str]:
+    cluster = Cluster(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"), workdir, **stream_env(spec))
     cluster.start_workers(1)
-    address, token = cluster.start_daphne(workdir / f"celery-{interval}.sqlite3")
+    address, token = cluster.start_daphne(workdir / f"celery-{spec}.sqlite3")
     return cluster, address, token
 
 
-def label(transport: str, interval: int) -> str:
-    return transport if interval == 1 else f"{transport}:{interval}"
+def label(transport: str, spec: str) -> str:
+    return transport if spec == "default" else f"{transport}:{spec}"
 
 
 def inprocess_peer(mode: str, servers: dict) -> str | None:
-    """The in-process mode a Celery mode is compared with: the one at the same stream interval."""
+    """The in-process mode a Celery mode is compared with: the one at the same stream settings."""
     if not mode.startswith("celery"):
         return None
     peer = mode.replace("celery", "inprocess", 1)
@@ -239,17 +252,20 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1,
                         help="repeat each concurrency this many times, alternating the modes, and print the "
                              "median share: one run on a shared machine moves by 10 points")
-    parser.add_argument("--stream-intervals", default="1",
-                        help="WORKBENCH_STREAM_INTERVAL values to run each transport at, side by side")
+    parser.add_argument("--streams", default="default",
+                        help="stream settings to run each transport at, side by side: default, N (tokens "
+                             "per delta) or Gms (least time between deltas)")
     args = parser.parse_args()
     params = {"max_tokens": args.max_tokens, "temperature": 0, "ignore_eos": True}
     workdir = Path(tempfile.mkdtemp(prefix="serving-bench-"))
     servers = {}
     try:
-        for interval in [int(n) for n in args.stream_intervals.split(",")]:
+        for spec in args.streams.split(","):
+            stream_env(spec)  # a bad entry stops the run before any server starts
+        for spec in args.streams.split(","):
             for transport in args.transports.split(","):
                 start = start_celery if transport == "celery" else start_inprocess
-                started = servers[label(transport, interval)] = start(workdir, interval)
+                started = servers[label(transport, spec)] = start(workdir, spec)
                 asyncio.run(websocket_run(started[1], started[2], 1, 1, params))  # warm-up: the engine loads
         print(f"{'clients':>7} {'mode':>12} {'tok/s':>8} {'TTFT p50':>9} {'p99':>7} {'TPOT p50':>9} "
               f"{'ITL p50':>8} {'p99':>7} {'E2E p50':>8} {'p99':>7}  (ms)")

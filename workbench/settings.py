@@ -117,5 +117,11 @@ _stream_interval = os.environ.get("WORKBENCH_STREAM_INTERVAL", "1")
 if not re.fullmatch(r"[1-9][0-9]{0,3}", _stream_interval.strip()):
     raise ValueError(f"WORKBENCH_STREAM_INTERVAL must be a whole number of tokens from 1 to 9999, not {_stream_interval!r}")
 WORKBENCH_STREAM_INTERVAL = int(_stream_interval)
+# The least time between two deltas of one request, in ms (stream_interval.py): what a step makes
+# meanwhile travels together. 0 sends every step's tokens as they come.
+_stream_gap = os.environ.get("WORKBENCH_STREAM_GAP_MS", "0")
+if not re.fullmatch(r"[0-9]{1,5}(\.[0-9]+)?", _stream_gap.strip()) or float(_stream_gap) > 10000:
+    raise ValueError(f"WORKBENCH_STREAM_GAP_MS must be a number of milliseconds from 0 to 10000, not {_stream_gap!r}")
+WORKBENCH_STREAM_GAP_S = float(_stream_gap) / 1000
 # Limits on what one websocket frame or HTTP body may carry.
 WORKBENCH_MAX_FRAME_BYTES = int(os.environ.get("WORKBENCH_MAX_FRAME_BYTES", 256 * 1024))

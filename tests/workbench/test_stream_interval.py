@@ -1,6 +1,8 @@
-"""The stream interval (WORKBENCH_STREAM_INTERVAL): a request's deltas gather N tokens before they go out,
-its first tokens and its last event go at once, and nothing is lost or reordered on the way: through
-the real engine thread, on a cancel and an engine failure, and across processes to a Celery worker."""
+"""The stream interval and gap (WORKBENCH_STREAM_INTERVAL, WORKBENCH_STREAM_GAP_MS): a request's deltas
+gather N tokens, or wait until G ms passed since the last one, before they go out; its first tokens and
+its last event go at once, and nothing is lost or reordered on the way: through the real engine thread,
+on a cancel and an engine failure, while the request makes no tokens, and across processes to a Celery
+worker."""
 
 from __future__ import annotations
 
@@ -29,10 +31,12 @@ class Recorder:
 
     def __init__(self) -> None:
         self.events: list[StreamEvent] = []
+        self.times: list[float] = []  # when each event was handed over
         self.done = threading.Event()
 
     def push_threadsafe(self, event: StreamEvent) -> None:
         self.events.append(event)
+        self.times.append(time.monotonic())
         if event.finished:
             self.done.set()
 
@@ -49,10 +53,14 @@ class Recorder:
         return True
 
 
+GAP_S = 0.05
+
+
 @pytest.fixture(scope="module")
 def engine_threads():
-    """An engine thread at each interval (1 is the control), started once for the module."""
+    """An engine thread at each interval (1 is the control) and one with a gap, started once for the module."""
     threads = {n: EngineThread(lambda: Engine(EngineConfig(model="demo")), stream_interval=n) for n in (1, 4, 1000)}
+    threads["gap"] = EngineThread(lambda: Engine(EngineConfig(model="demo")), stream_gap_s=GAP_S)
     for thread in threads.values():
         thread.start()
     yield threads
@@ -124,25 +132,143 @@ def test_an_engine_failure_delivers_what_was_held_before_the_error(engine_thread
     assert recorder.tokens == solo.tokens, "what was held is what the engine produced, in order"
 
 
+def test_deltas_go_out_no_closer_than_the_gap(engine_threads):
+    prompts = ["The list type", "A dictionary is"]
+    params = SamplingParams(max_tokens=64, temperature=0, ignore_eos=True)
+    control = run(engine_threads[1], prompts, params)
+    gapped = run(engine_threads["gap"], prompts, params)
+    for every_step, spaced in zip(control, gapped):
+        assert spaced.tokens == every_step.tokens and len(spaced.tokens) == 64, "same tokens, none lost"
+        assert spaced.offsets_are_contiguous() and spaced.events[-1].finished
+        assert len(spaced.events[0].token_ids) == 1, "the first token goes at once"
+        # Between deltas (the last event goes at once, so it is left out); a little under the gap
+        # because the hold decides before the step's deltas are handed over.
+        gaps = [b - a for a, b in zip(spaced.times[:-2], spaced.times[1:-1])]
+        assert gaps and min(gaps) >= GAP_S * 0.9, gaps
+        assert len(spaced.events) < len(every_step.events)
+        # Liveness: without the gap the same request arrives one token per step, closer than the gap.
+        assert [len(e.token_ids) for e in every_step.events] == [1] * 64
+        assert min(b - a for a, b in zip(every_step.times, every_step.times[1:])) < GAP_S
+
+
+def test_held_tokens_go_out_after_the_gap_while_the_request_makes_none(engine_threads):
+    """A request the scheduler leaves waiting makes no deltas; what the gap held of it must still go
+    out once the gap has passed, not wait for its next token. Simulated by keeping the request's
+    engine outputs back for a while (they are handed over later, in order, so nothing is lost)."""
+    thread = engine_threads["gap"]
+    paused, busy = Recorder(), Recorder()
+    kept_back: list = []
+    pause_s = 0.6
+    real_step = thread.engine.step
+
+    def step_pausing_one_request():
+        outputs = real_step()
+        mine = [o for o in outputs if o.request_id == "paused"]
+        if mine and (kept_back or mine[0].index >= 2):
+            kept_back.extend(mine)  # from its third token on, the request seems to wait
+            outputs = [o for o in outputs if o.request_id != "paused"]
+        if kept_back and time.monotonic() - paused.times[0] > pause_s:
+            outputs += kept_back  # it runs again: everything it made, in order
+            kept_back.clear()
+        return outputs
+
+    thread.engine.step = step_pausing_one_request
+    try:
+        long = SamplingParams(max_tokens=400, temperature=0, ignore_eos=True)
+        thread.add("busy", "A dictionary is", long, busy)  # keeps the engine stepping
+        thread.add("paused", "The list type", SamplingParams(max_tokens=64, temperature=0, ignore_eos=True), paused)
+        assert paused.done.wait(60)
+        thread.cancel("busy")
+        assert busy.done.wait(60)
+    finally:
+        thread.engine.step = real_step
+    assert [len(e.token_ids) for e in paused.events[:2]] == [1, 1], "the first token, then the held second"
+    assert paused.times[1] - paused.times[0] < pause_s / 2, "the held token went out after the gap, not after the pause"
+    assert len(paused.tokens) == 64 and paused.offsets_are_contiguous()
+    solo = run(engine_threads[1], ["The list type"], SamplingParams(max_tokens=64, temperature=0, ignore_eos=True))[0]
+    assert paused.tokens == solo.tokens
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def delta(index: int, count: int = 1, finished: bool = False) -> StreamEvent:
+    return StreamEvent(index=index, token_ids=list(range(index, index + count)), text="x" * count, finished=finished)
+
+
+def test_the_gap_holds_until_it_has_passed_and_both_levers_must_agree():
+    clock = Clock()
+    hold = DeltaHold(interval=3, gap_s=0.02, clock=clock)
+    assert hold.release("a", delta(0)).token_ids == [0], "the first token at once"
+    clock.now += 0.03
+    assert hold.release("a", delta(1)) is None, "the gap has passed but the interval has not"
+    assert hold.release("a", delta(2)) is None
+    assert hold.due() == [], "the sweep keeps to the interval too"
+    sent = hold.release("a", delta(3))
+    assert (sent.index, sent.token_ids) == (1, [1, 2, 3]), "both levers agree: the held tokens go, in order"
+    clock.now += 0.01
+    assert hold.release("a", delta(4, 3)) is None, "the interval is met, the gap not yet"
+    assert hold.due() == []
+    clock.now += 0.011
+    [(request_id, swept)] = hold.due()
+    assert (request_id, swept.index, swept.token_ids) == ("a", 4, [4, 5, 6]), "the sweep sends it once the gap passed"
+    assert hold.due() == [], "and only once"
+    last = hold.release("a", delta(7, finished=True))
+    assert last.token_ids == [7] and last.finished, "the last event goes at once, gap or not"
+
+
+def test_the_last_event_carries_what_the_gap_held():
+    clock = Clock()
+    hold = DeltaHold(gap_s=1.0, clock=clock)
+    hold.release("a", delta(0))
+    assert hold.release("a", delta(1)) is None and hold.release("b", delta(0)) is not None
+    last = hold.release("a", delta(2, finished=True))
+    assert (last.index, last.token_ids, last.text) == (1, [1, 2], "xx")
+    assert hold.flush("a") is None, "nothing is left behind for it"
+
+
 @pytest.mark.parametrize("interval", [0, -1, 2.5, "4", True])
 def test_a_bad_interval_is_refused(interval):
     with pytest.raises(ValueError, match="stream interval"):
         DeltaHold(interval)
 
 
-@pytest.mark.parametrize("value", ["0", "four", "1.5", "", "99999"])
-def test_a_bad_setting_stops_the_process_with_its_name(value):
+@pytest.mark.parametrize("gap", [-0.01, float("inf"), float("nan"), "0.02", True, None])
+def test_a_bad_gap_is_refused(gap):
+    with pytest.raises(ValueError, match="stream gap"):
+        DeltaHold(gap_s=gap)
+
+
+@pytest.mark.parametrize("name,value", [("WORKBENCH_STREAM_INTERVAL", v) for v in ["0", "four", "1.5", "", "99999"]]
+                         + [("WORKBENCH_STREAM_GAP_MS", v) for v in ["-5", "20ms", "1e3", "", "10001", "nan"]])
+def test_a_bad_setting_stops_the_process_with_its_name(name, value):
     result = subprocess.run([sys.executable, "-c", "import workbench.settings"], cwd=ROOT, capture_output=True,
-                            text=True, env={**os.environ, "WORKBENCH_STREAM_INTERVAL": value})
-    assert result.returncode != 0 and "WORKBENCH_STREAM_INTERVAL must be" in result.stderr
+                            text=True, env={**os.environ, name: value})
+    assert result.returncode != 0 and f"{name} must be" in result.stderr
 
 
-def test_a_celery_worker_applies_its_interval(tmp_path):
-    """The setting is read where the engine runs: a worker started with it sends 4-token deltas that
-    reach a websocket client through Redis and Daphne whole and in order."""
+def test_a_good_gap_setting_reaches_the_settings_in_seconds():
+    result = subprocess.run([sys.executable, "-c", "from django.conf import settings as s; import django;"
+                             "django.setup(); print(s.WORKBENCH_STREAM_GAP_S)"], cwd=ROOT, capture_output=True,
+                            text=True, env={**os.environ, "WORKBENCH_STREAM_GAP_MS": "12.5",
+                                            "DJANGO_SETTINGS_MODULE": "workbench.settings"})
+    assert result.stdout.strip() == "0.0125", result.stderr
+
+
+@pytest.mark.parametrize("setting", [{"WORKBENCH_STREAM_INTERVAL": 4}, {"WORKBENCH_STREAM_GAP_MS": 100}],
+                         ids=["interval", "gap"])
+def test_a_celery_worker_applies_its_stream_settings(tmp_path, setting):
+    """The settings are read where the engine runs: a worker started with one sends deltas of several
+    tokens (4-token deltas; or, 100 ms apart, what a few ms steps made meanwhile) that reach a websocket
+    client through Redis and Daphne whole and in order."""
     from django.conf import settings
 
-    cluster = Cluster(settings.REDIS_URL, tmp_path, WORKBENCH_STREAM_INTERVAL=4)
+    cluster = Cluster(settings.REDIS_URL, tmp_path, **setting)
     try:
         cluster.start_workers(1)
         address, token = cluster.start_daphne(tmp_path / "db.sqlite3")
@@ -161,7 +287,10 @@ def test_a_celery_worker_applies_its_interval(tmp_path):
         deltas = [f for f in frames if f["type"] == "delta"]
         sizes = [len(f["token_ids"]) for f in deltas]
         assert frames[-1]["type"] == "done" and sum(sizes) == 24
-        assert sizes[0] == 1 and all(size >= 4 for size in sizes[1:-1]), sizes
+        if "WORKBENCH_STREAM_INTERVAL" in setting:
+            assert sizes[0] == 1 and all(size >= 4 for size in sizes[1:-1]), sizes
+        else:
+            assert sizes[0] == 1 and len(sizes) < 12 and max(sizes) >= 4, sizes
         assert [f["index"] for f in deltas] == [sum(sizes[:n]) for n in range(len(sizes))]
     finally:
         cluster.stop()

@@ -35,7 +35,8 @@ def _inprocess():
 
     config = EngineConfig(model=settings.WORKBENCH_MODEL, device=settings.WORKBENCH_DEVICE,
                           dtype=settings.WORKBENCH_DTYPE)
-    return EngineThread(lambda: Engine(config), settings.WORKBENCH_STREAM_INTERVAL)
+    return EngineThread(lambda: Engine(config), settings.WORKBENCH_STREAM_INTERVAL,
+                        settings.WORKBENCH_STREAM_GAP_S)
 
 
 def _celery():

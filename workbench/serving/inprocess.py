@@ -55,10 +55,12 @@ class Load:
 
 
 class EngineThread:
-    def __init__(self, engine_factory: Callable[[], Engine], stream_interval: int = 1) -> None:
-        """`stream_interval`: tokens a request's deltas gather before they go out (stream_interval.py)."""
+    def __init__(self, engine_factory: Callable[[], Engine], stream_interval: int = 1,
+                 stream_gap_s: float = 0.0) -> None:
+        """`stream_interval`, `stream_gap_s`: the tokens a request's deltas gather, and the least time
+        between two of them, before they go out (stream_interval.py)."""
         self._factory = engine_factory
-        self._hold = DeltaHold(stream_interval)
+        self._hold = DeltaHold(stream_interval, stream_gap_s)
         # The inspection snapshot's per-sequence list, which grows with the load: a Celery worker turns
         # it off while no dashboard watches (its snapshot travels in every heartbeat).
         self.sequences_in_state = True
@@ -242,6 +244,10 @@ class EngineThread:
             if output.finished:
                 del self._sinks[output.request_id]
                 self._users.pop(output.request_id, None)
+        for request_id, event in self._hold.due():
+            sink = self._sinks.get(request_id)
+            if sink is not None:
+                deliveries.append((sink, event))
         deliver(deliveries)
 
     def _acknowledge_flags(self) -> None:

@@ -51,7 +51,8 @@ class WorkerHost:
         self.queue = wire.queue_name(worker_id)
         self.control_channel = wire.control_channel(worker_id)
         self.engine_config = engine_config
-        self.engine_thread = EngineThread(lambda: Engine(engine_config), settings.WORKBENCH_STREAM_INTERVAL)
+        self.engine_thread = EngineThread(lambda: Engine(engine_config), settings.WORKBENCH_STREAM_INTERVAL,
+                                          settings.WORKBENCH_STREAM_GAP_S)
         self.started_at = time.time()
         self._loop = asyncio.new_event_loop()
         self._wake = asyncio.Event()
