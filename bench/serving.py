@@ -4,8 +4,9 @@
                                       [--transports inprocess,celery] [--rounds 1] [--streams default]
 
 In the style of vLLM's benchmark_serving: each client sends its requests one after another; per request
-we record time to first token (TTFT) and how much of it passed outside the engine (the client's TTFT
-minus the engine's own, from the done frame), time per output token after the first (TPOT), inter-token
+we record time to first token (TTFT), how much of it passed outside the engine's process (the client's
+TTFT minus the engine's own, from the done frame) and how much queued in it before its first step (the
+step in flight when it came included), time per output token after the first (TPOT), inter-token
 latencies (ITL, a delta's gap divided over its tokens) and end-to-end latency; per run, delivered
 output tokens/s. "engine" runs the same requests at the same concurrency straight on an in-process
 Engine (no web, no websocket, no JSON); "inprocess" through a real Daphne with the engine on its
@@ -52,6 +53,7 @@ class RequestRecord:
     tokens: int = 0
     itls: list[float] = field(default_factory=list)
     engine_ttft: float | None = None  # the engine's own time to first token, from the done frame
+    engine_queue: float | None = None  # of which waiting to be scheduled, the step in flight included
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -65,8 +67,9 @@ def summarize(records: list[RequestRecord], wall: float) -> dict:
     itl = [x for r in records for x in r.itls]
     e2e = [r.done - r.sent for r in records]
     outside = [r.first - r.sent - r.engine_ttft for r in records if r.engine_ttft is not None]
+    queue = [r.engine_queue for r in records if r.engine_queue is not None]
     return {"tok_s": sum(r.tokens for r in records) / wall, "ttft50": percentile(ttft, 50),
-            "outside50": percentile(outside, 50),
+            "outside50": percentile(outside, 50), "queue50": percentile(queue, 50),
             "ttft99": percentile(ttft, 99), "tpot50": percentile(tpot, 50), "itl50": percentile(itl, 50),
             "itl99": percentile(itl, 99), "e2e50": percentile(e2e, 50), "e2e99": percentile(e2e, 99)}
 
@@ -123,7 +126,9 @@ async def websocket_run(address: str, token: str, clients: int, per_client: int,
                         record.tokens += count
                     elif frame["type"] in ("done", "error"):
                         record.done = now
-                        record.engine_ttft = (frame.get("timings") or {}).get("time_to_first_token")
+                        timings = frame.get("timings") or {}
+                        record.engine_ttft = timings.get("time_to_first_token")
+                        record.engine_queue = timings.get("queue_time")
                         break
 
     start = time.perf_counter()
@@ -224,7 +229,8 @@ def print_round(clients: int, measured: dict, servers: dict) -> None:
               f"({w['engine_tok_s']:.1f} tok/s, the runs either side)"
               + (f", {w['of_peer']:.0%} of {peer}" if peer else "")
               + f", TTFT p50 +{w['ttft_over'] * 1000:.1f} ms"
-              + f" ({w['outside50'] * 1000:.1f} ms of each TTFT outside the engine, p50)"
+              + f" ({w['outside50'] * 1000:.1f} ms of each TTFT outside the engine's process, and"
+              + f" {w['queue50'] * 1000:.1f} ms queued in it, p50)"
               + f"; server CPU {w['cpu']}", flush=True)
 
 

@@ -95,8 +95,11 @@ class Engine:
 
     # -- requests -------------------------------------------------------------------------------
 
-    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> None:
-        """Queue a request. Raises (PromptError, RequestError) before anything changes if it is bad."""
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
+                    arrival: float | None = None) -> None:
+        """Queue a request. Raises (PromptError, RequestError) before anything changes if it is bad.
+        `arrival` (time.monotonic) is when the request reached whoever hands it to the engine, if
+        earlier than now: its queue time and time to first token count from then."""
         if not isinstance(request_id, str) or not request_id:
             raise RequestError("request_id must be a non-empty string")
         if request_id in self._requests:
@@ -105,6 +108,8 @@ class Engine:
             raise RequestError("params must be a SamplingParams")
         prompt_ids = self._prompt_ids(prompt)
         seq = Sequence(next(self._seq_ids), request_id, prompt_ids, params, self._stand_down)
+        if arrival is not None:
+            seq.timings.arrival = min(arrival, seq.timings.arrival)
         generator = torch.Generator(device=self.loaded.device)
         if params.seed is not None:
             generator.manual_seed(params.seed)

@@ -105,7 +105,9 @@ class EngineThread:
 
     def add(self, request_id: str, prompt: str | list[int], params: SamplingParams, sink: Sink,
             user: str = "") -> None:
-        self._commands.put(("add", request_id, prompt, params, sink, user))
+        # Stamped now: a request waits here for the step in flight, and that wait is part of its
+        # queue time and time to first token (up to a whole step under load).
+        self._commands.put(("add", request_id, prompt, params, sink, user, time.monotonic()))
 
     def cancel(self, request_id: str) -> None:
         self._commands.put(("abort", request_id))
@@ -195,12 +197,12 @@ class EngineThread:
             if not self.engine.abort(command[1]):
                 self._remember_early_cancel(command[1])
             return
-        _, request_id, prompt, params, sink, user = command
+        _, request_id, prompt, params, sink, user, arrival = command
         if self._canceled_early.pop(request_id, None) is not None:
             sink.push_threadsafe(StreamEvent(finished=True, finish_reason="canceled"))
             return
         try:
-            self.engine.add_request(request_id, prompt, params)
+            self.engine.add_request(request_id, prompt, params, arrival)
         except (PromptError, InvalidSamplingParams, RequestError, TokenizerError) as exc:
             code = "invalid_params" if isinstance(exc, InvalidSamplingParams) else "invalid_request"
             sink.push_threadsafe(StreamEvent.failure(code, str(exc)))
