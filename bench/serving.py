@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/serving.py [--clients 1,8,32] [--requests-per-client 4] [--max-tokens 64]
                                       [--transports inprocess,celery] [--rounds 1] [--streams default]
+                                      [--device cpu]
 
 In the style of vLLM's benchmark_serving: each client sends its requests one after another; per request
 we record time to first token (TTFT), how much of it passed outside the engine's process (the client's
@@ -74,8 +75,8 @@ def summarize(records: list[RequestRecord], wall: float) -> dict:
             "itl99": percentile(itl, 99), "e2e50": percentile(e2e, 50), "e2e99": percentile(e2e, 99)}
 
 
-def engine_only(clients: int, total: int, params: SamplingParams) -> dict:
-    engine = Engine(EngineConfig(model="demo"))
+def engine_only(clients: int, total: int, params: SamplingParams, device: str) -> dict:
+    engine = Engine(EngineConfig(model="demo", device=device))
     engine.generate(PROMPTS[:2], params)  # warm-up
     queue = [PROMPTS[i % len(PROMPTS)] for i in range(total)]
     records: dict[str, RequestRecord] = {}
@@ -98,6 +99,7 @@ def engine_only(clients: int, total: int, params: SamplingParams) -> dict:
                 record.tokens += len(out.token_ids)
             if out.finished:
                 record.done = now
+                record.engine_queue = (out.timings or {}).get("queue_time")
     return summarize(list(records.values()), time.perf_counter() - start)
 
 
@@ -160,14 +162,16 @@ def stream_env(spec: str) -> dict[str, str]:
     raise SystemExit(f"--streams: {spec!r} is not default, a number of tokens or a number of ms (20ms)")
 
 
-def start_inprocess(workdir: Path, spec: str) -> tuple[list[subprocess.Popen], str, str]:
-    server, address, token = start_daphne({**os.environ, **stream_env(spec), "WORKBENCH_TRANSPORT": "inprocess"},
+def start_inprocess(workdir: Path, spec: str, device: str) -> tuple[list[subprocess.Popen], str, str]:
+    server, address, token = start_daphne({**os.environ, **stream_env(spec), "WORKBENCH_TRANSPORT": "inprocess",
+                                           "WORKBENCH_DEVICE": device},
                                           workdir / f"inprocess-{spec}.sqlite3")
     return [server], address, token
 
 
-def start_celery(workdir: Path, spec: str) -> tuple[Cluster, str, str]:
-    cluster = Cluster(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"), workdir, **stream_env(spec))
+def start_celery(workdir: Path, spec: str, device: str) -> tuple[Cluster, str, str]:
+    cluster = Cluster(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"), workdir, **stream_env(spec),
+                      WORKBENCH_DEVICE=device)
     cluster.start_workers(1)
     address, token = cluster.start_daphne(workdir / f"celery-{spec}.sqlite3")
     return cluster, address, token
@@ -185,14 +189,14 @@ def inprocess_peer(mode: str, servers: dict) -> str | None:
     return peer if peer in servers else None
 
 
-def one_round(clients: int, per_client: int, params: dict, servers: dict) -> dict:
+def one_round(clients: int, per_client: int, params: dict, servers: dict, device: str) -> dict:
     """Each transport at one concurrency, bracketed by engine-only runs (engine, inprocess, engine,
     celery, engine, ...): a transport is compared with the mean of the engine-only runs just before
     and just after it, because this shared machine's speed drifts by up to 2x within a minute, and a
     reference measured further away would measure the drift. Rows in the order they ran; each
     transport's row with its server processes' CPU."""
     def run_engine() -> dict:
-        return engine_only(clients, clients * per_client, SamplingParams(**params))
+        return engine_only(clients, clients * per_client, SamplingParams(**params), device)
 
     rows, results = [("engine", run_engine())], {}
     for transport, (started, address, token) in servers.items():
@@ -207,6 +211,7 @@ def one_round(clients: int, per_client: int, params: dict, servers: dict) -> dic
         rows += [(transport, row), ("engine", after_engine)]
         row["engine_tok_s"] = (before_engine["tok_s"] + after_engine["tok_s"]) / 2
         row["engine_ttft50"] = (before_engine["ttft50"] + after_engine["ttft50"]) / 2
+        row["engine_queue50"] = (before_engine["queue50"] + after_engine["queue50"]) / 2
         row["of_engine"] = row["tok_s"] / row["engine_tok_s"]
         row["ttft_over"] = row["ttft50"] - row["engine_ttft50"]
         results[transport] = row
@@ -230,7 +235,8 @@ def print_round(clients: int, measured: dict, servers: dict) -> None:
               + (f", {w['of_peer']:.0%} of {peer}" if peer else "")
               + f", TTFT p50 +{w['ttft_over'] * 1000:.1f} ms"
               + f" ({w['outside50'] * 1000:.1f} ms of each TTFT outside the engine's process, and"
-              + f" {w['queue50'] * 1000:.1f} ms queued in it, p50)"
+              + f" {w['queue50'] * 1000:.1f} ms queued in it, p50; engine-only queued"
+              + f" {w['engine_queue50'] * 1000:.1f} ms)"
               + f"; server CPU {w['cpu']}", flush=True)
 
 
@@ -261,6 +267,7 @@ def main() -> None:
     parser.add_argument("--streams", default="default",
                         help="stream settings to run each transport at, side by side: default, N (tokens "
                              "per delta) or Gms (least time between deltas)")
+    parser.add_argument("--device", default="cpu", help="where every engine runs (cpu, cuda)")
     args = parser.parse_args()
     params = {"max_tokens": args.max_tokens, "temperature": 0, "ignore_eos": True}
     workdir = Path(tempfile.mkdtemp(prefix="serving-bench-"))
@@ -271,14 +278,14 @@ def main() -> None:
         for spec in args.streams.split(","):
             for transport in args.transports.split(","):
                 start = start_celery if transport == "celery" else start_inprocess
-                started = servers[label(transport, spec)] = start(workdir, spec)
+                started = servers[label(transport, spec)] = start(workdir, spec, args.device)
                 asyncio.run(websocket_run(started[1], started[2], 1, 1, params))  # warm-up: the engine loads
         print(f"{'clients':>7} {'mode':>12} {'tok/s':>8} {'TTFT p50':>9} {'p99':>7} {'TPOT p50':>9} "
               f"{'ITL p50':>8} {'p99':>7} {'E2E p50':>8} {'p99':>7}  (ms)")
         for clients in [int(c) for c in args.clients.split(",")]:
             rounds = []
             for _ in range(args.rounds):
-                rows = one_round(clients, args.requests_per_client, params, servers)
+                rows = one_round(clients, args.requests_per_client, params, servers, args.device)
                 print_round(clients, rows, servers)
                 rounds.append(rows)
             if args.rounds > 1:
