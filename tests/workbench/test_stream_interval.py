@@ -142,9 +142,10 @@ def test_deltas_go_out_no_closer_than_the_gap(engine_threads):
         assert spaced.offsets_are_contiguous() and spaced.events[-1].finished
         assert len(spaced.events[0].token_ids) == 1, "the first token goes at once"
         # Between deltas (the last event goes at once, so it is left out); a little under the gap
-        # because the hold decides before the step's deltas are handed over.
+        # because the hold decides before the step's deltas are handed over (and another thread can
+        # hold the GIL between the two for up to its 5 ms switch interval).
         gaps = [b - a for a, b in zip(spaced.times[:-2], spaced.times[1:-1])]
-        assert gaps and min(gaps) >= GAP_S * 0.9, gaps
+        assert gaps and min(gaps) >= GAP_S * 0.8, gaps
         assert len(spaced.events) < len(every_step.events)
         # Liveness: without the gap the same request arrives one token per step, closer than the gap.
         assert [len(e.token_ids) for e in every_step.events] == [1] * 64
