@@ -151,8 +151,8 @@ def _server_processes(started) -> dict[str, int]:
 
 
 def stream_env(spec: str) -> dict[str, str]:
-    """The stream settings a --streams entry names: "default" (the server's own, or the shell's), "N" (N-token deltas,
-    no gap) or "Gms" (deltas at least G ms apart, interval 1)."""
+    """The stream settings a --streams entry names: "default" (the server's own, or the shell's),
+    "N" (N-token deltas, no gap) or "Gms" (deltas at least G ms apart, interval 1)."""
     if spec == "default":
         return {}
     if re.fullmatch(r"[0-9]+", spec):
