@@ -13,6 +13,10 @@ let pending = null;      // the user's message shown before the server took it (
 // Errors that mean the message was refused before it was stored: it comes off the page, back to the input.
 const NOT_STORED = new Set(["busy", "invalid_params", "signed_out"]);
 let sentAt = 0;
+// Deltas can come hundreds of times a second, and each render parses the whole reply's markdown again
+// (a cost that grows with the square of its length): the reply is rendered at most once per painted
+// frame, and at once when it ends.
+let renderScheduled = false;
 
 document.querySelectorAll("[data-markdown]").forEach((el) => renderMarkdown(el, el.textContent));
 
@@ -60,10 +64,13 @@ function handle(frame) {
     reply.article.dataset.streaming = "true";
   } else if (frame.type === "delta" && reply) {
     reply.text += frame.text;
-    renderMarkdown(reply.content, reply.text);
-    reply.article.scrollIntoView({block: "end"});
+    if (!renderScheduled) {
+      renderScheduled = true;
+      requestAnimationFrame(renderReply);
+    }
   } else if (frame.type === "done") {
     if (reply) {
+      renderReply();
       delete reply.article.dataset.streaming;
       const meta = document.createElement("div");
       meta.className = "meta";
@@ -80,6 +87,7 @@ function handle(frame) {
     setBusy(false);
     statusLine.textContent = "";
   } else if (frame.type === "error") {
+    if (reply) renderReply();
     statusLine.textContent = `Error: ${frame.message}`;
     if (pending && !reply && NOT_STORED.has(frame.code)) {
       pending.article.remove();
@@ -88,6 +96,13 @@ function handle(frame) {
     pending = null;
     if (!reply) setBusy(false);
   }
+}
+
+function renderReply() {
+  renderScheduled = false;
+  if (!reply) return;  // it ended (and was rendered) before this frame
+  renderMarkdown(reply.content, reply.text);
+  reply.article.scrollIntoView({block: "end"});
 }
 
 function send(frame) {

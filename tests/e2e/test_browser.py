@@ -95,3 +95,46 @@ def test_a_second_tab_is_told_the_conversation_is_busy_and_keeps_its_text(browse
     second.click("#send")  # now it is answered
     second.locator("article.assistant .meta").wait_for()
     assert second.locator("article.user .content").inner_text() == "Me too"
+
+
+def test_a_fast_reply_is_rendered_once_per_painted_frame_not_once_per_delta(browser, daphne_server):
+    """Re-rendering the whole reply's markdown per token costs the page the square of the reply's
+    length; the reply is rendered at most once per frame the browser paints, and whole at the end.
+    The page's frames are held back here (its requestAnimationFrame queues them) so the count is exact."""
+    page = signed_up_in_a_new_conversation(browser, f"http://{daphne_server[0]}", "carol")
+    page.wait_for_function("socket && socket.readyState === WebSocket.OPEN")
+    page.evaluate("""() => {
+        window.counts = {replyRenders: 0, deltas: 0};
+        window.heldFrames = [];
+        window.realRequestAnimationFrame = window.requestAnimationFrame;
+        window.requestAnimationFrame = (callback) => window.heldFrames.push(callback);
+        const render = window.renderMarkdown;
+        window.renderMarkdown = (target, text) => {
+            if (target.isConnected && target.closest("article.assistant")) window.counts.replyRenders++;
+            return render(target, text);
+        };
+        socket.addEventListener("message", (event) => {
+            if (JSON.parse(event.data).type === "delta") window.counts.deltas++;
+        });
+    }""")
+    page.click("details summary")
+    page.fill("#max_tokens", "400")
+    page.fill("#temperature", "0")
+    page.fill("#input", "Tell me about lists")
+    page.click("#send")
+    page.wait_for_function("window.counts.deltas >= 20")
+    held = page.evaluate("({counts: window.counts, frames: window.heldFrames.length})")
+    assert held["counts"]["replyRenders"] == 0 and held["frames"] == 1, held
+    # One frame paints: one render, of every token so far.
+    rendered = page.evaluate("""() => {
+        window.heldFrames.splice(0).forEach((callback) => callback(performance.now()));
+        return {renders: window.counts.replyRenders,
+                text: document.querySelector("article.assistant .content").textContent};
+    }""")
+    assert rendered["renders"] == 1 and rendered["text"], rendered
+    page.evaluate("() => { window.requestAnimationFrame = window.realRequestAnimationFrame; }")
+    page.locator("article.assistant .meta").wait_for()
+    stored = page.locator("article.assistant .content").inner_text()
+    assert len(stored) > len(rendered["text"])
+    page.reload()
+    assert page.locator("article.assistant .content").inner_text() == stored, "the whole reply was rendered at the end"
