@@ -1,0 +1,207 @@
+"""GGUF quantized linear weights (Q4_0, Q4_1, Q8_0) served quantized on the CPU, with their exact values.
+
+ggml stores a weight row by row, each row a run of 32-element blocks along the input dimension:
+    Q4_0: fp16 d, 16 bytes of nibbles q          w = d * (q - 8)
+    Q4_1: fp16 d, fp16 m, 16 bytes of nibbles q  w = d * q + m
+    Q8_0: fp16 d, 32 int8 q                      w = d * q
+(a block's low nibbles are its elements 0-15, its high nibbles 16-31, as in gguf's quants.py).
+
+All three run on torch's CPU weight-only int4 kernel (`_weight_int4pack_mm_for_cpu`, group size 32),
+which computes w = (q - 8) * scale + zero per group:
+    Q4_0: scale d, zero 0.
+    Q4_1: scale d, zero m + 8d. Two fp16 values sum exactly in fp32 unless their magnitudes are more
+          than 2^12 apart (never for a block's m and 8d in practice), and then the kernel's
+          (q - 8) * d + zero is one rounding of d * q + m, as gguf's is: bit for bit the same weight.
+    Q8_0: the kernel has no int8 group route (`_weight_int8pack_mm` takes one scale per output row, not
+          per 32-group), so each int8 q is split into nibbles, q = 16 * (q >> 4) + (q & 15), and a block
+          becomes two int4 groups over the input repeated twice: (high + 8, scale 16d, zero 0) and
+          (low, scale d, zero 8d). Both parts are exact, so is their sum; it costs twice a Q4 matmul.
+
+What the kernel does with each activation dtype (read in torch's int4mm_kernel.cpp, measured here):
+    bfloat16: vectorized (AVX2/AVX512): Q4 about as fast as F.linear on the fp32 weight, Q8_0 about 2x
+              its time (measured); scales and zeros are bfloat16 (d loses its 3 low bits: weights differ
+              from gguf's by up to 2^-9 relative) and the output is rounded to bfloat16.
+    float32:  exact weights and fp32 arithmetic, but on x86 the kernel's generic scalar loop (no SIMD),
+              about 10x slower than F.linear on the dequantized weight for one row, and linear in rows.
+              So fp32 inputs of more than FP32_KERNEL_MAX_ROWS rows (1 for Q4, 0 for Q8_0) are dequantized
+              per call (exactly, as gguf does) and go through F.linear instead: a dequantization per call
+              (still 5-10x F.linear alone) but no fp32 copy held between calls. Where fp32 speed matters
+              more than memory, give a plain Linear the weight of dequantize() instead.
+    float16:  computed in fp32 (the kernel's fp16 path is as slow, and m + 8d need not fit in fp16).
+Against x @ gguf.dequantize(W).T in float64, relative to its largest |entry|: float32 outputs within
+1e-6 on either route (accumulation order only; up to 9.5e-7 seen at in_features 576), bfloat16 within
+5e-3 (tests/engine/test_quantized_linear.py checks 4e-6 and 1.5e-2 at tiny shapes).
+
+The kernel also wants out_features divisible by 16 (rows are padded with zero weights and the output
+sliced) and in_features divisible by the group size, which every ggml row of 32-blocks is.
+
+Loading: llama.cpp's converter permutes the rows of Q and K (output features) for its RoPE layout. The
+loader undoes that by permuting the raw rows before building the module, `raw[perm]` (numpy fancy
+indexing on axis 0): each row is independent, whole blocks along the input dimension.
+"""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+Q = gguf.GGMLQuantizationType
+GROUP = 32  # ggml block size of Q4_0/Q4_1/Q8_0, used as the kernel's group size
+BLOCK_BYTES = {Q.Q4_0: 2 + 16, Q.Q4_1: 2 + 2 + 16, Q.Q8_0: 2 + 32}
+# Most rows of a float32 input that go through the int4 kernel; more are dequantized + F.linear. Measured
+# on a 2-core AVX2 machine (bench/quantized_linear.py): the scalar fp32 kernel beats dequantize + F.linear
+# at one row for Q4, never for Q8_0 (its two int4 groups per block double the kernel's work).
+FP32_KERNEL_MAX_ROWS = {Q.Q4_0: 1, Q.Q4_1: 1, Q.Q8_0: 0}
+N_MULTIPLE = 16  # _convert_weight_to_int4pack_for_cpu: "expect N to be dividable by 16"
+
+
+class QuantizedLinear(nn.Module):
+    """y = x @ W.T (+ bias) for a ggml Q4_0/Q4_1/Q8_0 weight W [out, in], kept quantized. CPU only.
+
+    `raw` [out, row_bytes] uint8 (a buffer): the ggml blocks as loaded, what dequantize() and fusion read.
+    Derived from it for the kernel: `packed` [out_padded, in/2, or in for Q8_0] uint8 in the kernel's
+    layout (which depends on the CPU's SIMD width), `scales_zeros` [groups, out_padded, 2] float32 and
+    `scales_zeros_bf16`. No dequantized copy is kept."""
+
+    def __init__(self, raw: torch.Tensor, qtype: gguf.GGMLQuantizationType, in_features: int,
+                 bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.qtype = qtype
+        self.in_features = in_features
+        self.out_features = raw.shape[0]
+        self.register_buffer("raw", raw)
+        nibbles, scales_zeros = _kernel_operands(raw.numpy(), qtype)
+        # Plain attributes, not buffers: the loader's model.to(bfloat16) must not round the fp32 scales
+        # (the fp32 route needs them), and the kernel runs on the CPU only, so nothing moves them either.
+        # innerKTiles only matters for the CUDA layout; the CPU op ignores it.
+        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(nibbles, 1)
+        self.scales_zeros = scales_zeros
+        self.scales_zeros_bf16 = scales_zeros.to(torch.bfloat16)
+        self.register_buffer("bias", bias)
+
+    @classmethod
+    def from_ggml(cls, raw: np.ndarray, qtype: gguf.GGMLQuantizationType | int, in_features: int,
+                  bias: torch.Tensor | None = None) -> "QuantizedLinear":
+        """From a GGUF tensor's data (`GGUFReader(...).tensors[i].data`, uint8 [out, row_bytes]) and type.
+        Raises ValueError for other types and for shapes that are not whole blocks."""
+        shape = tuple(np.shape(raw))
+        try:
+            qtype = Q(qtype)
+        except ValueError:
+            raise ValueError(f"unknown ggml type {qtype!r} for a tensor of shape {shape}") from None
+        if qtype not in BLOCK_BYTES:
+            raise ValueError(f"QuantizedLinear supports Q4_0, Q4_1 and Q8_0, not {qtype.name} "
+                             f"(tensor of shape {shape})")
+        dtype = np.asarray(raw).dtype
+        if len(shape) != 2 or dtype != np.uint8:
+            raise ValueError(f"{qtype.name} data must be uint8 [out, row_bytes], got {dtype} {shape}")
+        if in_features <= 0 or in_features % GROUP:
+            raise ValueError(f"{qtype.name} rows are blocks of {GROUP}: in_features {in_features} is not a "
+                             f"multiple (tensor of shape {shape})")
+        row_bytes = in_features // GROUP * BLOCK_BYTES[qtype]
+        if shape[1] != row_bytes:
+            raise ValueError(f"{qtype.name} with in_features {in_features} has {row_bytes} bytes a row, "
+                             f"the tensor has shape {shape}")
+        if bias is not None and tuple(bias.shape) != (shape[0],):
+            raise ValueError(f"bias of shape {tuple(bias.shape)} for {shape[0]} output features")
+        # A copy: GGUFReader's data is a read-only view of the mapped file.
+        return cls(torch.from_numpy(np.array(raw, dtype=np.uint8, copy=True)), qtype, in_features,
+                   None if bias is None else bias.detach().clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type != "cpu":
+            raise ValueError(f"QuantizedLinear runs on the CPU only, got an input on {x.device}")
+        if x.dtype == torch.float16:
+            return self.forward(x.float()).half()
+        if x.dtype not in (torch.float32, torch.bfloat16):
+            raise TypeError(f"QuantizedLinear takes float32, bfloat16 or float16 inputs, got {x.dtype}")
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features)  # [M, in]
+        if x.dtype == torch.float32 and x2.shape[0] > FP32_KERNEL_MAX_ROWS[self.qtype]:
+            out = F.linear(x2, self.dequantize())
+        else:
+            out = self._kernel(x2.contiguous())
+        if self.bias is not None:
+            out = out + self.bias.to(out.dtype)
+        return out.view(*lead, self.out_features)
+
+    def _kernel(self, x2: torch.Tensor) -> torch.Tensor:
+        """[M, in] contiguous float32/bfloat16 -> [M, out] through the int4 kernel."""
+        if self.qtype == Q.Q8_0:  # each block's inputs twice: once for the high nibbles, once the low
+            blocks = x2.view(x2.shape[0], -1, 1, GROUP)  # [M, in/32, 1, 32]
+            x2 = blocks.expand(-1, -1, 2, -1).reshape(x2.shape[0], 2 * self.in_features)
+        scales_zeros = self.scales_zeros if x2.dtype == torch.float32 else self.scales_zeros_bf16
+        out = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, self.packed, GROUP, scales_zeros)
+        return out if self.packed.shape[0] == self.out_features else out[:, : self.out_features]
+
+    def dequantize(self) -> torch.Tensor:
+        """[out, in] float32, equal to gguf.quants.dequantize of the raw data (same formulas, same order)."""
+        blocks = self.raw.view(self.out_features, -1, BLOCK_BYTES[self.qtype])  # [out, in/32, bytes]
+        d = blocks[..., 0:2].contiguous().view(torch.float16).float()          # [out, in/32, 1]
+        if self.qtype == Q.Q8_0:
+            w = blocks[..., 2:].contiguous().view(torch.int8).float() * d
+        else:
+            qs = blocks[..., -16:]
+            q = torch.cat([qs & 0x0F, qs >> 4], dim=-1)                         # [out, in/32, 32]
+            if self.qtype == Q.Q4_0:
+                w = d * (q.float() - 8)
+            else:
+                m = blocks[..., 2:4].contiguous().view(torch.float16).float()
+                w = d * q.float() + m
+        return w.view(self.out_features, self.in_features)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, qtype={self.qtype.name}, "
+                f"bias={self.bias is not None}")
+
+
+def fuse_quantized(*linears: QuantizedLinear) -> QuantizedLinear:
+    """One module for several projections of the same input (outputs concatenated in order), so q/k/v or
+    gate/up run as one matmul, as fuse_linears does for float weights. Unlike there, the parts do not
+    become views of the fused module (the kernel's layout is blocked across rows): it has its own storage,
+    and the caller keeps it instead of the parts."""
+    if not linears:
+        raise ValueError("fuse_quantized needs at least one QuantizedLinear")
+    first = linears[0]
+    for linear in linears[1:]:
+        if linear.qtype != first.qtype or linear.in_features != first.in_features:
+            raise ValueError(f"cannot fuse {linear.qtype.name} [{linear.out_features}, {linear.in_features}] "
+                             f"with {first.qtype.name} [{first.out_features}, {first.in_features}]: "
+                             f"parts must share the type and in_features")
+    if len({linear.bias is None for linear in linears}) > 1:
+        raise ValueError("cannot fuse parts with and without bias")
+    bias = None if first.bias is None else torch.cat([linear.bias for linear in linears])
+    raw = torch.cat([linear.raw for linear in linears])  # [sum of out, row_bytes]
+    return QuantizedLinear(raw, first.qtype, first.in_features, bias)
+
+
+def _kernel_operands(raw: np.ndarray, qtype: gguf.GGMLQuantizationType) -> tuple[torch.Tensor, torch.Tensor]:
+    """ggml blocks [out, row_bytes] -> the int4 kernel's inputs: nibbles int32 [out_padded, k] in 0..15
+    and scales_zeros float32 [k/32, out_padded, 2] (scale, zero) with w = (nibble - 8) * scale + zero;
+    k is in_features, or twice it for Q8_0."""
+    out = raw.shape[0]
+    blocks = raw.reshape(out, -1, BLOCK_BYTES[qtype])                     # [out, G, bytes]
+    d = blocks[..., 0:2].copy().view(np.float16).astype(np.float32)       # [out, G, 1]
+    if qtype == Q.Q8_0:
+        q = blocks[..., 2:].copy().view(np.int8)                          # [out, G, 32]
+        high, low = (q >> 4) + 8, q & 0x0F                                # q = 16 * (high - 8) + low
+        nibbles = np.stack([high, low], axis=2).reshape(out, -1)          # [out, G * 2 * 32]
+        scale = np.concatenate([16 * d, d], axis=-1)                      # [out, G, 2]: high, low group
+        zero = np.concatenate([np.zeros_like(d), 8 * d], axis=-1)
+    else:
+        qs = blocks[..., -16:]
+        nibbles = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(out, -1)
+        scale = d
+        if qtype == Q.Q4_0:
+            zero = np.zeros_like(d)
+        else:  # d * q + m = d * (q - 8) + (m + 8d)
+            zero = blocks[..., 2:4].copy().view(np.float16).astype(np.float32) + 8 * d
+    scale, zero = scale.reshape(out, -1), zero.reshape(out, -1)         # [out, groups]
+    padded = -out % N_MULTIPLE  # extra rows with scale and zero 0: weight 0, sliced off the output
+    nibbles = np.pad(nibbles, ((0, padded), (0, 0)))
+    scales_zeros = np.stack([np.pad(scale, ((0, padded), (0, 0))), np.pad(zero, ((0, padded), (0, 0)))], -1)
+    scales_zeros = np.ascontiguousarray(scales_zeros.transpose(1, 0, 2))  # [groups, out_padded, 2]
+    return torch.from_numpy(nibbles.astype(np.int32)), torch.from_numpy(scales_zeros)
