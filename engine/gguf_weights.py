@@ -33,7 +33,7 @@ def load_gguf_weights(model: LlamaForCausalLM, checkpoint: GGUFCheckpoint, dtype
             expected[tensor.name].copy_(torch.from_numpy(values).to(dtype))
     check_complete(expected, seen)
     if kept:
-        from engine.model.quantized import QUANTIZED_TYPES, QuantizedLinear  # noqa: F401
+        from engine.model.quantized import QuantizedLinear
 
         for path, tensor in kept.items():
             parent, _, attr = path.rpartition(".")
@@ -44,6 +44,6 @@ def load_gguf_weights(model: LlamaForCausalLM, checkpoint: GGUFCheckpoint, dtype
 
 
 def _servable_quantized(tensor) -> bool:
-    from engine.model.quantized import QUANTIZED_TYPES
+    from engine.model.quantized import BLOCK_BYTES  # the types QuantizedLinear serves
 
-    return tensor.name.endswith("_proj.weight") and tensor.qtype.name in QUANTIZED_TYPES
+    return tensor.name.endswith("_proj.weight") and tensor.qtype in BLOCK_BYTES

@@ -9,13 +9,14 @@ built once per step and shared by every layer, so the per-layer work is write-sl
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from engine.model.config import ModelConfig
-from engine.model.layers import Linear, fuse_linears
+from engine.model.layers import Linear, fuse_projections
 from engine.model.rope import apply_rope
 
 
@@ -113,10 +114,10 @@ class Attention(nn.Module):
         self.k_proj = Linear(hidden, self.num_kv_heads * self.head_dim, bias=bias)
         self.v_proj = Linear(hidden, self.num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = Linear(self.num_heads * self.head_dim, hidden, bias=config.attention_output_bias)
-        self._qkv: tuple[torch.Tensor, torch.Tensor | None] | None = None
+        self._qkv: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def fuse_for_inference(self) -> None:
-        self._qkv = fuse_linears(self.q_proj, self.k_proj, self.v_proj)
+        self._qkv = fuse_projections(self.q_proj, self.k_proj, self.v_proj)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 metadata: AttentionMetadata | None = None,
@@ -126,7 +127,7 @@ class Attention(nn.Module):
         lead = x.shape[:-1]
         heads, kv_heads, dim = self.num_heads, self.num_kv_heads, self.head_dim
         if self._qkv is not None:
-            qkv = F.linear(x, *self._qkv).view(*lead, heads + 2 * kv_heads, dim)
+            qkv = self._qkv(x).view(*lead, heads + 2 * kv_heads, dim)
         else:
             qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1).view(*lead, -1, dim)
         # RoPE once over the query and key heads together.

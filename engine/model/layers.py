@@ -3,6 +3,9 @@ that skip their random initialisation on the meta device."""
 
 from __future__ import annotations
 
+from functools import partial
+from typing import Callable
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -51,16 +54,30 @@ class SwiGLUMLP(nn.Module):
         self.gate_proj = Linear(hidden_size, intermediate_size, bias=bias)
         self.up_proj = Linear(hidden_size, intermediate_size, bias=bias)
         self.down_proj = Linear(intermediate_size, hidden_size, bias=bias)
-        self._gate_up: tuple[torch.Tensor, torch.Tensor | None] | None = None
+        self._gate_up: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def fuse_for_inference(self) -> None:
-        self._gate_up = fuse_linears(self.gate_proj, self.up_proj)
+        self._gate_up = fuse_projections(self.gate_proj, self.up_proj)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._gate_up is None:
             return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-        gate, up = F.linear(x, *self._gate_up).chunk(2, dim=-1)
+        gate, up = self._gate_up(x).chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
+
+
+def fuse_projections(*projections: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """One call computing several projections of the same input, concatenated: one larger matmul per
+    step instead of several. Float Linears share one weight (fuse_linears); quantized ones (GGUF
+    weights served as stored) one packed module. For inference, after the weights are loaded."""
+    from engine.model.quantized import QuantizedLinear, fuse_quantized  # GGUF models only
+
+    if all(isinstance(p, QuantizedLinear) for p in projections):
+        return fuse_quantized(*projections)
+    if any(isinstance(p, QuantizedLinear) for p in projections):
+        raise ValueError("cannot fuse quantized and float projections of one input")
+    weight, bias = fuse_linears(*projections)
+    return partial(F.linear, weight=weight, bias=bias)
 
 
 def fuse_linears(*linears: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
