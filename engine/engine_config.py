@@ -17,9 +17,10 @@ class EngineConfig:
     model: str = "demo"             # "demo", a packaged model ("smollm2"), an HF directory or a .gguf file
     device: str = "cpu"
     dtype: str = "float32"
-    # GGUF files: "quantized" keeps Q4_0/Q4_1/Q8_0 linear weights as they are (the CPU kernels);
-    # "dequantized" expands them into `dtype`. None: quantized on the CPU, dequantized elsewhere (the
-    # quantized kernels are CPU kernels; docs/ARCHITECTURE.md says what the GPU would need).
+    # GGUF files: "quantized" keeps Q4_0/Q4_1/Q8_0 linear weights as they are (torch's CPU int4
+    # kernel); "dequantized" expands them, exactly, into `dtype`. None: dequantized, because on an AVX2
+    # CPU that kernel is vectorized only for bfloat16 activations, and float32 decoding with the
+    # dequantized weights is faster than either quantized route (docs/BENCHMARKS.md, session 7).
     weights: str | None = None
     scheduler: str = "paged"
     block_size: int = 16
@@ -56,12 +57,13 @@ class EngineConfig:
             raise ValueError(f"device {self.device!r} is not a torch device ({exc})") from None
         if device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"device {self.device!r}: this machine's torch sees no CUDA device")
+        if self.weights == "quantized" and device.type != "cpu":
+            raise ValueError("weights='quantized' runs on the CPU only (torch's int4 CPU kernel); "
+                             f"use weights='dequantized' on {self.device!r}")
 
     @property
     def weight_format(self) -> str:
-        if self.weights is not None:
-            return self.weights
-        return "quantized" if torch.device(self.device).type == "cpu" else "dequantized"
+        return self.weights or "dequantized"
 
     def kv_blocks_for(self, model: ModelConfig, max_model_len: int) -> int:
         """num_kv_blocks if given; else as many as kv_cache_mb holds, but at least one full-length sequence."""

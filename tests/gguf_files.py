@@ -112,3 +112,36 @@ def _add(writer, name: str, values: np.ndarray, kind: str) -> None:
     else:
         qtype = gguf.GGMLQuantizationType[kind]
         writer.add_tensor(name, gguf.quants.quantize(values, qtype), raw_dtype=qtype)
+
+
+def copy_gguf(source, target, *, drop_keys=(), set_values=None, drop_tensors=(), rename=None, reshape=None):
+    """Copy a GGUF file of architecture llama with some metadata or tensors changed."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(source))
+    writer = gguf.GGUFWriter(str(target), arch="llama")
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture" or key in drop_keys:
+            continue
+        value = (set_values or {}).get(key, field.contents())
+        kind = field.types[0]
+        if kind == gguf.GGUFValueType.ARRAY:
+            writer.add_key_value(key, value, kind, sub_type=field.types[-1])
+        else:
+            writer.add_key_value(key, value, kind)
+    for tensor in reader.tensors:
+        if tensor.name in drop_tensors:
+            continue
+        data = np.array(tensor.data)
+        if reshape and tensor.name in reshape:
+            data = data[: reshape[tensor.name]]
+        name = (rename or {}).get(tensor.name, tensor.name)
+        if tensor.tensor_type == gguf.GGMLQuantizationType.F32:
+            writer.add_tensor(name, data)
+        else:
+            writer.add_tensor(name, data, raw_dtype=tensor.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return target

@@ -88,10 +88,20 @@ MODES = {"host-decode": dict(device_loop=False, graphs=False), "device-loop": di
          "graphs+device-loop+verify": dict(device_loop=True, graphs=True, verify_always=True)}
 
 
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("scheduler, swap_blocks", [("paged", 0), ("paged", 64), ("default", 0)])
-def test_every_request_gets_its_solo_tokens_in_a_mixed_batch(tiny_checkpoint, scheduler, swap_blocks, mode):
-    checkpoint = tiny_checkpoint("llama", seed=21)
+# Every scheduler and mode on an HF checkpoint; the GGUF quantized path (Q4_1 and Q8_0 linears, a Q8_0
+# embedding) in the mode that runs everything at once.
+CASES = [(scheduler, swap, mode, "hf") for scheduler, swap in [("paged", 0), ("paged", 64), ("default", 0)]
+         for mode in MODES] + [("paged", 0, "graphs+device-loop+verify", q) for q in ("gguf-Q4_1", "gguf-Q8_0")]
+
+
+@pytest.mark.parametrize("scheduler, swap_blocks, mode, source", CASES)
+def test_every_request_gets_its_solo_tokens_in_a_mixed_batch(tiny_checkpoint, tiny_gguf, monkeypatch, scheduler,
+                                                             swap_blocks, mode, source):
+    if source == "hf":
+        checkpoint = tiny_checkpoint("llama", seed=21)
+    else:
+        monkeypatch.setattr(EngineConfig, "weight_format", property(lambda self: "quantized"))
+        checkpoint, _ = tiny_gguf("llama", source.removeprefix("gguf-"), seed=21, embedding_qtype="Q8_0")
     rng = random.Random(7)
     requests = workload(rng)
     first_solo = run_solo(checkpoint, requests)

@@ -20,6 +20,7 @@ from engine import Engine, EngineConfig, SamplingParams
 from engine.device_loop import KILL_SWITCH
 from engine.runner import TaggedLogits
 from engine.sequence import Done, Error, FinishedAborted, StopReason, Waiting
+from tests.gguf_files import copy_gguf
 
 BURST = 4
 GREEDY = dict(temperature=0, ignore_eos=True)
@@ -33,9 +34,16 @@ def armed_loop():
     KILL_SWITCH.rearm()
 
 
-@pytest.fixture
-def checkpoint(tiny_checkpoint):
-    return tiny_checkpoint("llama", seed=11)
+@pytest.fixture(params=["hf", "gguf-Q4_1"])
+def checkpoint(request, tiny_checkpoint, tiny_gguf, monkeypatch):
+    """The model of every engine in a test: an HF checkpoint, or a random GGUF file served with
+    quantized weights (Q4_1 linears and a Q8_0 embedding, as SmolLM2's file). Seed 13 for the GGUF:
+    with 11, A's fourth token is a partial UTF-8 character, which the stop-string path cannot use."""
+    if request.param == "hf":
+        return tiny_checkpoint("llama", seed=11)
+    monkeypatch.setattr(EngineConfig, "weight_format", property(lambda self: "quantized"))
+    path, _ = tiny_gguf("llama", request.param.removeprefix("gguf-"), seed=13, embedding_qtype="Q8_0")
+    return path
 
 
 def loop_engine(checkpoint, **config) -> Engine:
@@ -76,7 +84,11 @@ def start_burst(engine: Engine, params: SamplingParams) -> dict[str, list[int]]:
 # -- a sequence that stops mid-burst leaves nothing parked --------------------------------------
 
 def eos_at(checkpoint, token):
-    (checkpoint / "generation_config.json").write_text(json.dumps({"eos_token_id": [token]}))
+    if checkpoint.suffix == ".gguf":  # a GGUF file names its EOS in its metadata
+        copy_gguf(checkpoint, checkpoint.with_suffix(".new"), set_values={"tokenizer.ggml.eos_token_id": token})
+        checkpoint.with_suffix(".new").replace(checkpoint)
+    else:
+        (checkpoint / "generation_config.json").write_text(json.dumps({"eos_token_id": [token]}))
 
 
 MID_BURST_PATHS = ["eos", "stop_token", "stop_string", "tool_calls", "cancel", "operator_abort", "terminate_all",

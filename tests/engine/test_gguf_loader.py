@@ -15,7 +15,7 @@ import torch
 import transformers
 
 from engine.loader import ModelLoadError, load_model, load_model_config, load_tokenizer
-from tests.gguf_files import write_gguf
+from tests.gguf_files import copy_gguf, write_gguf
 
 IDS = torch.tensor([5, 17, 300, 42, 1000, 7, 4095, 0, 63])
 
@@ -62,41 +62,10 @@ def test_the_chat_template_comes_from_the_metadata(tiny_gguf):
     assert load_tokenizer(path).apply_chat_template(messages) == load_tokenizer(twin).apply_chat_template(messages)
 
 
-def rewrite(source, target, *, drop_keys=(), set_strings=None, drop_tensors=(), rename=None, reshape=None):
-    """Copy a GGUF file with some metadata or tensors changed (the damage a test needs)."""
-    reader = gguf.GGUFReader(str(source))
-    writer = gguf.GGUFWriter(str(target), arch="llama")
-    for key, field in reader.fields.items():
-        if key.startswith("GGUF.") or key == "general.architecture" or key in drop_keys:
-            continue
-        value = (set_strings or {}).get(key, field.contents())
-        kind = field.types[0]
-        if kind == gguf.GGUFValueType.ARRAY:
-            writer.add_key_value(key, value, kind, sub_type=field.types[-1])
-        else:
-            writer.add_key_value(key, value, kind)
-    for tensor in reader.tensors:
-        if tensor.name in drop_tensors:
-            continue
-        data = np.array(tensor.data)
-        if reshape and tensor.name in reshape:
-            data = data[: reshape[tensor.name]]
-        name = (rename or {}).get(tensor.name, tensor.name)
-        if tensor.tensor_type == gguf.GGMLQuantizationType.F32:
-            writer.add_tensor(name, data)
-        else:
-            writer.add_tensor(name, data, raw_dtype=tensor.tensor_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return target
-
-
 @pytest.mark.parametrize("damage, fragments", [
     (dict(drop_keys={"llama.block_count"}), ["metadata key 'llama.block_count' is missing"]),
-    (dict(set_strings={"tokenizer.ggml.model": "llama"}), ["tokenizer.ggml.model 'llama' is not supported"]),
-    (dict(set_strings={"tokenizer.ggml.pre": "made-up"}), ["tokenizer.ggml.pre 'made-up' is not supported"]),
+    (dict(set_values={"tokenizer.ggml.model": "llama"}), ["tokenizer.ggml.model 'llama' is not supported"]),
+    (dict(set_values={"tokenizer.ggml.pre": "made-up"}), ["tokenizer.ggml.pre 'made-up' is not supported"]),
     (dict(drop_tensors={"blk.1.ffn_up.weight"}), ["lacks tensor", "model.layers.1.mlp.up_proj.weight"]),
     (dict(rename={"blk.0.ffn_up.weight": "blk.0.ffn_upp.weight"}), ["unexpected tensor 'blk.0.ffn_upp.weight'"]),
     (dict(reshape={"blk.0.attn_v.weight": 16}), ["model.layers.0.self_attn.v_proj.weight", "has shape (16, 64)",
@@ -105,7 +74,7 @@ def rewrite(source, target, *, drop_keys=(), set_strings=None, drop_tensors=(), 
         "wrong-shape"])
 def test_a_file_we_cannot_serve_is_refused_by_name(tiny_gguf, tmp_path, damage, fragments):
     path, _ = tiny_gguf("llama")
-    damaged = rewrite(path, tmp_path / "damaged.gguf", **damage)
+    damaged = copy_gguf(path, tmp_path / "damaged.gguf", **damage)
     with pytest.raises(ModelLoadError) as error:
         load_model(damaged, weights="dequantized")
     for fragment in fragments:

@@ -1,0 +1,60 @@
+"""GGUF weights served quantized against the same file dequantized: the same model.
+
+Quantized (engine/model/quantized.py) holds each Q4_0/Q4_1/Q8_0 projection exactly, so the two differ
+only by float accumulation order: logits within 1e-5 of their scale, and identical greedy tokens
+(a near-tie, were there one, would fail with its logit gap in the message).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import Engine, EngineConfig, SamplingParams
+from engine.loader import load_model
+from engine.model.quantized import QuantizedLinear
+
+PROMPTS = ["def main():", "The quick brown fox", "import os\nimport sys\n", "é ü 漢字 🙂"]
+# Of the largest logit's magnitude: fp32 accumulation-order differences only (the kernel's one-row
+# route and the dequantized matmul of several rows sum in different orders).
+LOGIT_TOLERANCE = 1e-5
+
+
+def step_logits(loaded, ids: list[int]) -> list[torch.Tensor]:
+    """Logits of a prefill over ids[:-3], then of three one-token decodes (the kernel's one-row route),
+    through the serving forward of the model."""
+    model = loaded.model
+    with torch.no_grad():
+        out = [model.logits(model(torch.tensor([ids[:-3]]), torch.arange(len(ids) - 3)[None]))[0, -1]]
+        for n in range(len(ids) - 3, len(ids)):
+            out.append(model.logits(model(torch.tensor([ids[: n + 1]]), torch.arange(n + 1)[None]))[0, -1])
+    return out
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen2"])
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0"])
+def test_quantized_logits_match_the_dequantized_model(tiny_gguf, model_type, qtype):
+    path, _ = tiny_gguf(model_type, qtype, seed=5, embedding_qtype="Q8_0")
+    quantized, dequantized = load_model(path, weights="quantized"), load_model(path, weights="dequantized")
+    attention = quantized.model.model.layers[0].self_attn
+    assert isinstance(attention.q_proj, QuantizedLinear) and isinstance(attention._qkv, QuantizedLinear), \
+        "liveness: the projections really are served quantized"
+    ids = quantized.tokenizer.encode("for i in range(10):\n    print(i)")
+    for ours, reference in zip(step_logits(quantized, ids), step_logits(dequantized, ids)):
+        scale = reference.abs().max()
+        assert (ours - reference).abs().max() <= LOGIT_TOLERANCE * scale
+
+
+@pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0"])
+def test_quantized_greedy_tokens_equal_the_dequantized_models(tiny_gguf, qtype):
+    path, _ = tiny_gguf("llama", qtype, seed=7, embedding_qtype="Q8_0")
+    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    results = {weights: Engine(EngineConfig(model=str(path), weights=weights)).generate(PROMPTS, params)
+               for weights in ("quantized", "dequantized")}
+    for prompt, ours, reference in zip(PROMPTS, results["quantized"], results["dequantized"]):
+        assert ours.token_ids == reference.token_ids, prompt
+
+
+def test_quantized_weights_are_refused_off_the_cpu():
+    with pytest.raises(ValueError, match="weights='quantized' runs on the CPU only"):
+        EngineConfig(device="meta", weights="quantized")
