@@ -70,14 +70,15 @@ def fuse_projections(*projections: nn.Module) -> Callable[[torch.Tensor], torch.
     """One call computing several projections of the same input, concatenated: one larger matmul per
     step instead of several. Float Linears share one weight (fuse_linears); quantized ones (GGUF
     weights served as stored) one packed module. For inference, after the weights are loaded."""
-    from engine.model.quantized import QuantizedLinear, fuse_quantized  # GGUF models only
+    if all(isinstance(p, nn.Linear) for p in projections):
+        weight, bias = fuse_linears(*projections)
+        return partial(F.linear, weight=weight, bias=bias)
+    # Imported only here: it needs the gguf package, which a float model (and the GPU image) lacks.
+    from engine.model.quantized import QuantizedLinear, fuse_quantized
 
-    if all(isinstance(p, QuantizedLinear) for p in projections):
-        return fuse_quantized(*projections)
-    if any(isinstance(p, QuantizedLinear) for p in projections):
+    if not all(isinstance(p, QuantizedLinear) for p in projections):
         raise ValueError("cannot fuse quantized and float projections of one input")
-    weight, bias = fuse_linears(*projections)
-    return partial(F.linear, weight=weight, bias=bias)
+    return fuse_quantized(*projections)
 
 
 def fuse_linears(*linears: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
