@@ -18,7 +18,7 @@ extern "C" __global__ void ring_argmax(const float* logits, const long long voca
     const float* x = logits + (long long)row * vocab;
     __shared__ float best_value[256];
     __shared__ long long best_index[256];
-    float value = -INFINITY;
+    float value = -__int_as_float(0x7f800000);  // -inf: CuPy's NVRTC compiles with no headers, so no INFINITY
     long long index = 0;
     for (long long i = threadIdx.x; i < vocab; i += blockDim.x) {
         const float v = x[i];
