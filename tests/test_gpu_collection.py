@@ -98,3 +98,13 @@ def test_gpu_tests_collect_with_only_the_gpu_images_packages(tmp_path):
     collected = [line for line in run.stdout.splitlines() if "::" in line]
     assert any("tests/engine/test_gpu.py::" in line for line in collected), out[-4000:]
     assert any("tests/kernels/test_kernels.py::test_ring_argmax_cupy" in line for line in collected), out[-4000:]
+
+
+def test_the_gpu_extra_offers_the_cupy_the_gpu_machine_has():
+    """torch there is built for CUDA 13: a cupy-cuda12x would load a second CUDA runtime beside it."""
+    import tomllib
+
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["gpu"]
+    names = {normalized(re.split(r"[ ;<>=!~\[]", requirement, maxsplit=1)[0]) for requirement in extra}
+    assert any(name.startswith("cupy") for name in names), "liveness: the gpu extra offers CuPy"
+    assert names <= GPU_IMAGE, f"not what the GPU machine runs: {sorted(names - GPU_IMAGE)}"
