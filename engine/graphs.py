@@ -128,8 +128,9 @@ class DecodeGraphs:
         return next((b for b in BUCKETS if b >= batch), None)
 
     def blocks_for(self, blocks: int) -> int:
-        """The block bucket: the smallest power of two >= blocks, at most the length limit's count."""
-        return min(1 << max(blocks - 1, 0).bit_length(), self.max_blocks)
+        """The block bucket: the smallest power of two >= blocks, capped at the length limit's count (but
+        never fewer than the table has: a table wider than the limit is padded to nothing, not cut)."""
+        return max(min(1 << max(blocks - 1, 0).bit_length(), self.max_blocks), blocks)
 
     def prepare(self, block_tables: list[list[int]], pad_rows: bool = True) -> DecodeBatch:
         """The batch's key and padded block tables, on the device in one non-blocking copy. pad_rows:
