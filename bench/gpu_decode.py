@@ -6,6 +6,12 @@ Modes, side by side in one run: eager decode, captured CUDA graphs, graphs + the
 each: tokens/s and the fraction of the HBM-bandwidth roofline (every decode step must read all weights
 and every sequence's KV history once; `--hbm-tbps` is the memory bandwidth, 4.8 TB/s for an H200).
 The model directory is written to a temporary folder (random weights; nothing comes from a network).
+
+A speed is printed only for a mode that worked: every sequence produced the requested tokens and ended
+with finish_reason "length", and its greedy tokens equal eager's. `Engine.step` turns a failed forward
+into errored sequences, so a broken mode would otherwise report a huge speed; it prints FAILED with its
+error instead, and the script exits non-zero. The engine's length limit is what the run uses (prompt
+plus new tokens), so captured graphs attend over that, not the model's 4,096 positions.
 """
 
 from __future__ import annotations
@@ -53,7 +59,40 @@ def roofline_tokens_per_s(parameters: int, batch: int, context: int, hbm_bytes_p
     return batch / ((parameters * 2 + kv_bytes) / hbm_bytes_per_s)
 
 
-def main() -> None:
+def verdict(results, new_tokens: int, eager_tokens: list[list[int]] | None) -> str | None:
+    """Why a mode's results are no measurement, or None when they are."""
+    for index, result in enumerate(results):
+        if result.finish_reason != "length" or len(result.token_ids) != new_tokens:
+            return (f"sequence {index}: {len(result.token_ids)} of {new_tokens} tokens, finish_reason "
+                    f"{result.finish_reason!r}")
+    tokens = [list(r.token_ids) for r in results]
+    if eager_tokens is not None and tokens != eager_tokens:
+        first = next(i for i, (a, b) in enumerate(zip(tokens, eager_tokens)) if a != b)
+        step = next((j for j, (a, b) in enumerate(zip(tokens[first], eager_tokens[first])) if a != b), None)
+        return f"greedy tokens differ from eager's (sequence {first}, first at token {step})"
+    return None
+
+
+def measure(engine, prompts, params, repeats: int, eager_tokens,
+            sync=torch.cuda.synchronize) -> tuple[float | None, str | None, list]:
+    """(seconds per generate, None, tokens) or (None, why it failed, tokens)."""
+    results = engine.generate(prompts, params)  # warm-up: captures graphs, settles the allocator
+    failure = verdict(results, params.max_tokens, eager_tokens)
+    times = []
+    for _ in range(repeats if failure is None else 0):
+        sync()
+        start = time.perf_counter()
+        results = engine.generate(prompts, params)
+        sync()
+        times.append(time.perf_counter() - start)
+        failure = verdict(results, params.max_tokens, eager_tokens)
+        if failure:
+            break
+    tokens = [list(r.token_ids) for r in results]
+    return (None, failure, tokens) if failure else (statistics.median(times), None, tokens)
+
+
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batches", default="1,16")
     parser.add_argument("--prompt-tokens", type=int, default=128)
@@ -69,29 +108,40 @@ def main() -> None:
              "graphs": dict(graphs=True, capture_stream=True, device_loop=False),
              "graphs+loop": dict(graphs=True, capture_stream=True, device_loop=True)}
     params = SamplingParams(max_tokens=args.new_tokens, temperature=0, ignore_eos=True)
+    length = args.prompt_tokens + args.new_tokens
+    failed = 0
     print(f"{'batch':>5} {'mode':>12} {'tok/s':>9} {'roofline':>9} {'vs eager':>9}")
     for batch in [int(b) for b in args.batches.split(",")]:
         prompts = [torch.randint(0, 4096, (args.prompt_tokens,)).tolist() for _ in range(batch)]
         context = args.prompt_tokens + args.new_tokens // 2
         roof = roofline_tokens_per_s(parameters, batch, context, args.hbm_tbps * 1e12)
-        base = None
+        base = eager_tokens = None
         for name, flags in modes.items():
-            engine = Engine(EngineConfig(model=str(folder), device="cuda", dtype="bfloat16", kv_cache_mb=4096, **flags))
-            engine.generate(prompts, params)  # warm-up: captures graphs, settles the allocator
-            times = []
-            for _ in range(args.repeats):
-                torch.cuda.synchronize()
-                start = time.perf_counter()
-                engine.generate(prompts, params)
-                torch.cuda.synchronize()
-                times.append(time.perf_counter() - start)
-            rate = batch * args.new_tokens / statistics.median(times)
-            base = base or rate
-            print(f"{batch:>5} {name:>12} {rate:>9.1f} {rate / roof:>8.1%} {rate / base:>8.2f}x", flush=True)
+            engine = None
+            try:
+                if name != "eager" and eager_tokens is None:
+                    raise RuntimeError("eager failed, so there are no greedy tokens to check this mode's against")
+                engine = Engine(EngineConfig(model=str(folder), device="cuda", dtype="bfloat16", kv_cache_mb=4096,
+                                             max_model_len=length, **flags))
+                seconds, failure, tokens = measure(engine, prompts, params, args.repeats, eager_tokens)
+                if failure is None and engine.runner.graphs.refusal:
+                    failure = f"capture refused: {engine.runner.graphs.refusal}"
+            except Exception as exc:  # a mode that raises is a failed mode, not the end of the run
+                seconds, failure, tokens = None, f"{type(exc).__name__}: {exc}", None
+            if name == "eager":
+                eager_tokens = tokens if failure is None else None
+            if failure is not None:
+                failed += 1
+                print(f"{batch:>5} {name:>12}    FAILED: {failure}", flush=True)
+            else:
+                rate = batch * args.new_tokens / seconds
+                base = base or rate
+                print(f"{batch:>5} {name:>12} {rate:>9.1f} {rate / roof:>8.1%} {rate / base:>8.2f}x", flush=True)
             del engine
             torch.cuda.empty_cache()
     shutil.rmtree(folder)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -29,6 +29,7 @@ from typing import Callable
 
 import torch
 
+from engine.host_copy import device_tensor
 from engine.leak_events import FOREIGN_PARKED_DROPPED, LeakEventLog
 from engine.sequence import Sequence
 from kernels.commit_token import commit_token
@@ -248,8 +249,8 @@ class DeviceLoop:
         # Continue from the device buffers only if nothing stood down since they were primed and the
         # same sequences sit in the same rows; otherwise re-prime them from the host's view.
         if state.primed_generation != self.generation or state.row_owners != owners:
-            state.input_ids[: len(seqs)] = torch.tensor([s.last_token for s in seqs], device=self.device)
-            state.positions[: len(seqs)] = torch.tensor([s.num_tokens - 1 for s in seqs], device=self.device)
+            state.input_ids[: len(seqs)] = device_tensor([s.last_token for s in seqs], self.device)
+            state.positions[: len(seqs)] = device_tensor([s.num_tokens - 1 for s in seqs], self.device)
             state.ring_head = 0
             state.fault.zero_()
             state.primed_generation = self.generation

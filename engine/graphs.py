@@ -1,12 +1,19 @@
-"""Captured decode steps: one graph per batch-size bucket, over static buffers, and replay verification.
+"""Captured decode steps: one graph per (batch-size bucket, block-count bucket), over static buffers,
+and replay verification.
 
-A decode step for B sequences runs as the graph of the smallest bucket >= B. Its inputs live in static
-buffers (input ids, positions, block tables); a replay reads only those buffers, so every input must
-be copied in first. On CUDA the graph is a `torch.cuda.CUDAGraph` captured on a dedicated stream,
-opt-in with ARC_CAPTURE_STREAM (without it the runner says INERT and runs the same static-buffer code
-eagerly); a capture that fails is refused with the reason and the runner stays eager. On the CPU a
-replay backend keeps the same discipline (a replay is the step recomputed from the static buffers
-alone), so a replay whose inputs were not copied in diverges here exactly as it would on a GPU.
+A decode step for B sequences whose longest block table has N blocks runs as the graph of the smallest
+batch bucket >= B and block bucket >= N (powers of two, up to the length limit's block count): attention
+gathers and attends over the bucket's blocks only, not over the whole length limit's. Its inputs live
+in static buffers (input ids, positions, block tables); a replay reads only those buffers, so every
+input must be copied in first. What stays the same for a batch within a burst (the key and the padded
+block tables, on the device) is built once by `prepare`; a burst step copies device tensors only.
+
+On CUDA the graph is a `torch.cuda.CUDAGraph` captured on a dedicated stream (engine/cuda_capture.py)
+into one memory pool that every bucket's graph shares, opt-in with ARC_CAPTURE_STREAM (without it the
+runner says INERT and runs the same static-buffer code eagerly); a capture that fails is refused with
+its first error and the runner stays eager. On the CPU a replay backend keeps the same discipline (a
+replay is the step recomputed from the static buffers alone), so a replay whose inputs were not copied
+in diverges here exactly as it would on a GPU.
 
 Padding rows of a bucket point at the KV cache's pad block, which no sequence ever owns.
 """
@@ -22,7 +29,9 @@ from typing import Callable
 
 import torch
 
-from engine.kv_cache import PagedKVCache
+from engine.cuda_capture import capture, root_cause
+from engine.host_copy import device_tensor
+from engine.kv_cache import PagedKVCache, blocks_needed
 from engine.model import LlamaForCausalLM
 from engine.model.attention import decode_metadata
 
@@ -42,8 +51,21 @@ class GraphMode(enum.Enum):
 class StaticBuffers:
     input_ids: torch.Tensor     # [bucket]
     positions: torch.Tensor     # [bucket]
-    block_tables: torch.Tensor  # [bucket, max_blocks]
+    block_tables: torch.Tensor  # [bucket, blocks]
     logits: torch.Tensor | None = None  # [bucket, V], written by each replay
+
+
+@dataclass(frozen=True)
+class DecodeBatch:
+    """A decode batch's graph key and block tables, built once (for a burst: once for all its steps)."""
+    rows: int
+    bucket: int                 # rows padded to this many (== rows when no graph replays it)
+    blocks: int                 # block tables padded to this many blocks
+    block_tables: torch.Tensor  # [bucket, blocks] on the device; padding points at the pad block
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return self.bucket, self.blocks
 
 
 @dataclass(frozen=True)
@@ -79,8 +101,10 @@ class DecodeGraphs:
         self.verify = VerifySettings()
         self.replays = 0
         self.refusal: str | None = None
-        self._graphs: dict[int, tuple[StaticBuffers, Callable[[], None]]] = {}
+        self._graphs: dict[tuple[int, int], tuple[StaticBuffers, Callable[[], None]]] = {}
         self._bisect_next = False
+        self._cuda = torch.cuda  # the CUDA API capture goes through (tests pass a stand-in)
+        self._pool = self._stream = None  # made at the first capture: every graph shares them
         if device.type != "cuda":
             self.mode = GraphMode.CPU_REPLAY
         elif capture_stream:
@@ -103,51 +127,76 @@ class DecodeGraphs:
     def bucket_for(batch: int) -> int | None:
         return next((b for b in BUCKETS if b >= batch), None)
 
+    def blocks_for(self, blocks: int) -> int:
+        """The block bucket: the smallest power of two >= blocks, capped at the length limit's count (but
+        never fewer than the table has: a table wider than the limit is padded to nothing, not cut)."""
+        return max(min(1 << max(blocks - 1, 0).bit_length(), self.max_blocks), blocks)
+
+    def prepare(self, block_tables: list[list[int]], pad_rows: bool = True) -> DecodeBatch:
+        """The batch's key and padded block tables, on the device in one non-blocking copy. pad_rows:
+        pad to the batch bucket, for a graph replay."""
+        rows = len(block_tables)
+        bucket = self.bucket_for(rows) if pad_rows else rows
+        blocks, pad = self.blocks_for(max(len(t) for t in block_tables)), self.kv_cache.pad_block
+        table = [t + [pad] * (blocks - len(t)) for t in block_tables]
+        table += [[pad] * blocks] * (bucket - rows)
+        return DecodeBatch(rows, bucket, blocks, device_tensor(table, self.device))
+
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, block_tables: list[list[int]]) -> torch.Tensor:
         """Logits [B, V] of one decode step for B sequences (B <= the largest bucket)."""
-        batch, bucket = len(block_tables), self.bucket_for(len(block_tables))
-        buffers, replay = self._graph(bucket)
-        inputs = self._padded(input_ids, positions, block_tables, bucket)
-        self._copy_in(buffers, *inputs)
+        return self.replay(self.prepare(block_tables), input_ids, positions)
+
+    def replay(self, batch: DecodeBatch, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Logits [rows, V] of the batch's graph replayed over these ids and positions (device tensors)."""
+        buffers, replay = self._graph(batch.key)
+        self._copy_in(buffers, input_ids, positions, batch.block_tables)
         self.replays += 1
         if self._should_verify():
-            return self._verified_replay(buffers, replay, inputs, batch)
+            return self._verified_replay(buffers, replay, batch, input_ids, positions)
         replay()
-        return buffers.logits[:batch].clone()
+        return buffers.logits[: batch.rows].clone()
+
+    def eager(self, batch: DecodeBatch, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The same decode step without a graph (graphs off): same metadata, same shapes per row."""
+        return self._forward(input_ids, positions, batch.block_tables[: batch.rows])
+
+    def capture_ahead(self, rows: int, tokens: int) -> list[tuple[int, int]]:
+        """Capture every graph a batch of up to `rows` sequences of up to `tokens` tokens can use,
+        largest first: later (smaller) captures then fit in what the shared pool already holds."""
+        top_bucket, top_blocks = self.bucket_for(rows), self.blocks_for(blocks_needed(tokens, self.kv_cache.block_size))
+        block_buckets = {min(1 << k, top_blocks) for k in range(top_blocks.bit_length() + 1)}
+        keys = [(b, n) for b in BUCKETS if b <= top_bucket for n in block_buckets]
+        keys.sort(key=lambda key: (key[0] * key[1], key), reverse=True)
+        for key in keys:
+            self._graph(key)
+        return keys
 
     # -- static buffers and capture -------------------------------------------------------------
 
-    def _padded(self, input_ids, positions, block_tables, bucket: int) -> tuple[torch.Tensor, ...]:
-        """The step's inputs at the bucket's shape; padding rows feed token 0 at position 0 into the
-        pad block."""
-        batch, pad = len(block_tables), self.kv_cache.pad_block
-        rows = [table + [pad] * (self.max_blocks - len(table)) for table in block_tables]
-        rows += [[pad] * self.max_blocks] * (bucket - batch)
-        zeros = torch.zeros(bucket - batch, dtype=torch.long, device=self.device)
-        return (torch.cat([input_ids, zeros]), torch.cat([positions, zeros]),
-                torch.tensor(rows, dtype=torch.long, device=self.device))
-
     @staticmethod
     def _copy_in(buffers: StaticBuffers, input_ids, positions, block_tables) -> None:
-        buffers.input_ids.copy_(input_ids)
-        buffers.positions.copy_(positions)
+        """Device-to-device copies only; padding rows feed token 0 at position 0 (into the pad block)."""
+        rows = input_ids.shape[0]
+        buffers.input_ids[:rows].copy_(input_ids)
+        buffers.input_ids[rows:].zero_()
+        buffers.positions[: positions.shape[0]].copy_(positions)
+        buffers.positions[positions.shape[0]:].zero_()
         buffers.block_tables.copy_(block_tables)
 
-    def _graph(self, bucket: int) -> tuple[StaticBuffers, Callable[[], None]]:
-        if bucket not in self._graphs:
-            pad = self.kv_cache.pad_block
+    def _graph(self, key: tuple[int, int]) -> tuple[StaticBuffers, Callable[[], None]]:
+        if key not in self._graphs:
             # Normal tensors even when first reached from inference mode: later steps copy into them
             # from outside it (device-loop bursts), which inference tensors refuse.
             with torch.inference_mode(False):
-                buffers = self._new_buffers(bucket, pad)
-            self._graphs[bucket] = (buffers, self._capture(buffers))
-        return self._graphs[bucket]
+                buffers = self._new_buffers(*key)
+            self._graphs[key] = (buffers, self._capture(buffers))
+        return self._graphs[key]
 
-    def _new_buffers(self, bucket: int, pad: int) -> StaticBuffers:
+    def _new_buffers(self, bucket: int, blocks: int) -> StaticBuffers:
         return StaticBuffers(
             input_ids=torch.zeros(bucket, dtype=torch.long, device=self.device),
             positions=torch.zeros(bucket, dtype=torch.long, device=self.device),
-            block_tables=torch.full((bucket, self.max_blocks), pad, dtype=torch.long, device=self.device))
+            block_tables=torch.full((bucket, blocks), self.kv_cache.pad_block, dtype=torch.long, device=self.device))
 
     def _capture(self, buffers: StaticBuffers) -> Callable[[], None]:
         def eager() -> None:
@@ -157,18 +206,11 @@ class DecodeGraphs:
             eager()  # the replay backend: the step recomputed from the static buffers alone
             return eager
         try:
-            stream = torch.cuda.Stream(self.device)
-            stream.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(stream):
-                for _ in range(2):  # warm-up: allocator and kernel choices settle outside the graph
-                    eager()
-            torch.cuda.current_stream(self.device).wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, stream=stream):
-                eager()
-            return graph.replay
+            if self._pool is None:
+                self._pool, self._stream = self._cuda.graph_pool_handle(), self._cuda.Stream(self.device)
+            return capture(eager, self._stream, self._pool, self.device, self._cuda)
         except Exception as exc:  # a refused capture must not take serving down: run eagerly
-            self.mode, self.refusal = GraphMode.REFUSED, f"{type(exc).__name__}: {exc}"
+            self.mode, self.refusal = GraphMode.REFUSED, root_cause(exc)
             log.error("ArcGraph capture refused: %s; decode runs eagerly", self.refusal)
             eager()
             return eager
@@ -184,11 +226,12 @@ class DecodeGraphs:
         v = self.verify
         return v.always or self._bisect_next or (v.every > 0 and self.replays % v.every == 0)
 
-    def _verified_replay(self, buffers, replay, inputs, batch) -> torch.Tensor:
+    def _verified_replay(self, buffers, replay, decode: DecodeBatch, true_ids, true_positions) -> torch.Tensor:
         """Replay, then the eager forward of the true inputs at the same shape, compared; the KV cache
         ends as the replay left it (the eager run writes the same slots, so they are saved and put
         back). A correct replay matches exactly: same operations on the same values."""
-        input_ids, positions, tables = inputs
+        batch, zeros = decode.rows, torch.zeros(decode.bucket - decode.rows, dtype=torch.long, device=self.device)
+        input_ids, positions, tables = torch.cat([true_ids, zeros]), torch.cat([true_positions, zeros]), decode.block_tables
         slots = decode_metadata(tables, positions, self.kv_cache.block_size, None, self.dtype).slot_mapping
         cache = (self.kv_cache.keys, self.kv_cache.values)
         before = [c[:, slots].clone() for c in cache]

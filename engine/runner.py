@@ -2,10 +2,11 @@
 
 Per row, in order: a parked token from the device loop (one-token decode steps only: the prefill
 guard), else a device-loop burst for the rows that are all eligible greedy decodes with room, else
-one ordinary forward and the sampler. With graphs on, decode-only forwards (bursts included) replay
-the captured graph of their batch-size bucket (engine/graphs.py). Logits carry the ids of the sequences they were computed for;
-sampling them for any other sequence fails the step loudly (AliasedLogitsError -> Error through the
-funnel) instead of producing a plausible wrong token.
+one ordinary forward and the sampler. Decode-only forwards (bursts included) run the graphs' decode
+step (engine/graphs.py): with graphs on, the captured graph of their batch and block-count bucket is
+replayed; with graphs off, the same step runs eagerly. Logits carry the ids of the sequences they were
+computed for; sampling them for any other sequence fails the step loudly (AliasedLogitsError -> Error
+through the funnel) instead of producing a plausible wrong token.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 
 from engine.device_loop import DeviceLoop, Taken
 from engine.graphs import DecodeGraphs
+from engine.host_copy import device_tensor
 from engine.kv_cache import PagedKVCache
 from engine.loader import LoadedModel
 from engine.model import AttentionMetadata
@@ -87,16 +89,18 @@ class ModelRunner:
     def forward(self, seqs: list[Sequence]) -> TaggedLogits:
         """Logits of each sequence's last fed token; feeds every token not yet in the cache."""
         device = self.loaded.device
-        if self._graphable(seqs):
-            ids = torch.tensor([s.last_token for s in seqs], dtype=torch.long, device=device)
-            positions = torch.tensor([s.num_tokens - 1 for s in seqs], dtype=torch.long, device=device)
-            logits = self.graphs.run(ids, positions, [s.block_table for s in seqs])
+        if all(s.num_uncached == 1 for s in seqs):  # decode only: the graphs' metadata, replayed or not
+            ids = device_tensor([s.last_token for s in seqs], device)
+            positions = device_tensor([s.num_tokens - 1 for s in seqs], device)
+            graphable = self._graphable(seqs)
+            batch = self.graphs.prepare([s.block_table for s in seqs], pad_rows=graphable)
+            logits = (self.graphs.replay if graphable else self.graphs.eager)(batch, ids, positions)
             return TaggedLogits(logits, tuple(s.seq_id for s in seqs))
         metadata = AttentionMetadata.build(
             block_size=self.kv_cache.block_size, block_tables=[s.block_table for s in seqs],
             cached_lens=[s.num_cached for s in seqs], query_lens=[s.num_uncached for s in seqs],
             sliding_window=self.loaded.config.sliding_window, device=device, dtype=self.loaded.dtype)
-        ids = torch.tensor([t for s in seqs for t in s.uncached_tokens()], dtype=torch.long, device=device)
+        ids = device_tensor([t for s in seqs for t in s.uncached_tokens()], device)
         model = self.loaded.model
         hidden = model(ids, metadata.positions, metadata, self.kv_cache)
         return TaggedLogits(model.logits(hidden[metadata.last_token_index]), tuple(s.seq_id for s in seqs))
@@ -120,7 +124,7 @@ class ModelRunner:
         size = self.kv_cache.block_size
         slots = [s.block_table[p // size] * size + p % size
                  for s in seqs for p in range(s.num_tokens - 1, s.num_tokens - 1 + steps)]
-        index = torch.tensor(slots, dtype=torch.long, device=self.loaded.device)
+        index = device_tensor(slots, self.loaded.device)
         self.kv_cache.keys[:, index] = 0
         self.kv_cache.values[:, index] = 0
 
@@ -129,20 +133,10 @@ class ModelRunner:
                 and all(s.num_uncached == 1 for s in seqs))
 
     def _burst_forward(self, seqs: list[Sequence]):
-        model, device = self.loaded.model, self.loaded.device
-        base = [s.num_tokens - 1 for s in seqs]
-        if self._graphable(seqs):
-            tables = [s.block_table for s in seqs]
-            return lambda input_ids, positions, index: self.graphs.run(input_ids, positions, tables)
-
-        @torch.inference_mode()
-        def step(input_ids: torch.Tensor, positions: torch.Tensor, index: int) -> torch.Tensor:
-            # Slots and masks follow from positions the host knows in advance; the token ids and the
-            # RoPE positions come from the device buffers the previous step committed.
-            metadata = AttentionMetadata.build(
-                block_size=self.kv_cache.block_size, block_tables=[s.block_table for s in seqs],
-                cached_lens=[b + index for b in base], query_lens=[1] * len(seqs),
-                sliding_window=self.loaded.config.sliding_window, device=device, dtype=self.loaded.dtype)
-            return model.logits(model(input_ids, positions, metadata, self.kv_cache))
-
-        return step
+        """The forward of each burst step. The block tables were reserved for the whole burst, so they
+        (and the graph key) are built once here; a step reads ids and positions from the device buffers
+        the previous step committed and copies nothing from the host."""
+        graphable = self._graphable(seqs)
+        batch = self.graphs.prepare([s.block_table for s in seqs], pad_rows=graphable)
+        step = self.graphs.replay if graphable else self.graphs.eager
+        return lambda input_ids, positions, index: step(batch, input_ids, positions)

@@ -5,12 +5,10 @@ input_ids[r] = sampled[r]; positions[r] += 1 (the next token is fed one position
 
 from __future__ import annotations
 
-import functools
-
 import numpy
 import torch
 
-from kernels.cupy_support import as_cupy, cupy_module, launch, use_cupy
+from kernels.cupy_support import CudaKernel, use_cupy
 
 _SOURCE = r"""
 extern "C" __global__ void commit_token(const long long* sampled, long long* input_ids, long long* positions,
@@ -22,6 +20,7 @@ extern "C" __global__ void commit_token(const long long* sampled, long long* inp
     }
 }
 """
+KERNEL = CudaKernel("commit_token", _SOURCE)
 
 
 def commit_token_ref(sampled: torch.Tensor, input_ids: torch.Tensor, positions: torch.Tensor) -> None:
@@ -29,15 +28,13 @@ def commit_token_ref(sampled: torch.Tensor, input_ids: torch.Tensor, positions: 
     positions.add_(1)
 
 
-@functools.cache
-def _kernel():
-    return cupy_module().RawKernel(_SOURCE, "commit_token")
-
-
 def commit_token_cupy(sampled: torch.Tensor, input_ids: torch.Tensor, positions: torch.Tensor) -> None:
+    """input_ids and positions are written in place, so they must be contiguous int64 (checked)."""
     rows = sampled.shape[0]
-    launch(_kernel(), (rows + 127) // 128, 128,
-           (as_cupy(sampled.contiguous()), as_cupy(input_ids), as_cupy(positions), numpy.int32(rows)), sampled)
+    if input_ids.shape[0] < rows or positions.shape[0] < rows:
+        raise ValueError(f"commit_token: {rows} sampled rows for {input_ids.shape[0]} ids, {positions.shape[0]} positions")
+    KERNEL.launch((rows + 127) // 128, 128, (sampled.contiguous(), input_ids, positions, numpy.int32(rows)),
+                  sampled.device)
 
 
 def commit_token(sampled: torch.Tensor, input_ids: torch.Tensor, positions: torch.Tensor) -> None:

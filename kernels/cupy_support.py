@@ -1,10 +1,84 @@
-"""CuPy access for the kernels: imported lazily (CPU machines have no CuPy), tensors shared by DLPack."""
+"""CuPy access for the kernels: imported lazily (CPU machines have no CuPy), each kernel's CUDA source
+with the launch contract its C signature states, and tensors shared by DLPack on torch's stream.
+
+Every launch is checked against its kernel's signature before it reaches the device (a pointer is a
+contiguous tensor of the pointee's dtype on the launch device, a scalar a numpy scalar of its exact C
+type): a wrong dtype would reinterpret memory, and a non-contiguous output would be written through a
+copy nobody reads. Tests swap `launcher` for a recording one, so the contracts are checked on the CPU.
+"""
 
 from __future__ import annotations
 
 import functools
+import re
+from dataclasses import dataclass
+from typing import Callable
 
+import numpy
 import torch
+
+# C type -> the torch dtype a pointer to it must carry, and the numpy scalar a value of it must be.
+POINTEE_DTYPES = {"float": torch.float32, "long long": torch.int64, "int": torch.int32}
+SCALAR_TYPES = {"long long": numpy.int64, "int": numpy.int32}
+
+
+class KernelContractError(TypeError):
+    """A launch whose grid, block or arguments do not match the kernel's signature."""
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    ctype: str
+    pointer: bool
+
+
+def parse_signature(source: str, name: str) -> tuple[Param, ...]:
+    match = re.search(rf'extern "C" __global__ void {name}\(([^)]*)\)', source)
+    if match is None:
+        raise ValueError(f'no extern "C" __global__ void {name}(...) in its source')
+    params = []
+    for text in match.group(1).split(","):
+        words = text.replace("*", " * ").split()
+        pointer = "*" in words
+        words = [w for w in words if w not in ("const", "*", "__restrict__")]
+        params.append(Param(words[-1], " ".join(words[:-1]), pointer))
+    return tuple(params)
+
+
+class CudaKernel:
+    """One CUDA kernel: its source (compiled by CuPy's NVRTC on first launch) and launch contract.
+    `threads`, where given, is the only block size the kernel works with (its shared arrays' size)."""
+
+    def __init__(self, name: str, source: str, threads: int | None = None) -> None:
+        self.name, self.source, self.threads = name, source, threads
+        self.params = parse_signature(source, name)
+
+    def check(self, grid: int, block: int, args: tuple, device: torch.device) -> None:
+        def refuse(why: str):
+            raise KernelContractError(f"{self.name}: {why}")
+
+        if not (isinstance(grid, int) and grid >= 1 and isinstance(block, int) and 1 <= block <= 1024):
+            refuse(f"grid {grid!r} and block {block!r} must be ints, grid >= 1, block in 1..1024")
+        if self.threads is not None and block != self.threads:
+            refuse(f"block {block} but the kernel is written for {self.threads} threads")
+        if len(args) != len(self.params):
+            refuse(f"{len(args)} arguments for {len(self.params)} parameters")
+        for param, arg in zip(self.params, args):
+            if param.pointer:
+                expected = POINTEE_DTYPES[param.ctype]
+                if not isinstance(arg, torch.Tensor) or arg.dtype != expected:
+                    refuse(f"{param.name} must be a {expected} tensor, got {getattr(arg, 'dtype', type(arg))}")
+                if not arg.is_contiguous():
+                    refuse(f"{param.name} must be contiguous (the kernel indexes it densely)")
+                if arg.device != device:
+                    refuse(f"{param.name} is on {arg.device}, the launch on {device}")
+            elif type(arg) is not SCALAR_TYPES[param.ctype]:
+                refuse(f"{param.name} must be a numpy.{SCALAR_TYPES[param.ctype].__name__}, got {type(arg).__name__}")
+
+    def launch(self, grid: int, block: int, args: tuple, device: torch.device) -> None:
+        self.check(grid, block, args, device)
+        launcher(self, grid, block, args, device)
 
 
 @functools.cache
@@ -24,15 +98,38 @@ def use_cupy(*tensors: torch.Tensor) -> bool:
     return all(t.is_cuda for t in tensors) and cupy_module() is not None
 
 
-def as_cupy(tensor: torch.Tensor):
-    """The same memory as a CuPy array (no copy); the tensor must be contiguous."""
-    return cupy_module().from_dlpack(tensor)
+@functools.cache
+def _compiled(kernel: CudaKernel):
+    return cupy_module().RawKernel(kernel.source, kernel.name)
 
 
-def launch(kernel, grid: int, block: int, args: tuple, tensor: torch.Tensor) -> None:
-    """Launch on the stream torch is using for this tensor's device, so it orders with torch's work
-    (and is captured with it inside a CUDA graph)."""
+class _StreamHandle:
+    """A raw cudaStream_t in the CUDA stream protocol, which CuPy 14's Stream.from_external reads."""
+
+    def __init__(self, handle: int) -> None:
+        self.handle = handle
+
+    def __cuda_stream__(self):
+        return 0, self.handle
+
+
+def _torch_stream(cupy, device: torch.device):
+    handle = torch.cuda.current_stream(device).cuda_stream
+    if hasattr(cupy.cuda.Stream, "from_external"):  # CuPy >= 14, where ExternalStream is deprecated
+        return cupy.cuda.Stream.from_external(_StreamHandle(handle))
+    return cupy.cuda.ExternalStream(handle, device.index if device.index is not None else torch.cuda.current_device())
+
+
+def cupy_launch(kernel: CudaKernel, grid: int, block: int, args: tuple, device: torch.device) -> None:
+    """Launch on the stream torch is using on this device, so the kernel orders with torch's work (and
+    is captured with it inside a CUDA graph)."""
     cupy = cupy_module()
-    stream = torch.cuda.current_stream(tensor.device)
-    with cupy.cuda.ExternalStream(stream.cuda_stream):
-        kernel((grid,), (block,), args)
+    with _torch_stream(cupy, device):
+        # Inside the stream: from_dlpack orders the hand-over against the current CuPy stream, which
+        # outside would be the legacy default stream (a sync that invalidates a capture).
+        shared = tuple(cupy.from_dlpack(arg) if isinstance(arg, torch.Tensor) else arg for arg in args)
+        _compiled(kernel)((grid,), (block,), shared)
+
+
+# Replaced by tests with a recording launcher: (kernel, grid, block, args, device) -> None.
+launcher: Callable[[CudaKernel, int, int, tuple, torch.device], None] = cupy_launch

@@ -6,11 +6,10 @@ resets it when it re-primes for a newer generation.
 
 from __future__ import annotations
 
-import functools
-
+import numpy
 import torch
 
-from kernels.cupy_support import as_cupy, cupy_module, launch, use_cupy
+from kernels.cupy_support import CudaKernel, use_cupy
 
 _SOURCE = r"""
 extern "C" __global__ void fault_word(const float* logits, const long long n, int* fault) {
@@ -19,20 +18,16 @@ extern "C" __global__ void fault_word(const float* logits, const long long n, in
     }
 }
 """
+KERNEL = CudaKernel("fault_word", _SOURCE)
 
 
 def fault_word_ref(logits: torch.Tensor, fault: torch.Tensor) -> None:
     fault.bitwise_or_((~torch.isfinite(logits)).any().to(fault.dtype))
 
 
-@functools.cache
-def _kernel():
-    return cupy_module().RawKernel(_SOURCE, "fault_word")
-
-
 def fault_word_cupy(logits: torch.Tensor, fault: torch.Tensor) -> None:
-    scores = logits.float().contiguous()
-    launch(_kernel(), 128, 256, (as_cupy(scores), scores.numel(), as_cupy(fault)), logits)
+    scores = logits.float().contiguous()  # the kernel reads fp32; any float dtype is widened exactly
+    KERNEL.launch(128, 256, (scores, numpy.int64(scores.numel()), fault), logits.device)
 
 
 def fault_word(logits: torch.Tensor, fault: torch.Tensor) -> None:

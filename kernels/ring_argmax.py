@@ -5,11 +5,10 @@ Ties go to the lowest token id, as torch.argmax does.
 
 from __future__ import annotations
 
-import functools
-
+import numpy
 import torch
 
-from kernels.cupy_support import as_cupy, cupy_module, launch, use_cupy
+from kernels.cupy_support import CudaKernel, use_cupy
 
 THREADS = 256
 
@@ -19,7 +18,7 @@ extern "C" __global__ void ring_argmax(const float* logits, const long long voca
     const float* x = logits + (long long)row * vocab;
     __shared__ float best_value[256];
     __shared__ long long best_index[256];
-    float value = -INFINITY;
+    float value = -__int_as_float(0x7f800000);  // -inf: CuPy's NVRTC compiles with no headers, so no INFINITY
     long long index = 0;
     for (long long i = threadIdx.x; i < vocab; i += blockDim.x) {
         const float v = x[i];
@@ -42,6 +41,7 @@ extern "C" __global__ void ring_argmax(const float* logits, const long long voca
     if (threadIdx.x == 0) out[row] = best_index[0];
 }
 """
+KERNEL = CudaKernel("ring_argmax", _SOURCE, threads=THREADS)  # the shared arrays hold one slot per thread
 
 
 def ring_argmax_ref(logits: torch.Tensor, ring: torch.Tensor, step: int) -> None:
@@ -49,16 +49,13 @@ def ring_argmax_ref(logits: torch.Tensor, ring: torch.Tensor, step: int) -> None
     ring[step, : logits.shape[0]] = logits.argmax(dim=-1)
 
 
-@functools.cache
-def _kernel():
-    return cupy_module().RawKernel(_SOURCE, "ring_argmax")
-
-
 def ring_argmax_cupy(logits: torch.Tensor, ring: torch.Tensor, step: int) -> None:
-    scores = logits.float().contiguous()
+    """The ring row is written in place, so the ring must be int64 with contiguous rows (checked)."""
+    scores = logits.float().contiguous()  # the kernel reads fp32; bf16 and fp16 widen exactly
     row = ring[step, : logits.shape[0]]
-    assert row.is_contiguous(), "ring rows must be contiguous"
-    launch(_kernel(), logits.shape[0], THREADS, (as_cupy(scores), scores.shape[1], as_cupy(row)), logits)
+    if row.shape[0] != logits.shape[0]:
+        raise ValueError(f"ring_argmax: {logits.shape[0]} rows of logits for a ring {ring.shape[1]} wide")
+    KERNEL.launch(logits.shape[0], THREADS, (scores, numpy.int64(scores.shape[1]), row), logits.device)
 
 
 def ring_argmax(logits: torch.Tensor, ring: torch.Tensor, step: int) -> None:

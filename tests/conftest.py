@@ -1,8 +1,15 @@
 """Shared fixtures: the demo model's directory, tiny random HF checkpoints and GGUF files built on the fly,
-and the real SmolLM2 GGUF (fetched once per machine)."""
+and the real SmolLM2 GGUF (fetched once per machine).
+
+This file loads for every test, also on the GPU machine, whose python has torch and CuPy but none of the
+web stack (shared/gpu/image-packages.txt): nothing here imports redis, Django, Celery or gguf at module
+level, and where the web stack is missing its tests are left out of collection (said in the report
+header), so `pytest -m gpu` collects there.
+"""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 from pathlib import Path
@@ -11,7 +18,22 @@ import pytest
 import torch
 
 from engine.loader import DEMO_MODEL_DIR
-from tests.cluster import Cluster, start_daphne
+
+WEB_STACK = ("django", "channels", "celery", "redis", "daphne", "websockets", "pytest_django", "pytest_asyncio")
+MISSING_WEB_STACK = [name for name in WEB_STACK if importlib.util.find_spec(name) is None]
+# Paths (relative to this folder) whose modules import the web stack at module level.
+collect_ignore = ["workbench", "e2e"] if MISSING_WEB_STACK else []
+# The GGUF tests import the gguf package at module level; the GPU image has none.
+MISSING_GGUF = importlib.util.find_spec("gguf") is None
+if MISSING_GGUF:
+    collect_ignore += ["engine/test_gguf_loader.py", "engine/test_gguf_quantized.py",
+                       "engine/test_quantized_linear.py"]
+
+
+def pytest_report_header(config):
+    if MISSING_WEB_STACK or MISSING_GGUF:
+        lacks = MISSING_WEB_STACK + (["gguf"] if MISSING_GGUF else [])
+        return f"tests not collected: this python lacks {', '.join(lacks)} (tests/{', tests/'.join(collect_ignore)})"
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
@@ -110,6 +132,8 @@ def celery_cluster(tmp_path_factory):
     """Two real Celery GPU workers on the machine's Redis, under a queue prefix of their own."""
     from django.conf import settings
 
+    from tests.cluster import Cluster
+
     cluster = Cluster(settings.REDIS_URL, tmp_path_factory.mktemp("cluster"))
     try:
         cluster.start_workers(2)
@@ -136,6 +160,8 @@ def serving_transport(request):
 def daphne_server(request, tmp_path_factory):
     """A real Daphne on 127.0.0.1 with a fresh SQLite database, serving through each transport in turn;
     yields (address, api_token)."""
+    from tests.cluster import start_daphne
+
     env = request.getfixturevalue("celery_cluster").env if request.param == "celery" else os.environ
     server, address, token = start_daphne(env, tmp_path_factory.mktemp("daphne") / "db.sqlite3")
     yield address, token

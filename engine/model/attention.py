@@ -15,6 +15,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from engine.host_copy import device_tensor
 from engine.model.config import ModelConfig
 from engine.model.layers import Linear, fuse_projections
 from engine.model.rope import apply_rope
@@ -60,9 +61,13 @@ class AttentionMetadata:
         # Padded with the sequence's own last block: masked either way, but a sequence never reads
         # another sequence's memory, whatever state it is in.
         padded_tables = [t + t[-1:] * (max_blocks - len(t)) for t in block_tables]
+        valid_queries = [b * max_q + i for b, count in enumerate(query_lens) for i in range(count)]
+        device = torch.device(device)
 
-        query_pos_t = torch.tensor(query_pos)[:, :, None]            # [B, Tq, 1]
-        key_pos = torch.arange(max_blocks * block_size)[None, None]  # [1, 1, Tk]
+        # Every field from host lists in one pinned, non-blocking copy each (engine/host_copy.py); the
+        # mask, the largest, is built on the device from the query positions.
+        query_pos_t = device_tensor(query_pos, device)[:, :, None]                  # [B, Tq, 1]
+        key_pos = torch.arange(max_blocks * block_size, device=device)[None, None]  # [1, 1, Tk]
         allowed = key_pos <= query_pos_t  # causal; also excludes keys past the sequence's length
         if sliding_window is not None:
             allowed &= key_pos > query_pos_t - sliding_window
@@ -71,15 +76,15 @@ class AttentionMetadata:
         allowed |= (~valid[:, :, None]) & (key_pos == 0)
         # Additive, in the activation dtype (SDPA's fused kernels want the bias to match the queries),
         # made once per step: a boolean mask would be converted again by every layer.
-        mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, float("-inf")).unsqueeze(1)
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, float("-inf")).unsqueeze(1)
         return cls(
-            positions=torch.tensor(positions, device=device),
-            slot_mapping=torch.tensor(slots, device=device),
-            block_tables=torch.tensor(padded_tables, device=device),
-            query_index=torch.tensor(query_index, device=device),
-            valid_queries=valid.flatten().nonzero().flatten().to(device),
-            attn_mask=mask.to(device),
-            last_token_index=torch.tensor(last, device=device),
+            positions=device_tensor(positions, device),
+            slot_mapping=device_tensor(slots, device),
+            block_tables=device_tensor(padded_tables, device),
+            query_index=device_tensor(query_index, device),
+            valid_queries=device_tensor(valid_queries, device),
+            attn_mask=mask,
+            last_token_index=device_tensor(last, device),
             decode_only=max_q == 1,
             block_size=block_size,
         )

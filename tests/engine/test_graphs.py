@@ -31,8 +31,8 @@ def test_graph_replays_match_eager_exactly_and_leave_the_cache_alone(checkpoint,
     engine = Engine(EngineConfig(model=str(checkpoint), graphs=True, device_loop=device_loop, verify_always=True,
                                  layer_bisect=True))
     buckets = []
-    real_run = engine.runner.graphs.run
-    engine.runner.graphs.run = lambda ids, pos, tables: (buckets.append(len(tables)), real_run(ids, pos, tables))[1]
+    real_replay = engine.runner.graphs.replay
+    engine.runner.graphs.replay = lambda batch, ids, pos: (buckets.append(batch.rows), real_replay(batch, ids, pos))[1]
     # 4 sequences finishing at different steps: 3 rows replay bucket 4 (a padding row), 2 rows bucket 2.
     results = engine.generate(PROMPTS, params)
     assert 3 in buckets, "liveness: a bucket ran with a padding row"

@@ -52,15 +52,15 @@ MUTANTS = (
     Mutant(
         "static-buffer copy-in skipped",
         "engine/graphs.py",
-        "        buffers.positions.copy_(positions)\n",
+        "        buffers.positions[: positions.shape[0]].copy_(positions)\n",
         "",
         ("tests/engine/test_graphs.py::test_graph_replays_match_eager_exactly_and_leave_the_cache_alone",),
     ),
     Mutant(
         "padding rows write a real block",
         "engine/graphs.py",
-        "        rows += [[pad] * self.max_blocks] * (bucket - batch)\n",
-        "        rows += [[0] * self.max_blocks] * (bucket - batch)\n",
+        "        table += [[pad] * blocks] * (bucket - rows)\n",
+        "        table += [[0] * blocks] * (bucket - rows)\n",
         ("tests/engine/test_graphs.py::test_graph_replays_match_eager_exactly_and_leave_the_cache_alone",),
     ),
     Mutant(
