@@ -51,7 +51,9 @@ function setBusy(busy) {
 function params() {
   const value = (id) => document.getElementById(id).value.trim();
   const p = {temperature: Number(value("temperature")), top_p: Number(value("top_p")),
-             top_k: Number(value("top_k")), max_tokens: Number(value("max_tokens"))};
+             top_k: Number(value("top_k"))};
+  // Empty: the server lets the reply run to the end of the model's context.
+  if (value("max_tokens") !== "") p.max_tokens = Number(value("max_tokens"));
   if (value("stop")) p.stop = value("stop").split(",").map((s) => s.trim()).filter(Boolean);
   if (value("seed") !== "") p.seed = Number(value("seed"));
   return p;

@@ -104,6 +104,12 @@ async def test_chat_socket_streams_stores_regenerates_and_refuses_strangers(user
     assert "".join(f["text"] for f in again if f["type"] == "delta") == streamed  # greedy: the same reply
     assert await sync_to_async(conversation.messages.count)() == 2
 
+    # The page may leave max_tokens out: the reply may then run to the end of the model's context.
+    unbounded = await talk(ws, {"type": "regenerate", "params": {"temperature": 0, "ignore_eos": True}})
+    done = unbounded[-1]
+    assert done["finish_reason"] == "length"
+    assert done["usage"]["prompt_tokens"] + done["usage"]["completion_tokens"] == 512  # the demo model's length
+
     bad = await talk(ws, {"type": "send", "content": "   ", "params": params})
     assert bad[-1]["type"] == "error" and bad[-1]["code"] == "invalid_request"
     await ws.disconnect()

@@ -77,6 +77,29 @@ def test_openai_client_sees_clear_errors(daphne_server, kwargs, status, param):
     assert caught.value.status_code == status and caught.value.body["param"] == param
 
 
+def test_a_request_naming_another_model_is_404_model_not_found(daphne_server):
+    address, token = daphne_server
+    client = openai.OpenAI(base_url=f"http://{address}/v1", api_key=token, max_retries=0)
+    for create in (lambda: client.chat.completions.create(model="gpt-4o", messages=MESSAGES, max_tokens=2),
+                   lambda: client.completions.create(model="smollm3", prompt="hi", max_tokens=2)):
+        with pytest.raises(openai.NotFoundError) as caught:
+            create()
+        body = caught.value.body
+        assert body["code"] == "model_not_found" and body["param"] == "model" and "'demo'" in body["message"]
+
+
+def test_without_max_tokens_a_chat_reply_may_fill_the_context_and_a_completion_stops_at_16(daphne_server):
+    address, token = daphne_server
+    client = openai.OpenAI(base_url=f"http://{address}/v1", api_key=token, max_retries=0)
+    chat = client.chat.completions.create(model="demo", messages=MESSAGES, temperature=0,
+                                          extra_body={"ignore_eos": True})
+    assert chat.choices[0].finish_reason == "length"
+    assert chat.usage.prompt_tokens + chat.usage.completion_tokens == 512  # the demo model's length
+    completion = client.completions.create(model="demo", prompt="The list type", temperature=0,
+                                           extra_body={"ignore_eos": True})
+    assert completion.usage.completion_tokens == 16  # OpenAI's default for completions
+
+
 def test_a_bad_token_is_refused_over_http_and_websocket(daphne_server):
     address, _ = daphne_server
     client = openai.OpenAI(base_url=f"http://{address}/v1", api_key="wb_wrong", max_retries=0)

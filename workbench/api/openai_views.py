@@ -79,14 +79,19 @@ def _body(request: HttpRequest) -> dict:
         raise ApiError(400, "stream_options must be an object like {\"include_usage\": true}", param="stream_options")
     if body.get("model") is not None and not isinstance(body["model"], str):
         raise ApiError(400, "model must be a string", param="model")
+    if body.get("model") is not None and body["model"] != settings.WORKBENCH_MODEL:
+        raise ApiError(404, f"the model {body['model']!r} does not exist here; this server serves "
+                       f"{settings.WORKBENCH_MODEL!r} (GET /v1/models)", param="model", code="model_not_found")
     return body
 
 
-def _params(body: dict) -> SamplingParams:
+def _params(kind: str, body: dict) -> SamplingParams:
     both = body.get("max_tokens"), body.get("max_completion_tokens")
     if None not in both and both[0] != both[1]:
         raise ApiError(400, "max_tokens and max_completion_tokens disagree; send one", param="max_completion_tokens")
-    values = {}
+    # Without max_tokens a chat reply may run to the end of the model's context, as in vLLM; a plain
+    # completion keeps OpenAI's default of 16 tokens.
+    values = {"max_tokens": None} if kind == "chat" else {}
     for key, value in body.items():
         if key in FIELD_MAP:
             if value is not None:
@@ -111,14 +116,14 @@ def _handler(kind: str):
                 raise ApiError(405, "use POST")
             user = await _authenticate(request)
             body = _body(request)
-            params = _params(body)
+            params = _params(kind, body)
             transport = await bridge.transport_from_loop()
             prompt = _prompt(kind, body, transport)
         except ApiError as exc:
             return exc.response()
         request_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
         stream = transport.submit(request_id, prompt, params, user=user.username)
-        meta = {"id": request_id, "created": int(time.time()), "model": body.get("model") or settings.WORKBENCH_MODEL}
+        meta = {"id": request_id, "created": int(time.time()), "model": settings.WORKBENCH_MODEL}
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             response = StreamingHttpResponse(_sse(kind, stream, transport, meta, include_usage),

@@ -80,7 +80,8 @@ class ChatConsumer(AsyncWebsocketConsumer):
             await self.close(code=4401)
             return
         try:
-            params = SamplingParams.from_dict(frame.get("params") or {})
+            # No max_tokens from the page: the reply may run to the end of the model's context.
+            params = SamplingParams.from_dict({"max_tokens": None, **(frame.get("params") or {})})
         except (InvalidSamplingParams, TypeError) as exc:
             await self._error("invalid_params", str(exc))
             return
