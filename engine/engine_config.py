@@ -18,9 +18,10 @@ class EngineConfig:
     device: str = "cpu"
     dtype: str = "float32"
     # GGUF files: "quantized" keeps Q4_0/Q4_1/Q8_0 linear weights as they are (torch's CPU int4
-    # kernel); "dequantized" expands them, exactly, into `dtype`. None: dequantized, because on an AVX2
-    # CPU that kernel is vectorized only for bfloat16 activations, and float32 decoding with the
-    # dequantized weights is faster than either quantized route (docs/BENCHMARKS.md, session 7).
+    # kernel); "dequantized" expands them, exactly, into `dtype`. None: dequantized, the exact fp32
+    # model that matches HF transformers. On an AVX2 CPU torch's int4 kernel is vectorized only for
+    # bfloat16 activations: quantized pays with dtype="bfloat16" and is slow in float32
+    # (docs/BENCHMARKS.md, the SmolLM2 section).
     weights: str | None = None
     scheduler: str = "paged"
     block_size: int = 16
