@@ -52,15 +52,13 @@ def tokenizer_from_gguf(metadata: Callable[..., Any], source: str) -> Tokenizer:
     types: list[int] = metadata("tokenizer.ggml.token_type", [1] * len(tokens))
     if len(types) != len(tokens):
         raise TokenizerError(f"{source}: {len(types)} token types for {len(tokens)} tokens")
+    pairs = [tuple(merge.split(" ")) for merge in merges]
+    bad = next((m for m, pair in zip(merges, pairs) if len(pair) != 2), None)
+    if bad is not None:
+        raise TokenizerError(f"{source}: merge {bad!r} is not two tokens separated by one space")
     try:
-        pairs = [tuple(merge.split(" ")) for merge in merges]
-        bad = next((m for m, pair in zip(merges, pairs) if len(pair) != 2), None)
-        if bad is not None:
-            raise TokenizerError(f"{source}: merge {bad!r} is not two tokens separated by one space")
         backend = BackendTokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=pairs,
                                               fuse_unk=False, byte_fallback=False))
-    except TokenizerError:
-        raise
     except Exception as exc:  # the Rust library raises plain Exception on an inconsistent vocabulary
         raise TokenizerError(f"{source}: the vocabulary and merges do not form a BPE model ({exc})") from exc
     pattern = PRE_TOKENIZER_PATTERNS[pre]

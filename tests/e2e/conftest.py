@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 
 import pytest
@@ -35,6 +36,15 @@ def sign_up(page, base: str, username: str) -> None:
     page.fill("#id_password2", "a-long-pass-9!")
     page.click("button[type=submit]")
     page.wait_for_url(f"{base}/")
+
+
+def signed_up_in_a_new_conversation(browser, base: str, username: str):
+    """A new user's page, signed up and in a conversation of its own."""
+    page = browser.new_context().new_page()
+    sign_up(page, base, username)
+    page.click("#new-conversation")
+    page.wait_for_url(re.compile(r".*/c/\d+$"))
+    return page
 
 
 def log_in(page, base: str, username: str, password: str) -> None:

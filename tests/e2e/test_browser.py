@@ -6,15 +6,7 @@ from __future__ import annotations
 
 import re
 
-from tests.e2e.conftest import sign_up
-
-
-def signed_up_in_a_new_conversation(browser, base: str, username: str):
-    page = browser.new_context().new_page()
-    sign_up(page, base, username)
-    page.click("#new-conversation")
-    page.wait_for_url(re.compile(r".*/c/\d+$"))
-    return page
+from tests.e2e.conftest import sign_up, signed_up_in_a_new_conversation
 
 
 def test_sign_up_chat_stream_stop_reload_and_privacy(browser, daphne_server):

@@ -4,13 +4,12 @@ is the engine's own greedy generation of the same templated prompt (SmolLM2 serv
 from __future__ import annotations
 
 import os
-import re
 
 import pytest
 
 from engine import Engine, EngineConfig, SamplingParams
 from tests.cluster import start_daphne
-from tests.e2e.conftest import sign_up
+from tests.e2e.conftest import signed_up_in_a_new_conversation
 
 pytestmark = [pytest.mark.smollm2, pytest.mark.slow]
 QUESTION = "What is a Python list?"
@@ -28,10 +27,7 @@ def smollm2_server(smollm2_gguf, tmp_path_factory):
 
 def test_a_new_user_gets_the_default_models_greedy_answer(browser, smollm2_server, smollm2_gguf):
     base = f"http://{smollm2_server}"
-    page = browser.new_context().new_page()
-    sign_up(page, base, "newcomer")
-    page.click("#new-conversation")
-    page.wait_for_url(re.compile(r".*/c/\d+$"))
+    page = signed_up_in_a_new_conversation(browser, base, "newcomer")
     page.click("details summary")
     page.fill("#temperature", "0")
     page.fill("#max_tokens", str(MAX_TOKENS))
