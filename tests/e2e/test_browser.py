@@ -4,7 +4,6 @@ URL nor over the socket."""
 
 from __future__ import annotations
 
-import re
 
 from tests.e2e.conftest import sign_up, signed_up_in_a_new_conversation
 
