@@ -18,7 +18,7 @@ import uuid
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
-from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from engine import SamplingParams
@@ -28,6 +28,7 @@ from workbench.api.auth import bearer_token
 from workbench.api.json_input import JsonInputError, parse_object
 from workbench.api.models import ApiToken
 from workbench.serving import bridge
+from workbench.serving.streams import StreamEvent
 
 # OpenAI request fields -> SamplingParams fields. Others are refused by name, except these, which
 # clients send routinely and which change nothing here.
@@ -118,7 +119,7 @@ def _params(kind: str, body: dict) -> SamplingParams:
 def _handler(kind: str):
     """A view for `kind` ("chat" or "completion"): authenticate, check, then answer whole or streamed."""
 
-    async def view(request: HttpRequest) -> HttpResponse:
+    async def view(request: HttpRequest) -> HttpResponseBase:
         try:
             if request.method != "POST":
                 raise ApiError(405, "use POST")
@@ -156,7 +157,7 @@ def _prompt(kind: str, body: dict, transport) -> str | list[int]:
 
 
 async def _whole(kind: str, stream, transport, meta: dict) -> HttpResponse:
-    text, event = "", None
+    text, event = "", StreamEvent()  # a stream always ends with its finished event
     try:
         async for event in stream:
             text += event.text
@@ -165,10 +166,10 @@ async def _whole(kind: str, stream, transport, meta: dict) -> HttpResponse:
         raise
     if event.error_code:
         status = ERROR_STATUS.get(event.error_code, 500)
-        return ApiError(status, event.error, code=event.error_code,
+        return ApiError(status, event.error or "", code=event.error_code,
                         kind="invalid_request_error" if status == 400 else "server_error").response()
-    finish = FINISH_REASONS.get(event.finish_reason, event.finish_reason)
-    choice = {"index": 0, "finish_reason": finish, "logprobs": None}
+    finish = FINISH_REASONS.get(event.finish_reason or "", event.finish_reason)
+    choice: dict[str, object] = {"index": 0, "finish_reason": finish, "logprobs": None}
     if kind == "chat":
         choice["message"] = {"role": "assistant", "content": text}
         obj = "chat.completion"

@@ -76,8 +76,10 @@ class Conversation(models.Model):
 
     def _apply(self, turn: Turn, content: str | None) -> list[dict[str, str]] | None:
         if turn == "send":
+            if content is None or not content.strip():
+                raise ValueError("a message needs its text")  # the socket checks it first (chat/frames.py)
             self.messages.create(role="user", content=content)
-            if self.title == "New conversation" and content:
+            if self.title == "New conversation":
                 self.title = content.strip().splitlines()[0][:60]
         elif not self._rewind(content if turn == "edit" else None):
             return None
