@@ -11,8 +11,8 @@ Frames are limited and refused like every socket's (workbench/api/json_socket.py
     -> {"type": "state", "workers": {worker: {...}}, "flags": [...], "changes": [latest audit rows]}
     <- {"type": "set_flag", "id": any, "name": "ARC_GRAPH_DEVICE_LOOP", "value": false, "worker": "w1"}
     -> {"type": "flag_result", "id": any, "change": 12, "answers": {"w1": {"in_force": {...}}}}
-    -> {"type": "error", "id": any, "code": "forbidden" | "invalid_change" | "invalid_frame" | "frame_too_large",
-        "message": "..."}
+    -> {"type": "error", "id": any, "code": "forbidden" | "invalid_change" | "invalid_frame" | "frame_too_large"
+        | "internal_error", "message": "..."}
 """
 
 from __future__ import annotations
