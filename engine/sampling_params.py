@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
@@ -22,7 +22,8 @@ class InvalidSamplingParams(ValueError):
         self.parameter = parameter
 
 
-def _is_int(value: Any) -> bool:
+def is_integer(value: object) -> TypeGuard[int]:
+    """A JSON integer: an int, not a bool (True is an int to Python, never a count to a client), not a float."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -66,11 +67,11 @@ class SamplingParams:
         def refuse(name: str, message: str) -> None:
             raise InvalidSamplingParams(name, f"{message}, got {getattr(self, name)!r}")
 
-        if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
+        if self.max_tokens is not None and (not is_integer(self.max_tokens) or self.max_tokens < 1):
             refuse("max_tokens", "must be null or an integer >= 1")
         if not _is_number(self.temperature) or not 0 <= self.temperature <= 100:
             refuse("temperature", "must be a number in [0, 100]")
-        if not _is_int(self.top_k) or self.top_k < 0:
+        if not is_integer(self.top_k) or self.top_k < 0:
             refuse("top_k", "must be an integer >= 0 (0 turns it off)")
         if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
             refuse("top_p", "must be a number in (0, 1]")
@@ -82,9 +83,9 @@ class SamplingParams:
             if not _is_number(getattr(self, name)) or not -2 <= getattr(self, name) <= 2:
                 refuse(name, "must be a number in [-2, 2]")
         # torch.Generator takes seeds in [-2**63, 2**64 - 1]; outside it would fail later, unexplained.
-        if self.seed is not None and (not _is_int(self.seed) or not -2**63 <= self.seed < 2**64):
+        if self.seed is not None and (not is_integer(self.seed) or not -2**63 <= self.seed < 2**64):
             refuse("seed", "must be null or an integer in [-2**63, 2**64 - 1]")
-        if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS):
+        if self.logprobs is not None and (not is_integer(self.logprobs) or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS):
             refuse("logprobs", f"must be null or an integer in [0, {MAX_TOP_LOGPROBS}]")
         if not isinstance(self.stop, tuple) or not all(isinstance(s, str) and s for s in self.stop):
             refuse("stop", "must be a string or a list of non-empty strings")
@@ -92,7 +93,7 @@ class SamplingParams:
             raise InvalidSamplingParams("stop", f"at most {MAX_STOP_STRINGS} stop strings, got {len(self.stop)}")
         if any(len(s) > MAX_STOP_STRING_CHARS for s in self.stop):
             raise InvalidSamplingParams("stop", f"each stop string must be at most {MAX_STOP_STRING_CHARS} characters")
-        if not isinstance(self.stop_token_ids, tuple) or not all(_is_int(t) and t >= 0 for t in self.stop_token_ids):
+        if not isinstance(self.stop_token_ids, tuple) or not all(is_integer(t) and t >= 0 for t in self.stop_token_ids):
             refuse("stop_token_ids", "must be a list of non-negative integers")
         if not isinstance(self.ignore_eos, bool):
             refuse("ignore_eos", "must be true or false")

@@ -13,6 +13,7 @@ from dataclasses import replace
 import pytest
 from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
+from django.conf import settings
 from django.contrib.auth.models import AnonymousUser
 from django.db import OperationalError
 
@@ -135,7 +136,7 @@ async def test_an_operator_flips_over_the_socket_and_bad_frames_are_refused(oper
     for bad, code in (("not json", "invalid_frame"), (json.dumps([1]), "invalid_frame"),
                       (json.dumps({"type": "set_flag", "name": "ARC_GRAPH_VERIFY_REPLAYS", "value": "3"}), "invalid_change"),
                       (json.dumps({"type": "set_flag", "name": "ARC_NOPE", "value": True}), "invalid_change"),
-                      ("x" * 5000, "invalid_frame")):
+                      ("x" * (settings.WORKBENCH_MAX_FRAME_BYTES + 1), "frame_too_large")):
         await ws.send_to(text_data=bad)
         assert (await _answer(ws))["code"] == code
     assert await FlagChange.objects.acount() == 0

@@ -3,7 +3,9 @@
 Same engine, same tokens as the websocket API. `stream: true` answers with server-sent events ending
 in `data: [DONE]`; `stream_options.include_usage` adds a last chunk with the usage. A client that
 disconnects mid-stream aborts its sequence. Errors use OpenAI's shape: {"error": {message, type,
-param, code}} with a 4xx status.
+param, code}} with a 4xx status. The prompt, the messages and the sampling values are checked by the
+rules every API shares (workbench/api/request_input.py), with its error codes; this module maps OpenAI's
+field names onto them and refuses the fields it does not serve.
 """
 
 from __future__ import annotations
@@ -16,15 +18,17 @@ import uuid
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
-from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from engine import InvalidSamplingParams, SamplingParams
-from engine.tokenizer import TokenizerError
+from engine import SamplingParams
+from engine.sampling_params import is_integer
+from workbench.api import request_input
 from workbench.api.auth import bearer_token
 from workbench.api.json_input import JsonInputError, parse_object
 from workbench.api.models import ApiToken
 from workbench.serving import bridge
+from workbench.serving.streams import StreamEvent
 
 # OpenAI request fields -> SamplingParams fields. Others are refused by name, except these, which
 # clients send routinely and which change nothing here.
@@ -43,6 +47,11 @@ class ApiError(Exception):
                  kind: str = "invalid_request_error") -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+
+    @classmethod
+    def refused(cls, exc: request_input.InvalidInput) -> "ApiError":
+        """A 400 for what the shared rules refused, with their code, as every API answers it."""
+        return cls(400, exc.message, param=exc.param, code=exc.code)
 
     def response(self) -> JsonResponse:
         return JsonResponse({"error": {"message": self.message, "type": self.kind, "param": self.param,
@@ -99,18 +108,18 @@ def _params(kind: str, body: dict) -> SamplingParams:
         elif key not in IGNORED:
             raise ApiError(400, f"unsupported parameter {key!r}", param=key, code="unsupported_parameter")
     n = body.get("n", 1)
-    if n is not None and (isinstance(n, bool) or n != 1):
+    if n is not None and (not is_integer(n) or n != 1):
         raise ApiError(400, "only n=1 is supported", param="n")
     try:
-        return SamplingParams.from_dict(values)
-    except InvalidSamplingParams as exc:
-        raise ApiError(400, str(exc), param=exc.parameter) from None
+        return request_input.sampling_params(values)
+    except request_input.InvalidInput as exc:
+        raise ApiError.refused(exc) from None
 
 
 def _handler(kind: str):
     """A view for `kind` ("chat" or "completion"): authenticate, check, then answer whole or streamed."""
 
-    async def view(request: HttpRequest) -> HttpResponse:
+    async def view(request: HttpRequest) -> HttpResponseBase:
         try:
             if request.method != "POST":
                 raise ApiError(405, "use POST")
@@ -136,21 +145,19 @@ def _handler(kind: str):
 
 
 def _prompt(kind: str, body: dict, transport) -> str | list[int]:
-    if kind == "chat":
-        try:
-            return transport.tokenizer.encode_chat(body.get("messages"))
-        except TokenizerError as exc:
-            raise ApiError(400, str(exc), param="messages") from None
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]  # OpenAI accepts a list of prompts; one is what n=1 serves
-    if isinstance(prompt, str) or (isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)):
-        return prompt
-    raise ApiError(400, "prompt must be a string or a list of token ids", param="prompt")
+    try:
+        if kind == "chat":
+            return request_input.chat_prompt(transport.tokenizer, body.get("messages"))
+        return request_input.prompt(prompt)
+    except request_input.InvalidInput as exc:
+        raise ApiError.refused(exc) from None
 
 
 async def _whole(kind: str, stream, transport, meta: dict) -> HttpResponse:
-    text, event = "", None
+    text, event = "", StreamEvent()  # a stream always ends with its finished event
     try:
         async for event in stream:
             text += event.text
@@ -159,10 +166,10 @@ async def _whole(kind: str, stream, transport, meta: dict) -> HttpResponse:
         raise
     if event.error_code:
         status = ERROR_STATUS.get(event.error_code, 500)
-        return ApiError(status, event.error, code=event.error_code,
+        return ApiError(status, event.error or "", code=event.error_code,
                         kind="invalid_request_error" if status == 400 else "server_error").response()
-    finish = FINISH_REASONS.get(event.finish_reason, event.finish_reason)
-    choice = {"index": 0, "finish_reason": finish, "logprobs": None}
+    finish = FINISH_REASONS.get(event.finish_reason or "", event.finish_reason)
+    choice: dict[str, object] = {"index": 0, "finish_reason": finish, "logprobs": None}
     if kind == "chat":
         choice["message"] = {"role": "assistant", "content": text}
         obj = "chat.completion"

@@ -1,9 +1,11 @@
 """Conversations and their messages. Every query for them goes through `owned_by`, so a conversation
-is only ever reached by its owner."""
+is only ever reached by its owner. What a user's turn does to a conversation (send, regenerate, edit)
+is here too, as methods the chat socket calls and tests call without one."""
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import Literal
 
 from django.conf import settings
 from django.db import models
@@ -12,6 +14,14 @@ from django.utils import timezone
 
 # A reply's claim on its conversation outlives a server that died mid-reply by at most this long.
 REPLY_CLAIM_STALE = timedelta(minutes=10)
+
+# What a user may ask of a conversation: a new message, another reply to the last one, or the last one
+# reworded and answered again.
+Turn = Literal["send", "regenerate", "edit"]
+
+
+class ReplyUnderWay(Exception):
+    """Another reply to this conversation is being generated (any tab, any web process)."""
 
 
 class Conversation(models.Model):
@@ -47,7 +57,49 @@ class Conversation(models.Model):
     def release_reply(self, claim: datetime) -> None:
         Conversation.objects.filter(pk=self.pk, replying_since=claim).update(replying_since=None)
 
-    def history(self) -> list[dict]:
+    def take_turn(self, turn: Turn, content: str | None) -> tuple[list[dict[str, str]], datetime] | None:
+        """Claim the conversation for a reply and apply the user's turn to it; returns the history to
+        answer and the claim (release it once the reply is stored), or None if there is nothing to
+        answer (a regenerate or edit before any message). ReplyUnderWay if a reply is under way (any
+        tab); Conversation.DoesNotExist if the conversation is gone. The claim is released unless a
+        reply is to follow."""
+        claim = self.claim_reply()
+        if claim is None:
+            raise ReplyUnderWay
+        history = None
+        try:
+            history = self._apply(turn, content)
+        finally:
+            if history is None:
+                self.release_reply(claim)
+        return None if history is None else (history, claim)
+
+    def _apply(self, turn: Turn, content: str | None) -> list[dict[str, str]] | None:
+        if turn == "send":
+            if content is None or not content.strip():
+                raise ValueError("a message needs its text")  # the socket checks it first (chat/frames.py)
+            self.messages.create(role="user", content=content)
+            if self.title == "New conversation":
+                self.title = content.strip().splitlines()[0][:60]
+        elif not self._rewind(content if turn == "edit" else None):
+            return None
+        self.updated_at = timezone.now()
+        self.save(update_fields=["title", "updated_at"])
+        return self.history()
+
+    def _rewind(self, new_content: str | None) -> bool:
+        """Drop the replies to the last user message, and reword it if `new_content` is given; False
+        (and nothing changed) if there is no user message."""
+        last_user = self.messages.filter(role="user").last()
+        if last_user is None:
+            return False
+        self.messages.filter(created_at__gte=last_user.created_at, role="assistant").delete()
+        if new_content is not None:
+            last_user.content = new_content
+            last_user.save(update_fields=["content"])
+        return True
+
+    def history(self) -> list[dict[str, str]]:
         """The conversation as chat-template messages, oldest first. A reply that failed before any
         text (stored so the page shows the error) is not part of what the model is asked to continue."""
         return [{"role": m.role, "content": m.content} for m in self.messages.order_by("created_at", "id")

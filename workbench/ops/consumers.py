@@ -5,12 +5,14 @@ and every RECHECK_S, so an operator who loses staff status or the permission los
 Every PUSH_EVERY_S it sends what changed of the transport's view of every worker (device, model,
 flags, load, and the engine's inspection snapshot, engine/inspection.py) together with the flag
 registry; operators with the `ops.flip_flags` permission may send flag changes, answered with every
-worker's answer and logged like the HTTP ones (workbench/ops/flag_changes.py).
+worker's answer and logged like the HTTP ones (workbench/ops/flag_changes.py, which also checks them).
+Frames are limited and refused like every socket's (workbench/api/json_socket.py).
 
     -> {"type": "state", "workers": {worker: {...}}, "flags": [...], "changes": [latest audit rows]}
     <- {"type": "set_flag", "id": any, "name": "ARC_GRAPH_DEVICE_LOOP", "value": false, "worker": "w1"}
     -> {"type": "flag_result", "id": any, "change": 12, "answers": {"w1": {"in_force": {...}}}}
-    -> {"type": "error", "id": any, "code": "forbidden" | "invalid_change" | "invalid_frame", "message": "..."}
+    -> {"type": "error", "id": any, "code": "forbidden" | "invalid_change" | "invalid_frame" | "frame_too_large"
+        | "internal_error", "message": "..."}
 """
 
 from __future__ import annotations
@@ -20,11 +22,10 @@ import json
 import logging
 
 from channels.db import database_sync_to_async
-from channels.generic.websocket import AsyncWebsocketConsumer
 from django.contrib.auth import get_user_model
 
 from engine.capabilities import UnknownFlag
-from workbench.api.json_input import parse_object
+from workbench.api.json_socket import FrameError, JsonSocketConsumer
 from workbench.ops import flag_changes
 from workbench.serving import bridge
 
@@ -33,7 +34,6 @@ log = logging.getLogger(__name__)
 PUSH_EVERY_S = 0.25
 RECHECK_S = 5.0
 CHANGES_EVERY_S = 2.0  # the audit log's latest rows (another operator's changes show within this)
-MAX_FRAME_CHARS = 4096  # a flag change is a few dozen characters
 REFUSED = 4403
 
 
@@ -47,7 +47,10 @@ def _is_staff(user) -> bool:
     return user is not None and user.is_authenticated and user.is_active and user.is_staff
 
 
-class DashboardConsumer(AsyncWebsocketConsumer):
+class DashboardConsumer(JsonSocketConsumer):
+    error_echo = "id"
+    bad_json_code = "invalid_frame"
+
     async def connect(self) -> None:
         if self.scope.get("bearer_token") or not _is_staff(self.scope.get("user")):
             await self.close(code=REFUSED)
@@ -57,7 +60,7 @@ class DashboardConsumer(AsyncWebsocketConsumer):
         self.unwatch = self.transport.watch_state()  # Celery workers send their sequence lists meanwhile
         self.pushing = asyncio.create_task(self._push_until_closed())
 
-    async def disconnect(self, code) -> None:
+    async def disconnect(self, code: int) -> None:
         if getattr(self, "pushing", None):
             self.pushing.cancel()
         if getattr(self, "unwatch", None):
@@ -93,30 +96,18 @@ class DashboardConsumer(AsyncWebsocketConsumer):
                 last = frame
             await asyncio.sleep(PUSH_EVERY_S)
 
-    async def receive(self, text_data=None, bytes_data=None) -> None:
-        try:
-            if text_data is None or len(text_data) > MAX_FRAME_CHARS:
-                raise ValueError(f"frames are JSON text of at most {MAX_FRAME_CHARS} characters")
-            frame = parse_object(text_data)  # JsonInputError is a ValueError
-            if frame.get("type") != "set_flag":
-                raise ValueError("the one frame this socket takes is {\"type\": \"set_flag\", ...}")
-        except ValueError as exc:
-            await self._error(None, "invalid_frame", str(exc))
-            return
-        asked = frame.get("id")
+    async def receive_json(self, content: dict[str, object], **kwargs: object) -> None:
+        if content.get("type") != "set_flag":
+            raise FrameError("invalid_frame", "the one frame this socket takes is {\"type\": \"set_flag\", ...}")
+        asked = content.get("id")
         user = await _current(self.scope["user"])
         refusal = "your account is gone" if user is None else await database_sync_to_async(flag_changes.refusal)(user)
         if refusal is not None:
-            await self._error(asked, "forbidden", refusal)
-            return
+            raise FrameError("forbidden", refusal, asked)
         try:
-            name, value, worker = flag_changes.parse(frame)
+            name, value, worker = flag_changes.parse(content)
         except (ValueError, UnknownFlag) as exc:
-            await self._error(asked, "invalid_change", str(exc).strip("'\""))
-            return
+            raise FrameError("invalid_change", str(exc).strip("'\""), asked) from None
         result = await flag_changes.make(self.transport, user, name, value, worker)
         self.changes_read_at = 0.0  # the next state shows this change in the log
-        await self.send(text_data=json.dumps({"type": "flag_result", "id": asked, **result}))
-
-    async def _error(self, asked, code: str, message: str) -> None:
-        await self.send(text_data=json.dumps({"type": "error", "id": asked, "code": code, "message": message}))
+        await self.send_json({"type": "flag_result", "id": asked, **result})

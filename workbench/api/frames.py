@@ -1,0 +1,69 @@
+"""The websocket API's frames (/ws/v1/generate, docs/PROTOCOL.md) checked, as plain functions that need
+no socket: each returns what the frame asks for or raises FrameError with the code the client gets.
+The prompt and the parameters are checked by the rules every API shares (workbench/api/request_input.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import Literal
+
+from engine import SamplingParams
+from engine.tokenizer import Tokenizer
+from workbench.api import request_input
+from workbench.api.json_input import LONE_SURROGATE
+from workbench.api.json_socket import FrameError
+
+MAX_REQUEST_ID_CHARS = 128
+MAX_ACTIVE_REQUESTS = 64
+Kind = Literal["generate", "cancel"]
+KINDS: tuple[Kind, ...] = ("generate", "cancel")
+
+
+def request_id_of(frame: object) -> str | None:
+    """The frame's request_id where an error may echo it: a string UTF-8 can carry; else None."""
+    request_id = frame.get("request_id") if isinstance(frame, dict) else None
+    return request_id if isinstance(request_id, str) and not LONE_SURROGATE.search(request_id) else None
+
+
+def kind(frame: dict[str, object]) -> Kind:
+    name = frame.get("type")
+    for known in KINDS:
+        if name == known:
+            return known
+    raise FrameError("unknown_type", f"unknown frame type {name!r}; expected generate or cancel", request_id_of(frame))
+
+
+def new_request_id(frame: dict[str, object], running: Collection[str]) -> str:
+    """The request_id of a generate frame, free on a socket already running the requests `running`."""
+    request_id = frame.get("request_id")
+    if not isinstance(request_id, str) or not 0 < len(request_id) <= MAX_REQUEST_ID_CHARS:
+        raise FrameError("invalid_request", f"request_id must be a string of 1-{MAX_REQUEST_ID_CHARS} characters",
+                         request_id_of(frame))
+    if request_id in running:
+        raise FrameError("duplicate_request_id", f"request {request_id!r} is still running on this socket", request_id)
+    if len(running) >= MAX_ACTIVE_REQUESTS:
+        raise FrameError("too_many_requests", f"at most {MAX_ACTIVE_REQUESTS} requests per socket", request_id)
+    return request_id
+
+
+def cancelled_request_id(frame: dict[str, object], running: Collection[str]) -> str:
+    """The request a cancel frame names, one of `running`. Request ids are per socket: another user's
+    (or another socket's) request is unknown here."""
+    request_id = frame.get("request_id")
+    if not isinstance(request_id, str) or request_id not in running:
+        raise FrameError("unknown_request_id", f"no running request {request_id!r} on this socket",
+                         request_id_of(frame))
+    return request_id
+
+
+def generation(frame: dict[str, object], tokenizer: Tokenizer,
+               request_id: str) -> tuple[str | list[int], SamplingParams]:
+    """The prompt (text or token ids; messages rendered by `tokenizer`) and the params of a generate frame."""
+    if ("prompt" in frame) == ("messages" in frame):
+        raise FrameError("invalid_request", "send exactly one of prompt or messages", request_id)
+    try:
+        prompt = (request_input.prompt(frame["prompt"]) if "prompt" in frame
+                  else request_input.chat_prompt(tokenizer, frame["messages"]))
+        return prompt, request_input.sampling_params(frame.get("params", {}))
+    except request_input.InvalidInput as exc:
+        raise FrameError(exc.code, exc.message, request_id) from None

@@ -1,0 +1,62 @@
+"""What a client may ask of a generation, checked by one set of rules on every way in: the websocket
+API (workbench/api/frames.py), the chat socket (workbench/chat/frames.py) and the OpenAI views.
+
+The rules (docs/PROTOCOL.md, "Values"): JSON types as they are, never coerced. A boolean is `true` or
+`false` (not 1, 0 or "true"); an integer is a JSON integer (not a boolean, not 4.0, not "4"); a number
+is an integer or a finite float (not a boolean); `params` is an object. The value checks themselves
+are SamplingParams' (engine/sampling_params.py), so the engine and every API agree by construction;
+this module adds what is the same for every API around them and names one error code per kind of
+mistake: `invalid_request` for the prompt or messages, `invalid_params` for a sampling parameter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from engine import InvalidSamplingParams, SamplingParams
+from engine.sampling_params import is_integer
+from engine.tokenizer import Tokenizer, TokenizerError
+
+BAD_PROMPT = "invalid_request"
+BAD_PARAMS = "invalid_params"
+
+
+class InvalidInput(ValueError):
+    """A refused prompt or parameter: the error code, a message for the client, and the field it names."""
+
+    def __init__(self, code: str, message: str, param: str) -> None:
+        super().__init__(message)
+        self.code, self.message, self.param = code, message, param
+
+
+def sampling_params(values: object, defaults: Mapping[str, object] | None = None) -> SamplingParams:
+    """The client's `params` object as SamplingParams, over `defaults` (the API's, for keys it leaves out)."""
+    if not isinstance(values, dict):
+        raise InvalidInput(BAD_PARAMS, "params: must be an object", "params")
+    try:
+        params = SamplingParams.from_dict({**(defaults or {}), **values})
+    except InvalidSamplingParams as exc:
+        raise InvalidInput(BAD_PARAMS, str(exc), exc.parameter) from None
+    if params.logprobs is not None:  # the engine computes them, but no API sends them back (yet)
+        raise InvalidInput(BAD_PARAMS, "logprobs: not sent over this API; leave it out", "logprobs")
+    return params
+
+
+def prompt(value: object) -> str | list[int]:
+    """A plain prompt: text, or a list of token ids (JSON integers; the engine checks the vocabulary)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(is_integer(token) for token in value):
+        return value
+    raise InvalidInput(BAD_PROMPT, "prompt must be a string or a list of token ids", "prompt")
+
+
+def chat_prompt(tokenizer: Tokenizer, messages: object) -> list[int]:
+    """The token ids of OpenAI-shaped `messages` under the model's chat template (the tokenizer checks
+    each message and says which one is wrong)."""
+    if not isinstance(messages, list):
+        raise InvalidInput(BAD_PROMPT, "messages must be a non-empty list of {role, content} objects", "messages")
+    try:
+        return tokenizer.encode_chat(messages)
+    except TokenizerError as exc:
+        raise InvalidInput(BAD_PROMPT, str(exc), "messages") from None

@@ -1,0 +1,45 @@
+"""The chat socket's frames (/ws/chat/<id>) checked, as plain functions that need no socket: each returns
+what the page asks for or raises FrameError with the code the page gets. The parameters follow the
+rules every API shares (workbench/api/request_input.py).
+
+    <- {"type": "send", "content": "...", "params": {...}}   a new message, answered
+    <- {"type": "regenerate", "params": {...}}               the last message answered again
+    <- {"type": "edit", "content": "...", "params": {...}}   the last message reworded, answered again
+    <- {"type": "stop"}
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from engine import SamplingParams
+from workbench.api import request_input
+from workbench.api.json_socket import FrameError
+from workbench.chat.models import Turn
+
+MAX_MESSAGE_CHARS = 20_000
+# No max_tokens from the page: the reply may run to the end of the model's context.
+DEFAULTS = {"max_tokens": None}
+KINDS: tuple[Turn | Literal["stop"], ...] = ("send", "regenerate", "edit", "stop")
+
+
+def kind(frame: dict[str, object]) -> Turn | Literal["stop"]:
+    name = frame.get("type")
+    for known in KINDS:
+        if name == known:
+            return known
+    raise FrameError("unknown_type", f"unknown frame type {name!r}")
+
+
+def turn_request(turn: Turn, frame: dict[str, object]) -> tuple[str | None, SamplingParams]:
+    """The new message's text (None for a regenerate) and the reply's parameters."""
+    try:
+        params = request_input.sampling_params(frame.get("params", {}), DEFAULTS)
+    except request_input.InvalidInput as exc:
+        raise FrameError(exc.code, exc.message) from None
+    if turn == "regenerate":
+        return None, params
+    content = frame.get("content")
+    if not isinstance(content, str) or not content.strip() or len(content) > MAX_MESSAGE_CHARS:
+        raise FrameError("invalid_request", f"content must be 1-{MAX_MESSAGE_CHARS} characters of text")
+    return content, params
