@@ -11,6 +11,9 @@ playwright = pytest.importorskip("playwright.sync_api")
 CHROMIUM = shutil.which("chromium")
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+# Playwright's default wait is 30 s; a reply on a loaded 2-core machine can take longer, and a wait
+# that passes costs only the time it takes.
+WAIT_MS = 90_000
 
 
 def pytest_collection_modifyitems(config, items):
@@ -29,6 +32,13 @@ def browser():
         instance.close()
 
 
+def new_page(browser):
+    """A page in a fresh context (its own cookies: its own user), waiting up to WAIT_MS by default."""
+    context = browser.new_context()
+    context.set_default_timeout(WAIT_MS)
+    return context.new_page()
+
+
 def sign_up(page, base: str, username: str) -> None:
     page.goto(f"{base}/signup")
     page.fill("#id_username", username)
@@ -40,7 +50,7 @@ def sign_up(page, base: str, username: str) -> None:
 
 def signed_up_in_a_new_conversation(browser, base: str, username: str):
     """A new user's page, signed up and in a conversation of its own."""
-    page = browser.new_context().new_page()
+    page = new_page(browser)
     sign_up(page, base, username)
     page.click("#new-conversation")
     page.wait_for_url(re.compile(r".*/c/\d+$"))

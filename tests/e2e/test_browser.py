@@ -5,7 +5,7 @@ URL nor over the socket."""
 from __future__ import annotations
 
 
-from tests.e2e.conftest import sign_up, signed_up_in_a_new_conversation
+from tests.e2e.conftest import new_page, sign_up, signed_up_in_a_new_conversation
 
 
 def test_sign_up_chat_stream_stop_reload_and_privacy(browser, daphne_server):
@@ -36,7 +36,7 @@ def test_sign_up_chat_stream_stop_reload_and_privacy(browser, daphne_server):
     assert "canceled" in alice.locator("article.assistant .meta").inner_text()
     assert alice.locator("#title").inner_text() == "Tell me about lists"
 
-    bob = browser.new_context().new_page()
+    bob = new_page(browser)
     sign_up(bob, base, "eve")
     assert bob.goto(conversation_url).status == 404
     conversation_id = conversation_url.rsplit("/", 1)[1]

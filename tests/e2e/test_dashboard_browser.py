@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from tests.cluster import ROOT, start_daphne
-from tests.e2e.conftest import log_in, sign_up
+from tests.e2e.conftest import log_in, new_page, sign_up
 
 ADMIN_PASSWORD = "admin-pass-for-the-dashboard"
 
@@ -36,7 +36,7 @@ def device_loop_cell(page, worker: str):
 
 def test_an_operator_watches_a_chat_and_flips_one_worker(browser, cluster_server):
     base = cluster_server
-    operator = browser.new_context().new_page()
+    operator = new_page(browser)
     log_in(operator, base, "admin", ADMIN_PASSWORD)
     operator.goto(f"{base}/admin/")
     operator.click("#ops-links a")  # the dashboard is linked from the admin
@@ -44,7 +44,7 @@ def test_an_operator_watches_a_chat_and_flips_one_worker(browser, cluster_server
     operator.wait_for_function("document.querySelectorAll('#workers .worker').length >= 2")
     workers = sorted(operator.eval_on_selector_all("#workers .worker", "cards => cards.map(c => c.dataset.worker)"))
 
-    chat = browser.new_context().new_page()
+    chat = new_page(browser)
     sign_up(chat, base, "carol")
     chat.click("#new-conversation")
     chat.wait_for_url(re.compile(r".*/c/\d+$"))
