@@ -79,9 +79,8 @@ class Engine:
         limits = SchedulerLimits(max_num_seqs=config.max_num_seqs,
                                  max_num_batched_tokens=config.max_num_batched_tokens,
                                  max_model_len=self.max_model_len)
-        # The device loop says which rows of a batch would burst; the scheduler grants (or not) their KV room.
         self.scheduler = make_scheduler(config.scheduler, self.kv_cache, limits, config.swap_blocks,
-                                        lookahead=self.device_loop.lookahead)
+                                        lookahead=self.device_loop.lookahead)  # grants each burst's KV room
         graphs = DecodeGraphs(self.loaded.model, self.kv_cache, blocks_needed(self.length_limit, config.block_size),
                               self.loaded.dtype, self.loaded.device, config.capture_stream,
                               verify_every=config.verify_replays, verify_always=config.verify_always,
