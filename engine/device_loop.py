@@ -3,16 +3,23 @@
 For a decode batch of eligible sequences the loop runs K forward steps back to back: each step's
 argmax goes into a ring and is committed as the next step's input on the device, with EOS disabled
 (the burst always runs K steps; the host finish checks see every token later). The K tokens of each
-row are then parked, and the engine drains one per step through the ordinary finish checks.
+row are then parked (engine/parked_queue.py), and the engine drains one per step through the ordinary
+finish checks.
+
+The loop's rules live here, behind two calls a step makes: `lookahead` (the scheduler asks which rows
+would burst, and for how many steps, before it grants their KV room) and `plan` (the runner asks, per
+row: its parked token, the granted burst, or the host forward). Every change of the device-state
+generation happens in this class: a stand-down, a foreign or stale drop, a host-served row the device
+buffers were primed for, a faulted burst, the loop turned off.
 
 Parked tokens must never outlive their sequence or reach another one. The mechanisms, from the
-design notes (shared/reference), each with its own test and mutant:
+design notes (shared/reference), each with its own test and mutant (docs/DEVICE_LOOP.md):
 - the funnel: `Sequence.set_state` calls `stand_down` for every state outside the running set, which
   drops the sequence's parked tokens, clears its eligibility and bumps the device-state generation;
-- the owner tag: a parked slot is stamped with its owner at park time and `take(row, seq_id)` returns
-  Taken | Empty | Foreign; a foreign slot is dropped whole ("dropped N foreign parked tokens"). This
-  covers what no funnel sees: a scheduler moving a running sequence aside without a state change;
-- the prefill guard: the skip-the-launch short-circuit only serves a one-token decode step;
+- the owner tag: `ParkedQueue.take(row, seq_id)` returns Taken | Empty | Foreign; a foreign slot is
+  dropped whole. This covers what no funnel sees: a scheduler moving a running sequence aside without
+  a state change;
+- the prefill guard (`_may_take`): a parked token only ever serves a one-token decode step;
 - the generation reset: before a burst of a newer generation the static input buffers, ring head and
   fault word are re-primed from the host state (at engagement, not completion: between bursts is the
   only moment no ring write can be in flight);
@@ -23,92 +30,21 @@ design notes (shared/reference), each with its own test and mutant:
 from __future__ import annotations
 
 import logging
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
 from engine.host_copy import device_tensor
-from engine.leak_events import FOREIGN_PARKED_DROPPED, LeakEventLog
+from engine.leak_events import LeakEventLog
+from engine.parked_queue import Foreign, ParkedQueue, Taken
 from engine.sequence import Sequence
+from engine.step_data import BurstGrant, ScheduledBatch, StepPlan
 from kernels.commit_token import commit_token
 from kernels.fault_word import fault_word
 from kernels.ring_argmax import ring_argmax
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Taken:
-    token: int
-
-
-@dataclass(frozen=True)
-class Empty:
-    pass
-
-
-@dataclass(frozen=True)
-class Foreign:
-    dropped: int
-
-
-TakeResult = Taken | Empty | Foreign
-
-
-@dataclass
-class _Slot:
-    owner: int
-    tokens: deque[int]
-
-
-class ParkedQueue:
-    """Parked burst tokens, one owner-tagged slot per decode-batch row (the device ring's layout)."""
-
-    def __init__(self, events: LeakEventLog | None = None) -> None:
-        self._slots: dict[int, _Slot] = {}
-        self.events = events if events is not None else LeakEventLog()
-        self.foreign_dropped = 0  # tokens dropped by the owner check, for the dashboard and metrics
-        self.taken = 0            # tokens drained by their owner
-
-    def park(self, row: int, owner: int, tokens: list[int]) -> None:
-        self._slots[row] = _Slot(owner, deque(tokens))
-
-    def take(self, row: int, seq_id: int) -> TakeResult:
-        slot = self._slots.get(row)
-        if slot is None or not slot.tokens:
-            return Empty()
-        if slot.owner != seq_id:
-            dropped = len(slot.tokens)
-            del self._slots[row]
-            self.foreign_dropped += dropped
-            message = (f"dropped {dropped} foreign parked tokens (row {row} owned by seq {slot.owner}, "
-                       f"taken by seq {seq_id})")
-            self.events.record(FOREIGN_PARKED_DROPPED, message, dropped)
-            log.warning("ArcGraph: %s", message)
-            return Foreign(dropped)
-        self.taken += 1
-        return Taken(slot.tokens.popleft())
-
-    def drop_owners(self, seq_ids: set[int]) -> int:
-        rows = [row for row, slot in self._slots.items() if slot.owner in seq_ids]
-        dropped = sum(len(self._slots[row].tokens) for row in rows)
-        for row in rows:
-            del self._slots[row]
-        return dropped
-
-    def clear(self) -> int:
-        dropped = self.pending()
-        self._slots.clear()
-        return dropped
-
-    def pending(self, seq_id: int | None = None) -> int:
-        return sum(len(s.tokens) for s in self._slots.values() if seq_id is None or s.owner == seq_id)
-
-    def slots(self) -> dict[int, tuple[int, int]]:
-        """Row -> (owner seq id, tokens still parked there), for the dashboard."""
-        return {row: (slot.owner, len(slot.tokens)) for row, slot in self._slots.items() if slot.tokens}
 
 
 class KillSwitch:
@@ -148,12 +84,13 @@ BurstForward = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
 
 
 class DeviceLoop:
-    def __init__(self, burst_length: int, device: torch.device, enabled: bool = False,
+    def __init__(self, burst_length: int, device: torch.device, *, length_limit: int, enabled: bool = False,
                  events: LeakEventLog | None = None) -> None:
         if burst_length < 1:
             raise ValueError(f"burst_length must be >= 1, got {burst_length}")
         self.enabled = enabled
         self.burst_length = burst_length
+        self.length_limit = length_limit  # no burst runs a sequence past this many tokens
         self.device = device
         self.parked = ParkedQueue(events)
         self.generation = 0
@@ -166,38 +103,72 @@ class DeviceLoop:
     def active(self) -> bool:
         return self.enabled and not KILL_SWITCH.killed
 
-    def forget_parked(self, seqs: list[Sequence]) -> None:
-        """These sequences are about to get this step's token without their parked queue (a prefill,
-        a new burst, host decode): tokens they parked earlier, at another row, are stale. Dropping
-        undrained tokens also means the device buffers ran ahead of the host: re-prime."""
-        if self.parked.drop_owners({seq.seq_id for seq in seqs}):
-            self.generation += 1
+    # -- a step's decisions ---------------------------------------------------------------------
 
-    def host_served(self, seqs: list[Sequence]) -> None:
-        """These sequences advanced on the host: device buffers primed for any of them are stale."""
-        if self.state and set(self.state.row_owners) & {seq.seq_id for seq in seqs}:
-            self.generation += 1
+    def lookahead(self, seqs: tuple[Sequence, ...]) -> BurstGrant | None:
+        """The burst this batch would run, for the scheduler to grant the KV room of (or not): the rows
+        not served a parked token, when every one is an eligible one-token decode with two steps to go.
+        Changes nothing; `plan` makes the same per-row decisions at run time."""
+        if not self.active:
+            return None
+        rows = tuple(row for row, seq in enumerate(seqs) if not self._will_take(row, seq))
+        rest = [seqs[row] for row in rows]
+        if not rest or not all(s.num_uncached == 1 and self.can_burst(s) for s in rest):
+            return None
+        steps = min([self.burst_length] + [s.params.max_tokens - len(s.output_ids) for s in rest]
+                    + [self.length_limit - s.num_tokens for s in rest])
+        return BurstGrant(rows, steps) if steps >= 2 else None
 
-    def _invalidate(self) -> None:
-        self.parked.clear()
-        self.eligible.clear()
-        self.generation += 1
+    def plan(self, batch: ScheduledBatch) -> StepPlan:
+        """Per row: its own parked token, else the burst the scheduler granted, else the host forward.
+        Drops what this step makes stale and bumps the generation wherever the device buffers stop
+        continuing the host's state."""
+        seqs = batch.sequences
+        parked = tuple(self._take(row, seq) for row, seq in enumerate(seqs))
+        unserved = tuple(row for row, token in enumerate(parked) if token is None)
+        # A grant for other rows than are left (the loop was killed since it was made) never runs.
+        granted = batch.burst
+        burst = granted if self.active and granted is not None and granted.rows == unserved else None
+        rest = [seqs[row] for row in unserved]
+        if rest:
+            self._drop_stale(rest)
+            if burst is None:
+                self._host_serves(rest)
+        return StepPlan(parked, burst)
 
-    def set_enabled(self, enabled: bool) -> None:
-        """Turning the loop off drops everything parked: host decode moves the sequences on, and a
-        token parked before that would be stale the moment the loop came back."""
-        if not enabled:
-            self._invalidate()
-        self.enabled = enabled
+    @staticmethod
+    def _may_take(seq: Sequence) -> bool:
+        """The prefill guard: a parked token only ever stands in for a one-token decode step."""
+        return seq.num_uncached == 1
 
-    def take(self, row: int, seq: Sequence) -> TakeResult:
+    def _will_take(self, row: int, seq: Sequence) -> bool:
+        """Whether `_take` will serve this row its own parked token (the loop being active); asks only."""
+        return self._may_take(seq) and self.parked.holds(row, seq.seq_id)
+
+    def _take(self, row: int, seq: Sequence) -> int | None:
         """A one-token decode step's parked token, if its own sequence parked one at this row."""
+        if not (self.active and self._may_take(seq)):
+            return None
         result = self.parked.take(row, seq.seq_id)
         if isinstance(result, Foreign):
             # The owner's tokens are gone, so the device buffers no longer continue its host state:
             # the next burst must re-prime them, as after a stand-down.
             self.generation += 1
-        return result
+        return result.token if isinstance(result, Taken) else None
+
+    def _drop_stale(self, seqs: list[Sequence]) -> None:
+        """These sequences get this step's token without their parked queue (a prefill, a new burst,
+        host decode): tokens they parked earlier, at another row, are stale. Dropping undrained tokens
+        also means the device buffers ran ahead of the host: re-prime."""
+        if self.parked.drop_owners({seq.seq_id for seq in seqs}):
+            self.generation += 1
+
+    def _host_serves(self, seqs: list[Sequence]) -> None:
+        """These sequences advance on the host this step: device buffers primed for any of them go stale."""
+        if self.state and set(self.state.row_owners) & {seq.seq_id for seq in seqs}:
+            self.generation += 1
+
+    # -- outside a step: the funnel and the operator --------------------------------------------
 
     def stand_down(self, seq: Sequence) -> None:
         """The funnel's hook: this sequence left the running set."""
@@ -207,6 +178,15 @@ class DeviceLoop:
         self.eligible.discard(seq.seq_id)
         self.generation += 1
 
+    def set_enabled(self, enabled: bool) -> None:
+        """Turning the loop off drops everything parked: host decode moves the sequences on, and a
+        token parked before that would be stale the moment the loop came back."""
+        if not enabled:
+            self.parked.clear()
+            self.eligible.clear()
+            self.generation += 1
+        self.enabled = enabled
+
     @staticmethod
     def can_burst(seq: Sequence) -> bool:
         """Greedy rows whose every token the host can check afterwards: no sampling state, no
@@ -214,10 +194,13 @@ class DeviceLoop:
         p = seq.params
         return p.greedy and not p.has_penalties and p.logprobs is None and p.stop_below_prob is None
 
-    def burst(self, rows: list[int], seqs: list[Sequence], steps: int, forward: BurstForward) -> list[int] | None:
-        """Run `steps` decode steps for `seqs` (at decode-batch `rows`); park each row's tokens after
-        the first and return the first ones. None when the burst faulted (the loop is then killed)."""
-        state = self._engage(rows, seqs, steps)
+    # -- the burst ------------------------------------------------------------------------------
+
+    def burst(self, grant: BurstGrant, seqs: list[Sequence], forward: BurstForward) -> list[int] | None:
+        """Run the granted burst for `seqs` (at the grant's rows); park each row's tokens after the first
+        and return the first ones. None when the burst faulted (the loop is then killed)."""
+        rows, steps = grant.rows, grant.steps
+        state = self._engage(seqs, steps)
         for step in range(steps):
             logits = forward(state.input_ids[: len(seqs)], state.positions[: len(seqs)], step)
             # On the device (kernels/): fault word, argmax into the ring, commit into the next step's inputs.
@@ -228,7 +211,7 @@ class DeviceLoop:
         self.bursts += 1
         if bool(state.fault):  # the burst's one host sync, together with the ring read below
             KILL_SWITCH.kill(f"non-finite logits in a burst for seqs {[s.seq_id for s in seqs]}")
-            state.primed_generation = -1
+            self.generation += 1  # host decode serves these rows now: the device buffers are garbage
             return None
         tokens = state.ring[:steps, : len(seqs)].t().tolist()  # [B, steps]
         for row, seq, row_tokens in zip(rows, seqs, tokens):
@@ -236,7 +219,7 @@ class DeviceLoop:
             self.eligible.add(seq.seq_id)
         return [row_tokens[0] for row_tokens in tokens]
 
-    def _engage(self, rows: list[int], seqs: list[Sequence], steps: int) -> DeviceDecodeState:
+    def _engage(self, seqs: list[Sequence], steps: int) -> DeviceDecodeState:
         owners = [seq.seq_id for seq in seqs]
         state = self.state
         if state is None or state.ring.shape[0] < steps or state.input_ids.shape[0] < len(seqs):

@@ -37,6 +37,7 @@ from engine.sampling_params import SamplingParams
 from engine.scheduler import SchedulerLimits, make_scheduler
 from engine.sequence import (Done, Error, FinishedAborted, FinishedIgnored, RunningCompletion, RunningPrompt,
                              Sequence, StopReason)
+from engine.step_data import NOTHING_RAN, RunnerOutput
 
 log = logging.getLogger(__name__)
 
@@ -72,19 +73,20 @@ class Engine:
         self.length_limit = min(self.max_model_len, num_blocks * config.block_size + 1)
         self.kv_cache = PagedKVCache(self.loaded.config, num_blocks, config.block_size, self.loaded.dtype,
                                      self.loaded.device)
+        self.leak_events = LeakEventLog()  # what the owner tag and the logits identity check caught
+        self.device_loop = DeviceLoop(config.burst_length, self.loaded.device, length_limit=self.length_limit,
+                                      enabled=config.device_loop, events=self.leak_events)
         limits = SchedulerLimits(max_num_seqs=config.max_num_seqs,
                                  max_num_batched_tokens=config.max_num_batched_tokens,
                                  max_model_len=self.max_model_len)
-        self.scheduler = make_scheduler(config.scheduler, self.kv_cache, limits, config.swap_blocks)
-        self.leak_events = LeakEventLog()  # what the owner tag and the logits identity check caught
-        self.device_loop = DeviceLoop(config.burst_length, self.loaded.device, enabled=config.device_loop,
-                                      events=self.leak_events)
+        self.scheduler = make_scheduler(config.scheduler, self.kv_cache, limits, config.swap_blocks,
+                                        lookahead=self.device_loop.lookahead)  # grants each burst's KV room
         graphs = DecodeGraphs(self.loaded.model, self.kv_cache, blocks_needed(self.length_limit, config.block_size),
-                              self.loaded.dtype, self.loaded.device, config.capture_stream)
-        graphs.verify.every, graphs.verify.always, graphs.verify.bisect = \
-            config.verify_replays, config.verify_always, config.layer_bisect
-        self.runner = ModelRunner(self.loaded, self.kv_cache, self.device_loop, self.scheduler.reserve,
-                                  self.length_limit, graphs, config.graphs)
+                              self.loaded.dtype, self.loaded.device, config.capture_stream,
+                              verify_every=config.verify_replays, verify_always=config.verify_always,
+                              layer_bisect=config.layer_bisect)
+        self.runner = ModelRunner(self.loaded, self.kv_cache, self.device_loop, graphs, config.graphs)
+        self.last_step: RunnerOutput = NOTHING_RAN  # the last step's rows, for inspection (engine/inspection.py)
         # Called after the device loop with each sequence the funnel stands down (metrics, tests).
         self.stand_down_listeners: list[Callable[[Sequence], None]] = []
         self._requests: dict[str, _Request] = {}
@@ -175,8 +177,8 @@ class Engine:
         outputs = self._apply_aborts()
         batch = self.scheduler.schedule()
         outputs += [self._finish(self._requests[seq.request_id]) for seq in batch.ignored]
+        self.last_step = NOTHING_RAN  # until the runner returns: no sequence sits at a row
         if not batch:
-            self.runner.row_of = {}  # nothing ran: no sequence sits at a row
             return outputs
         seqs = batch.sequences
         now = time.monotonic()
@@ -185,8 +187,8 @@ class Engine:
                 seq.timings.first_scheduled = now
         requests = [self._requests[seq.request_id] for seq in seqs]
         try:
-            tokens, logprobs = self.runner.run(seqs, [SampleRequest(r.seq.params, r.seq.prompt_ids,
-                                                                    r.seq.output_ids, r.generator) for r in requests])
+            self.last_step = self.runner.run(batch, [SampleRequest(r.seq.params, r.seq.prompt_ids, r.seq.output_ids,
+                                                                   r.generator) for r in requests])
         except Exception as exc:  # one bad step must not take the engine down with it
             log.exception("forward failed for %d sequence(s)", len(seqs))
             if isinstance(exc, AliasedLogitsError):
@@ -194,8 +196,8 @@ class Engine:
             for request in requests:
                 request.seq.set_state(Error(f"forward failed: {type(exc).__name__}: {exc}"))
             return outputs + [self._finish(request) for request in requests]
-        for request, token, logprob in zip(requests, tokens, logprobs):
-            outputs.append(self._postprocess(request, token, logprob))
+        for request, row in zip(requests, self.last_step.rows):
+            outputs.append(self._postprocess(request, row.token, row.logprob))
         return outputs
 
     def _postprocess(self, request: _Request, token: int, logprob) -> RequestOutput:

@@ -94,11 +94,12 @@ class VerifySettings:
 
 class DecodeGraphs:
     def __init__(self, model: LlamaForCausalLM, kv_cache: PagedKVCache, max_blocks: int,
-                 dtype: torch.dtype, device: torch.device, capture_stream: bool) -> None:
+                 dtype: torch.dtype, device: torch.device, capture_stream: bool, *, verify_every: int = 0,
+                 verify_always: bool = False, layer_bisect: bool = False) -> None:
         self.model, self.kv_cache, self.max_blocks = model, kv_cache, max_blocks
         self.dtype, self.device = dtype, device
         self.sliding_window = model.config.sliding_window
-        self.verify = VerifySettings()
+        self.verify = VerifySettings(every=verify_every, always=verify_always, bisect=layer_bisect)
         self.replays = 0
         self.refusal: str | None = None
         self._graphs: dict[tuple[int, int], tuple[StaticBuffers, Callable[[], None]]] = {}
@@ -112,6 +113,14 @@ class DecodeGraphs:
         else:
             self.mode = GraphMode.INERT
             log.info("ArcGraph INERT: ARC_CAPTURE_STREAM is off; decode runs eagerly over static buffers")
+
+    def set_verification(self, *, every: int | None = None, always: bool | None = None,
+                         bisect: bool | None = None) -> None:
+        """Change replay verification between steps (the runtime flags); None leaves a setting as it is."""
+        verify = self.verify
+        verify.every = verify.every if every is None else every
+        verify.always = verify.always if always is None else always
+        verify.bisect = verify.bisect if bisect is None else bisect
 
     def capture_state(self) -> tuple[str, str]:
         """The capture mode and, in an operator's words, why it is what it is."""

@@ -33,9 +33,10 @@ def engine_state(engine: Engine, users: Mapping[str, str] | None = None, with_se
         parked_for[owner] = parked_for.get(owner, 0) + tokens
     live = engine.live_sequences()
     live_ids = {seq.seq_id for seq in live}
+    row_of = engine.last_step.rows_by_seq_id()  # empty when nothing ran in the last step
     sequences = [] if with_sequences else None
     for seq in live if with_sequences else ():
-        row = runner.row_of.get(seq.seq_id)
+        row = row_of.get(seq.seq_id)
         owner = slots[row][0] if row in slots else None
         sequences.append({
             "request_id": seq.request_id, "seq_id": seq.seq_id, "user": users.get(seq.request_id, ""),

@@ -1,8 +1,9 @@
-"""ModelRunner: one step's tokens for a batch of scheduled sequences, by the cheapest safe route.
+"""ModelRunner: one step's tokens for a scheduled batch, by the route the device loop's plan chose.
 
-Per row, in order: a parked token from the device loop (one-token decode steps only: the prefill
-guard), else a device-loop burst for the rows that are all eligible greedy decodes with room, else
-one ordinary forward and the sampler. Decode-only forwards (bursts included) run the graphs' decode
+`run(batch, requests) -> RunnerOutput`. The device loop decides per row (engine/device_loop.py:
+DeviceLoop.plan): a parked token, else the burst the scheduler granted (its KV room is already in the
+block tables), else one ordinary forward and the sampler; the runner carries the plan out and says
+where each token came from. Decode-only forwards (bursts included) run the graphs' decode
 step (engine/graphs.py): with graphs on, the captured graph of their batch and block-count bucket is
 replayed; with graphs off, the same step runs eagerly. Logits carry the ids of the sequences they were
 computed for; sampling them for any other sequence fails the step loudly (AliasedLogitsError -> Error
@@ -12,18 +13,18 @@ through the funnel) instead of producing a plausible wrong token.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
-from engine.device_loop import DeviceLoop, Taken
+from engine.device_loop import BurstForward, DeviceLoop
 from engine.graphs import DecodeGraphs
 from engine.host_copy import device_tensor
 from engine.kv_cache import PagedKVCache
 from engine.loader import LoadedModel
 from engine.model import AttentionMetadata
-from engine.sampler import SampleRequest, TokenLogprob, sample
+from engine.sampler import SampleRequest, sample
 from engine.sequence import Sequence
+from engine.step_data import BurstGrant, RowOutput, RunnerOutput, ScheduledBatch, TokenSource
 
 
 class AliasedLogitsError(RuntimeError):
@@ -44,46 +45,37 @@ def check_identity(logits: TaggedLogits, seqs: list[Sequence]) -> None:
 
 
 class ModelRunner:
-    def __init__(self, loaded: LoadedModel, kv_cache: PagedKVCache, device_loop: DeviceLoop,
-                 reserve: Callable[[Sequence, int], bool], length_limit: int, graphs: DecodeGraphs,
+    def __init__(self, loaded: LoadedModel, kv_cache: PagedKVCache, device_loop: DeviceLoop, graphs: DecodeGraphs,
                  use_graphs: bool) -> None:
         self.loaded = loaded
         self.graphs = graphs
         self.use_graphs = use_graphs
         self.kv_cache = kv_cache
         self.device_loop = device_loop
-        self.reserve = reserve  # the scheduler's: give a sequence KV room for N tokens, or say no
-        self.length_limit = length_limit  # no sequence grows past this many tokens
-        self.row_of: dict[int, int] = {}  # seq id -> its row in the last step's batch (the parked slot it reads)
 
-    def run(self, seqs: list[Sequence], rows: list[SampleRequest]) -> tuple[list[int], list[TokenLogprob | None]]:
-        tokens: list[int | None] = [None] * len(seqs)
-        logprobs: list[TokenLogprob | None] = [None] * len(seqs)
-        self.row_of = {seq.seq_id: row for row, seq in enumerate(seqs)}
-        loop = self.device_loop
-        if loop.active:
-            for row, seq in enumerate(seqs):
-                if seq.num_uncached == 1:  # the prefill guard: parked tokens never replace a prefill
-                    taken = loop.take(row, seq)
-                    if isinstance(taken, Taken):
-                        tokens[row] = taken.token
-        rest = [row for row, token in enumerate(tokens) if token is None]
-        if not rest:
-            return tokens, logprobs
-        rest_seqs = [seqs[row] for row in rest]
-        loop.forget_parked(rest_seqs)
-        burst = self._try_burst(rest, rest_seqs) if loop.active else None
-        if burst is not None:
-            for row, token in zip(rest, burst):
-                tokens[row] = token
-            return tokens, logprobs
-        logits = self.forward(rest_seqs)
-        loop.host_served(rest_seqs)
-        check_identity(logits, rest_seqs)
-        sampled, records = sample(logits.values, [rows[row] for row in rest])
-        for row, token, record in zip(rest, sampled, records):
-            tokens[row], logprobs[row] = token, record
-        return tokens, logprobs
+    def run(self, batch: ScheduledBatch, requests: list[SampleRequest]) -> RunnerOutput:
+        """One token per row of `batch` (`requests` row for row: what the sampler needs)."""
+        seqs = batch.sequences
+        plan = self.device_loop.plan(batch)
+        served = {row: RowOutput(seqs[row].seq_id, token, None, TokenSource.PARKED)
+                  for row, token in enumerate(plan.parked) if token is not None}
+        if plan.unserved:
+            served |= self._serve(plan.unserved, seqs, plan.burst, requests)
+        return RunnerOutput(tuple(served[row] for row in range(len(seqs))))
+
+    def _serve(self, rows: tuple[int, ...], batch: tuple[Sequence, ...], burst: BurstGrant | None,
+               requests: list[SampleRequest]) -> dict[int, RowOutput]:
+        """The rows no parked token served: the granted burst, or (without one, or if it faulted) the forward."""
+        seqs = [batch[row] for row in rows]
+        first = self._burst(burst, seqs) if burst is not None else None
+        if first is not None:
+            return {row: RowOutput(seq.seq_id, token, None, TokenSource.BURST)
+                    for row, seq, token in zip(rows, seqs, first)}
+        logits = self.forward(seqs)
+        check_identity(logits, seqs)
+        sampled, records = sample(logits.values, [requests[row] for row in rows])
+        return {row: RowOutput(seq.seq_id, token, record, TokenSource.HOST)
+                for row, seq, token, record in zip(rows, seqs, sampled, records)}
 
     @torch.inference_mode()  # cheaper than no_grad: no version counters or view tracking per op
     def forward(self, seqs: list[Sequence]) -> TaggedLogits:
@@ -105,18 +97,11 @@ class ModelRunner:
         hidden = model(ids, metadata.positions, metadata, self.kv_cache)
         return TaggedLogits(model.logits(hidden[metadata.last_token_index]), tuple(s.seq_id for s in seqs))
 
-    def _try_burst(self, rows: list[int], seqs: list[Sequence]) -> list[int] | None:
-        if not all(s.num_uncached == 1 and self.device_loop.can_burst(s) for s in seqs):
-            return None
-        steps = min([self.device_loop.burst_length]
-                    + [s.params.max_tokens - len(s.output_ids) for s in seqs]
-                    + [self.length_limit - s.num_tokens for s in seqs])
-        # A burst writes keys/values for `steps` tokens per row: positions len-1 .. len+steps-2.
-        if steps < 2 or not all(self.reserve(s, s.num_tokens + steps - 1) for s in seqs):
-            return None
-        first = self.device_loop.burst(rows, seqs, steps, self._burst_forward(seqs))
+    def _burst(self, grant: BurstGrant, seqs: list[Sequence]) -> list[int] | None:
+        """The granted burst's first tokens; None if it faulted."""
+        first = self.device_loop.burst(grant, seqs, self._burst_forward(seqs))
         if first is None:  # the burst faulted: what it wrote may be NaN, and masking cannot hide NaN
-            self._scrub(seqs, steps)
+            self._scrub(seqs, grant.steps)
         return first
 
     def _scrub(self, seqs: list[Sequence], steps: int) -> None:
@@ -132,8 +117,8 @@ class ModelRunner:
         return (self.use_graphs and DecodeGraphs.bucket_for(len(seqs)) is not None
                 and all(s.num_uncached == 1 for s in seqs))
 
-    def _burst_forward(self, seqs: list[Sequence]):
-        """The forward of each burst step. The block tables were reserved for the whole burst, so they
+    def _burst_forward(self, seqs: list[Sequence]) -> BurstForward:
+        """The forward of each burst step. The block tables were granted for the whole burst, so they
         (and the graph key) are built once here; a step reads ids and positions from the device buffers
         the previous step committed and copies nothing from the host."""
         graphable = self._graphable(seqs)

@@ -37,7 +37,7 @@ class RuntimeFlags:
 
     def apply(self) -> None:
         """At a step boundary: apply every change asked for since the last one, in order."""
-        verify = self._runner.graphs.verify
+        graphs = self._runner.graphs
         for name, value in self._pending.items():
             match name:
                 case "ARC_GRAPH_DEVICE_LOOP":
@@ -47,9 +47,9 @@ class RuntimeFlags:
                 case "ARC_GRAPHS":
                     self._runner.use_graphs = bool(value)
                 case "ARC_GRAPH_VERIFY_REPLAYS":
-                    verify.every = int(value)
+                    graphs.set_verification(every=int(value))
                 case "ARC_GRAPH_VERIFY_ALWAYS":
-                    verify.always = bool(value)
+                    graphs.set_verification(always=bool(value))
                 case "ARC_LAYER_BISECT":
-                    verify.bisect = bool(value)
+                    graphs.set_verification(bisect=bool(value))
         self._pending.clear()

@@ -5,20 +5,23 @@
 """
 
 from engine.kv_cache import PagedKVCache
-from engine.scheduler.base import ScheduledBatch, SchedulerBase, SchedulerLimits
+from engine.scheduler.base import Lookahead, SchedulerBase, SchedulerLimits
 from engine.scheduler.default import DefaultScheduler
 from engine.scheduler.paged import PagedScheduler
+from engine.step_data import ScheduledBatch
 
 SCHEDULERS = ("paged", "default")
 
 
-def make_scheduler(name: str, kv_cache: PagedKVCache, limits: SchedulerLimits, swap_blocks: int = 0) -> SchedulerBase:
+def make_scheduler(name: str, kv_cache: PagedKVCache, limits: SchedulerLimits, swap_blocks: int = 0,
+                   lookahead: Lookahead | None = None) -> SchedulerBase:
+    """`lookahead`: the burst a batch would run (the device loop's), which the scheduler grants KV room for."""
     if name == "paged":
-        return PagedScheduler(kv_cache, limits, swap_blocks)
+        return PagedScheduler(kv_cache, limits, swap_blocks, lookahead)
     if name == "default":
-        return DefaultScheduler(kv_cache, limits)
+        return DefaultScheduler(kv_cache, limits, lookahead)
     raise ValueError(f"unknown scheduler {name!r}; choose one of {', '.join(SCHEDULERS)}")
 
 
-__all__ = ["DefaultScheduler", "PagedScheduler", "ScheduledBatch", "SchedulerBase", "SchedulerLimits",
+__all__ = ["DefaultScheduler", "Lookahead", "PagedScheduler", "ScheduledBatch", "SchedulerBase", "SchedulerLimits",
            "SCHEDULERS", "make_scheduler"]

@@ -4,24 +4,26 @@ A scheduler decides which sequences run in the next forward and owns their KV bl
 sequence's state only through `Sequence.set_state` (the funnel): RunningPrompt on admission, Waiting or
 Swapped on preemption, FinishedIgnored for a prompt that can never fit. Finishing a sequence is the
 engine's decision; the engine then calls `release` so the blocks go back to the pool.
+
+Its output for a step is a frozen `ScheduledBatch` (engine/step_data.py) that already holds every block
+grant of the step: the room for the token each row feeds, and for a device-loop burst the room for all
+its steps. The burst's rows and steps come from the `lookahead` the scheduler is built with (the device
+loop's `DeviceLoop.lookahead`); the scheduler grants them only from free blocks, so a burst never
+causes a preemption.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Callable
 
 from engine.kv_cache import PagedKVCache, blocks_needed
 from engine.sequence import FinishedIgnored, Sequence
+from engine.step_data import BurstGrant, ScheduledBatch
 
-
-@dataclass
-class ScheduledBatch:
-    sequences: list[Sequence] = field(default_factory=list)  # each feeds token_ids[num_cached:]
-    ignored: list[Sequence] = field(default_factory=list)    # newly FinishedIgnored, to report to clients
-
-    def __bool__(self) -> bool:
-        return bool(self.sequences)
+# The burst a batch would run (rows and steps), or None: what the scheduler may grant KV room for.
+Lookahead = Callable[[tuple[Sequence, ...]], BurstGrant | None]
 
 
 @dataclass(frozen=True)
@@ -32,9 +34,10 @@ class SchedulerLimits:
 
 
 class SchedulerBase:
-    def __init__(self, kv_cache: PagedKVCache, limits: SchedulerLimits) -> None:
+    def __init__(self, kv_cache: PagedKVCache, limits: SchedulerLimits, lookahead: Lookahead | None = None) -> None:
         self.kv_cache = kv_cache
         self.limits = limits
+        self.lookahead = lookahead  # None: no bursts are ever granted
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -54,6 +57,29 @@ class SchedulerBase:
         if missing > self.kv_cache.allocator.num_free:
             return False
         seq.block_table += self.kv_cache.allocator.allocate(missing)
+        return True
+
+    def schedule(self) -> ScheduledBatch:
+        """The sequences of the next forward, with every block grant of the step made."""
+        raise NotImplementedError
+
+    def _batch(self, sequences: list[Sequence], ignored: list[Sequence]) -> ScheduledBatch:
+        """The step's batch, with the burst the lookahead asks for if the pool can hold all of it now."""
+        seqs = tuple(sequences)
+        wanted = self.lookahead(seqs) if self.lookahead is not None and seqs else None
+        burst = wanted if wanted is not None and self._grant(seqs, wanted) else None
+        return ScheduledBatch(seqs, tuple(ignored), burst)
+
+    def _grant(self, seqs: tuple[Sequence, ...], burst: BurstGrant) -> bool:
+        """Room for every step of the burst in every row it serves, from free blocks, or none at all: a
+        lookahead that would need a preemption (or that only some rows could have) is not granted."""
+        # A burst writes keys/values for `steps` tokens per row: positions len-1 .. len+steps-2.
+        rows = [(seqs[row], seqs[row].num_tokens + burst.steps - 1) for row in burst.rows]
+        missing = sum(max(blocks_needed(tokens, self.block_size) - len(seq.block_table), 0) for seq, tokens in rows)
+        if missing > self.kv_cache.allocator.num_free:
+            return False
+        for seq, tokens in rows:
+            self.reserve(seq, tokens)  # cannot fail: the pool holds every missing block
         return True
 
     def release(self, seq: Sequence) -> None:

@@ -15,14 +15,15 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from engine.kv_cache import blocks_needed
-from engine.scheduler.base import ScheduledBatch, SchedulerBase
+from engine.kv_cache import PagedKVCache, blocks_needed
+from engine.scheduler.base import Lookahead, SchedulerBase, SchedulerLimits
 from engine.sequence import RunningPrompt, Sequence
+from engine.step_data import ScheduledBatch
 
 
 class DefaultScheduler(SchedulerBase):
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, kv_cache: PagedKVCache, limits: SchedulerLimits, lookahead: Lookahead | None = None) -> None:
+        super().__init__(kv_cache, limits, lookahead)
         self._urgency: dict[int, int] = {}  # seq_id -> steps waited since it last ran
 
     def release(self, seq: Sequence) -> None:
@@ -30,10 +31,9 @@ class DefaultScheduler(SchedulerBase):
         super().release(seq)
 
     def schedule(self) -> ScheduledBatch:
-        batch = ScheduledBatch()
-        self._admit(batch)
+        ignored = self._admit()
         if not self.running:
-            return batch
+            return self._batch([], ignored)
         buckets: dict[int, list[Sequence]] = defaultdict(list)
         for seq in self.running:
             buckets[seq.num_tokens].append(seq)
@@ -44,15 +44,16 @@ class DefaultScheduler(SchedulerBase):
         for length, seqs in buckets.items():
             for seq in seqs:
                 urgency[seq.seq_id] = 0 if length == chosen_length else urgency.get(seq.seq_id, 0) + 1
-        batch.sequences = buckets[chosen_length]
-        return batch
+        return self._batch(buckets[chosen_length], ignored)
 
-    def _admit(self, batch: ScheduledBatch) -> None:
+    def _admit(self) -> list[Sequence]:
+        """Admit waiting sequences in order while their whole reservation fits; returns those ignored."""
+        ignored: list[Sequence] = []
         for seq in list(self.waiting):
             # The last sampled token is never fed, so it needs no slot.
             reserve = min(len(seq.prompt_ids) + seq.params.max_tokens, self.limits.max_model_len) - 1
             if self._ignore_if_never_fits(seq, reserve):
-                batch.ignored.append(seq)
+                ignored.append(seq)
                 continue
             needed = blocks_needed(reserve, self.block_size)
             if len(self.running) >= self.limits.max_num_seqs or needed > self.kv_cache.allocator.num_free:
@@ -61,3 +62,4 @@ class DefaultScheduler(SchedulerBase):
             self.waiting.remove(seq)
             seq.set_state(RunningPrompt())
             self.running.append(seq)
+        return ignored

@@ -15,8 +15,9 @@ from collections import deque
 import torch
 
 from engine.kv_cache import BlockAllocator, PagedKVCache, blocks_needed
-from engine.scheduler.base import ScheduledBatch, SchedulerBase, SchedulerLimits
+from engine.scheduler.base import Lookahead, SchedulerBase, SchedulerLimits
 from engine.sequence import RunningCompletion, RunningPrompt, Sequence, Swapped, Waiting
+from engine.step_data import ScheduledBatch
 
 
 class SwapSpace:
@@ -59,8 +60,9 @@ class SwapSpace:
 
 
 class PagedScheduler(SchedulerBase):
-    def __init__(self, kv_cache: PagedKVCache, limits: SchedulerLimits, swap_blocks: int = 0) -> None:
-        super().__init__(kv_cache, limits)
+    def __init__(self, kv_cache: PagedKVCache, limits: SchedulerLimits, swap_blocks: int = 0,
+                 lookahead: Lookahead | None = None) -> None:
+        super().__init__(kv_cache, limits, lookahead)
         self.swapped: deque[Sequence] = deque()
         self.swap_space = SwapSpace(kv_cache, swap_blocks) if swap_blocks else None
 
@@ -72,15 +74,14 @@ class PagedScheduler(SchedulerBase):
         super().release(seq)
 
     def schedule(self) -> ScheduledBatch:
-        batch = ScheduledBatch()
+        ignored: list[Sequence] = []
         preempted = self._keep_running_room()
         budget = self.limits.max_num_batched_tokens - sum(s.num_uncached for s in self.running)
         if not preempted:
             budget = self._swap_in(budget)
             if not self.swapped:  # swapped sequences come back before anyone new is admitted
-                self._admit(batch, budget)
-        batch.sequences = list(self.running)
-        return batch
+                ignored = self._admit(budget)
+        return self._batch(list(self.running), ignored)
 
     def _keep_running_room(self) -> bool:
         """Give every running sequence a slot for the token it feeds, preempting the youngest when
@@ -127,11 +128,13 @@ class PagedScheduler(SchedulerBase):
             budget -= seq.num_uncached
         return budget
 
-    def _admit(self, batch: ScheduledBatch, budget: int) -> None:
+    def _admit(self, budget: int) -> list[Sequence]:
+        """Admit waiting sequences, oldest first, while room and budget allow; returns those ignored."""
+        ignored: list[Sequence] = []
         for seq in list(self.waiting):
             tokens = seq.num_tokens
             if self._ignore_if_never_fits(seq, tokens):
-                batch.ignored.append(seq)
+                ignored.append(seq)
                 continue
             # A prompt over the token budget still runs when it would be alone, or it would never run.
             if len(self.running) >= self.limits.max_num_seqs or (tokens > budget and self.running):
@@ -142,3 +145,4 @@ class PagedScheduler(SchedulerBase):
             seq.set_state(RunningPrompt())
             self.running.append(seq)
             budget -= tokens
+        return ignored

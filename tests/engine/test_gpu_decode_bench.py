@@ -44,7 +44,7 @@ def test_a_mode_whose_forward_fails_reports_why_instead_of_a_speed(bench, engine
         raise RuntimeError("CUDA error: an illegal memory access")
 
     monkeypatch.setattr(engine.runner, "forward", broken)
-    monkeypatch.setattr(engine.runner, "_try_burst", lambda rows, seqs: None)
+    monkeypatch.setattr(engine.scheduler, "lookahead", lambda seqs: None)  # no burst: every token needs the forward
     seconds, failure, _ = bench.measure(engine, PROMPTS, PARAMS, 3, None, sync=no_sync)
     assert seconds is None and "finish_reason 'error'" in failure and "of 6 tokens" in failure
 

@@ -71,6 +71,19 @@ def test_verifying_every_nth_replay(checkpoint):
     assert [r.replay for r in graphs.verify.records] == list(range(3, graphs.replays + 1, 3))
 
 
+def test_verification_is_set_by_the_constructor_and_changed_by_flags_between_steps(checkpoint):
+    engine = Engine(EngineConfig(model=str(checkpoint), graphs=True, verify_replays=5, verify_always=True,
+                                 layer_bisect=True))
+    verify = engine.runner.graphs.verify
+    assert (verify.every, verify.always, verify.bisect) == (5, True, True)
+    engine.set_flag("ARC_GRAPH_VERIFY_ALWAYS", False)
+    engine.set_flag("ARC_LAYER_BISECT", False)
+    assert (verify.every, verify.always, verify.bisect) == (5, True, True), "flags wait for the step boundary"
+    engine.step()
+    assert (verify.every, verify.always, verify.bisect) == (5, False, False)
+    assert engine.flags()["ARC_GRAPH_VERIFY_REPLAYS"] == 5
+
+
 def test_graphs_flip_at_runtime(checkpoint):
     engine = Engine(EngineConfig(model=str(checkpoint), graphs=False))
     engine.add_request("r", "import os", SamplingParams(max_tokens=10, **GREEDY))
