@@ -44,6 +44,12 @@ class LeakEventLog:
         events = list(self._events)
         return events if limit is None else events[-limit:]
 
+    def since(self, cursor: int) -> tuple[list[LeakEvent], int]:
+        """The events numbered after `cursor` that the log still keeps (0: every one kept), and the
+        cursor to pass next time. A reader that fell more than `keep` events behind gets the newest."""
+        events = [event for event in self._events if event.number > cursor]
+        return events, max(cursor, self.last_number)
+
     @property
     def last_number(self) -> int:
         return self._events[-1].number if self._events else 0
