@@ -26,7 +26,7 @@ class LeakEvent:
     dropped: int  # tokens dropped (foreign parked tokens); 0 for an aliased-logits step error
     at: float     # time.time()
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, object]:
         return asdict(self)
 
 

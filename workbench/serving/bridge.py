@@ -76,7 +76,8 @@ def running() -> Transport | None:
 async def transport_from_loop() -> Transport:
     """transport() for an event loop: the started one at once; starting it blocks, so that on a thread.
     (A thread hop on every request was measurable under load: the loop waits for a pool thread to run.)"""
-    return running() or await asyncio.to_thread(transport)
+    started = running()
+    return started if started is not None else await asyncio.to_thread(transport)
 
 
 def shutdown() -> None:

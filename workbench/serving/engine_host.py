@@ -224,15 +224,7 @@ class EngineHost:
             outputs = self.engine.step()
         except Exception as exc:  # the engine isolates forward errors; anything else is a bug
             log.exception("engine step failed")
-            for request_id, sink in list(self._sinks.items()):
-                held = self._hold.flush(request_id)
-                if held is not None:  # the tokens it did produce reach the client before the error
-                    sink.push_threadsafe(held)
-                sink.push_threadsafe(StreamEvent.failure("engine_error", f"{type(exc).__name__}: {exc}"))
-                self.engine.abort(request_id)
-                self.metrics.failed(request_id)
-            self._sinks.clear()
-            self._users.clear()
+            self._fail_all(exc)
             return
         deliveries: list[tuple[Sink, StreamEvent]] = []
         for output in outputs:
@@ -251,6 +243,18 @@ class EngineHost:
             if sink is not None:
                 deliveries.append((sink, event))
         deliver(deliveries)
+
+    def _fail_all(self, exc: Exception) -> None:
+        """A step raised: every request ends with its error, and the engine serves the next ones."""
+        for request_id, sink in list(self._sinks.items()):
+            held = self._hold.flush(request_id)
+            if held is not None:  # the tokens it did produce reach the client before the error
+                sink.push_threadsafe(held)
+            sink.push_threadsafe(StreamEvent.failure("engine_error", f"{type(exc).__name__}: {exc}"))
+            self.engine.abort(request_id)
+            self.metrics.failed(request_id)
+        self._sinks.clear()
+        self._users.clear()
 
     def _acknowledge_flags(self) -> None:
         if self._flags_waiting:
