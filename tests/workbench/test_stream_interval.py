@@ -20,6 +20,7 @@ import websockets
 from engine import Engine, EngineConfig, SamplingParams
 from tests.cluster import ROOT, Cluster
 from workbench.serving.engine_host import EngineHost
+from workbench.serving.inprocess import InProcessTransport
 from workbench.serving.stream_interval import DeltaHold
 from workbench.serving.streams import StreamEvent
 
@@ -308,9 +309,11 @@ def sse_text_before_a_forward_error(thread: EngineHost) -> tuple[str, list[str]]
             raise RuntimeError("injected forward failure")
         return real_run(*args, **kwargs)
 
+    transport = InProcessTransport(thread)  # the view's transport, over this module's started host
+
     async def stream() -> list[str]:
-        events = thread.submit(f"sse-{time.monotonic_ns()}", "The list type", GREEDY)
-        return [chunk async for chunk in _sse("completion", events, thread, {"id": "x", "created": 0, "model": "m"},
+        events = transport.submit(f"sse-{time.monotonic_ns()}", "The list type", GREEDY)
+        return [chunk async for chunk in _sse("completion", events, transport, {"id": "x", "created": 0, "model": "m"},
                                                False)]
 
     thread.engine.runner.run = failing_fourth
