@@ -8,6 +8,10 @@ returns a `RequestOutput` delta for every request that moved. `abort` takes effe
 
 `step()` reads as schedule -> run -> postprocess. Every state change goes through `Sequence.set_state`
 (the funnel); every finished sequence's blocks go back to the pool in the same step.
+
+A host that runs the engine on a thread of its own (workbench/serving/engine_host.py) reads it through
+the last section only: `stats()`, `apply_flags()`, `leak_events_since()`. (Over 300 lines: that
+section is the host's whole contract, and belongs beside the methods it reports on.)
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from engine.device_loop import DeviceLoop
 from engine.engine_config import EngineConfig
 from engine.graphs import DecodeGraphs
 from engine.kv_cache import PagedKVCache, blocks_needed
-from engine.leak_events import ALIASED_LOGITS, LeakEventLog
+from engine.leak_events import ALIASED_LOGITS, LeakEvent, LeakEventLog
 from engine.loader import load_model
 from engine.outputs import GenerationResult, RequestOutput, Usage, timings_of
 from engine.runner import AliasedLogitsError, ModelRunner
@@ -37,6 +41,7 @@ from engine.sampling_params import SamplingParams
 from engine.scheduler import SchedulerLimits, make_scheduler
 from engine.sequence import (Done, Error, FinishedAborted, FinishedIgnored, RunningCompletion, RunningPrompt,
                              Sequence, StopReason)
+from engine.stats import EngineStats
 from engine.step_data import NOTHING_RAN, RunnerOutput
 
 log = logging.getLogger(__name__)
@@ -299,3 +304,22 @@ class Engine:
                 collected[output.request_id].append(output)
         return [GenerationResult.from_deltas(collected[request_id]) for request_id in ids]
 
+    # -- for a host that runs the engine (workbench/serving): counts, flags, leak events ------------
+
+    def stats(self) -> EngineStats:
+        """The counts a host reports (load, heartbeat, metrics), as of now; call on the engine's thread."""
+        allocator, records = self.kv_cache.allocator, self.runner.graphs.verify.records
+        return EngineStats(running=len(self.scheduler.running), waiting=len(self.scheduler.waiting),
+                           kv_cache_usage=1 - allocator.num_free / allocator.num_blocks,
+                           preemptions=self.scheduler.num_preemptions, device_loop_bursts=self.device_loop.bursts,
+                           parked_tokens_dropped=self.device_loop.parked.foreign_dropped,
+                           replay_max_delta=records[-1].max_abs_delta if records else 0.0)
+
+    def apply_flags(self) -> None:
+        """Put the flag changes asked for (set_flag) in force now. step() does this itself; a host calls
+        it while the engine is idle, where no step comes: between steps is the boundary."""
+        self.runtime_flags.apply()
+
+    def leak_events_since(self, cursor: int) -> tuple[list[LeakEvent], int]:
+        """The leak events after `cursor` (0 at first) still kept, and the cursor for the next call."""
+        return self.leak_events.since(cursor)

@@ -26,7 +26,7 @@ class LeakEvent:
     dropped: int  # tokens dropped (foreign parked tokens); 0 for an aliased-logits step error
     at: float     # time.time()
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, object]:
         return asdict(self)
 
 
@@ -43,6 +43,12 @@ class LeakEventLog:
     def recent(self, limit: int | None = None) -> list[LeakEvent]:
         events = list(self._events)
         return events if limit is None else events[-limit:]
+
+    def since(self, cursor: int) -> tuple[list[LeakEvent], int]:
+        """The events numbered after `cursor` that the log still keeps (0: every one kept), and the
+        cursor to pass next time. A reader that fell more than `keep` events behind gets the newest."""
+        events = [event for event in self._events if event.number > cursor]
+        return events, max(cursor, self.last_number)
 
     @property
     def last_number(self) -> int:

@@ -27,6 +27,7 @@ from tests.workbench.test_websocket_api import (MAX_TOKENS_AFTER_CANCEL, connect
 from workbench.celery import app as celery_app
 from workbench.chat.models import Conversation, Message
 from workbench.serving import bridge, wire
+from workbench.serving.redis_layer import make_layer
 from workbench.serving.streams import StreamEvent
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -53,7 +54,7 @@ class DirectTasks:
 
     def __init__(self, transport) -> None:
         self.worker = next(iter(transport.workers().values()))
-        self.layer = wire.make_layer()
+        self.layer = make_layer()
 
     async def __aenter__(self) -> "DirectTasks":
         self.reply = await self.layer.new_channel()
@@ -299,7 +300,7 @@ async def test_a_garbled_message_on_the_reply_channel_costs_no_other_request(cel
     """Whatever lands on a web process's reply channel (a worker of another version, a stray sender),
     its reading must not stop the relay that carries every request's tokens there."""
     with served_by(celery_cluster) as transport:
-        layer = wire.make_layer()
+        layer = make_layer()
         for garbled in ({"type": wire.EVENTS, "events": [{"index": "zero"}]}, {"type": wire.EVENTS, "events": 7}):
             await layer.send(transport.reply_channel, garbled)
         await layer.close_pools()

@@ -27,7 +27,8 @@ from workbench.ops import recorder
 from workbench.ops.recorder import Recorder
 from workbench.ops.routing import websocket_urlpatterns
 from workbench.serving import bridge
-from workbench.serving.inprocess import LOCAL_WORKER, EngineThread
+from workbench.serving.engine_host import EngineHost
+from workbench.serving.inprocess import LOCAL_WORKER, InProcessTransport
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -218,18 +219,18 @@ class Collected:
 @contextmanager
 def serving_engine(config: EngineConfig):
     """The in-process transport serving an engine built from `config` for the length of the block."""
-    thread = EngineThread(lambda: Engine(config))
-    thread.start()
+    transport = InProcessTransport(EngineHost(lambda: Engine(config)))
+    transport.start()
     KILL_SWITCH.rearm()
     saved = bridge._transports.get("inprocess")
-    bridge._transports["inprocess"] = thread
+    bridge._transports["inprocess"] = transport
     try:
-        yield thread
+        yield transport
     finally:
         bridge._transports.pop("inprocess")
         if saved is not None:
             bridge._transports["inprocess"] = saved
-        thread.stop()
+        transport.stop()
 
 
 @pytest.fixture
@@ -239,43 +240,45 @@ def interleaving_transport(tiny_checkpoint):
     queue's owner tag stands between the two (as in tests/engine/test_device_loop_leaks.py)."""
     checkpoint = tiny_checkpoint("llama", seed=11)
     config = EngineConfig(model=str(checkpoint), block_size=4, device_loop=True, burst_length=4, scheduler="default")
-    with serving_engine(config) as thread:
-        yield thread, checkpoint
+    with serving_engine(config) as transport:
+        yield transport, checkpoint
 
 
 @pytest.mark.asyncio
 async def test_replay_checks_show_with_their_layer_deltas_and_are_stored_once(staff, tiny_checkpoint):
     config = EngineConfig(model=str(tiny_checkpoint("llama", seed=11)), graphs=True, verify_always=True,
                           layer_bisect=True)
-    with serving_engine(config) as thread:
+    with serving_engine(config) as transport:
         ws = await dashboard(staff)
         done = Collected()
-        thread.add("r", list(range(100, 105)), SamplingParams(max_tokens=12, temperature=0, ignore_eos=True), done)
+        transport.host.add("r", list(range(100, 105)), SamplingParams(max_tokens=12, temperature=0, ignore_eos=True),
+                           done)
         assert await asyncio.to_thread(done.done.wait, 30)
         frame = await state_until(ws, lambda workers: len(workers[LOCAL_WORKER]["state"]["replay_checks"]) == 11)
         checks = frame["workers"][LOCAL_WORKER]["state"]["replay_checks"]
-        layers = len(thread.engine.loaded.model.model.layers)
+        layers = len(transport.host.engine.loaded.model.model.layers)
         assert [c["replay"] for c in checks] == list(range(1, 12)), "one check per decode step, in order"
         assert all(c["max_abs_delta"] == 0 and not c["divergent"] and c["argmax_agrees"]
                    and len(c["layer_deltas"]) == layers for c in checks), \
             "a correct replay matches its eager step exactly, layer by layer"
         assert frame["workers"][LOCAL_WORKER]["state"]["capture"]["mode"] == "cpu-replay"
         for _ in range(2):  # two web processes' recorders: each check stored once
-            await sync_to_async(Recorder(thread).record_once)()
+            await sync_to_async(Recorder(transport).record_once)()
         stored = [c async for c in ReplayCheck.objects.order_by("replay")]
         assert [(c.replay, c.max_abs_delta, c.divergent, c.layer_deltas) for c in stored] == \
             [(c["replay"], 0.0, False, c["layer_deltas"]) for c in checks]
 
         # A replay that produced NaN: the worst divergence, shown and stored as such, and the socket
         # still sends valid JSON (a bare NaN would stop the page).
-        broken = replace(thread.engine.runner.graphs.verify.records[-1], replay=99, max_abs_delta=float("nan"),
-                         layer_deltas=(0.0, float("nan")), first_divergent_layer=1)
-        thread.engine.runner.graphs.verify.records.append(broken)  # the engine thread is idle: nothing races
-        thread.add("s", [7, 8, 9], SamplingParams(max_tokens=1, temperature=0), Collected())  # a new snapshot
+        records = transport.host.engine.runner.graphs.verify.records
+        broken = replace(records[-1], replay=99, max_abs_delta=float("nan"), layer_deltas=(0.0, float("nan")),
+                         first_divergent_layer=1)
+        records.append(broken)  # the engine thread is idle: nothing races
+        transport.host.add("s", [7, 8, 9], SamplingParams(max_tokens=1, temperature=0), Collected())  # a new snapshot
         frame = await state_until(ws, lambda workers: any(c["replay"] == 99 for c in workers[LOCAL_WORKER]["state"]["replay_checks"]))
         [shown] = [c for c in frame["workers"][LOCAL_WORKER]["state"]["replay_checks"] if c["replay"] == 99]
         assert (shown["max_abs_delta"], shown["divergent"], shown["layer_deltas"]) == (None, True, [0.0, None])
-        await sync_to_async(Recorder(thread).record_once)()
+        await sync_to_async(Recorder(transport).record_once)()
         stored = await ReplayCheck.objects.aget(replay=99)
         assert (stored.max_abs_delta, stored.divergent) == (None, True)
         await ws.disconnect()
@@ -283,15 +286,15 @@ async def test_replay_checks_show_with_their_layer_deltas_and_are_stored_once(st
 
 @pytest.mark.asyncio
 async def test_a_staged_waitlist_interleave_shows_its_dropped_foreign_tokens_on_the_socket(staff, interleaving_transport):
-    thread, checkpoint = interleaving_transport
+    transport, checkpoint = interleaving_transport
     ws = await dashboard(staff)
     quiet = await state_until(ws, lambda workers: True)
     assert quiet["workers"][LOCAL_WORKER]["state"]["leak_events"] == [], "liveness: nothing before the staging"
     greedy = SamplingParams(max_tokens=14, temperature=0, ignore_eos=True)
     sampled = SamplingParams(max_tokens=14, temperature=0.8, seed=3, ignore_eos=True)  # never bursts
     a, b = Collected(), Collected()
-    thread.add("A", list(range(100, 105)), greedy, a, user="alice")
-    thread.add("B", list(range(200, 212)), sampled, b, user="bob")
+    transport.host.add("A", list(range(100, 105)), greedy, a, user="alice")
+    transport.host.add("B", list(range(200, 212)), sampled, b, user="bob")
 
     def dropped(workers):
         return [e for e in workers[LOCAL_WORKER]["state"]["leak_events"] if e["kind"] == FOREIGN_PARKED_DROPPED]
@@ -312,7 +315,7 @@ async def test_a_staged_waitlist_interleave_shows_its_dropped_foreign_tokens_on_
         return sum(1 for t in threading.enumerate() if t.name == "ops-recorder")
 
     already = recorders()  # the bridge's own, for the transport other tests use
-    stops = [recorder.start(thread), recorder.start(thread)]
+    stops = [recorder.start(transport), recorder.start(transport)]
     assert recorders() == already + 2
     expected = [(LOCAL_WORKER, e["number"], e["dropped"]) for e in dropped(final["workers"])]
 

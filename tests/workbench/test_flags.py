@@ -19,6 +19,7 @@ from engine import Engine, EngineConfig, SamplingParams
 from tests.workbench.test_websocket_api import connect, frames_until_done, wait_for
 from workbench.ops.models import FlagChange
 from workbench.serving import bridge, wire
+from workbench.serving.redis_layer import make_layer
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
 
@@ -181,7 +182,7 @@ async def test_a_flip_without_the_csrf_token_is_refused(operator):
 async def test_a_garbled_flag_message_is_refused_and_the_worker_serves_on(celery_cluster):
     """Straight onto a worker's control channel, past the web side's checks."""
     with served_by(celery_cluster) as transport:
-        layer = wire.make_layer()
+        layer = make_layer()
         reply = await layer.new_channel()
         worker_id = sorted(transport.workers())[0]
         garbled = [{"name": ["ARC_GRAPHS"], "value": True}, {"name": "ARC_GRAPHS", "value": None},

@@ -14,7 +14,7 @@ import threading
 import websockets
 
 from engine import Engine, EngineConfig, SamplingParams
-from workbench.serving.inprocess import EngineThread
+from workbench.serving.engine_host import EngineHost
 
 GREEDY = {"max_tokens": 16, "temperature": 0, "ignore_eos": True}
 
@@ -182,7 +182,7 @@ class Collect:
 def test_the_engine_thread_outlives_a_request_it_cannot_take():
     """Behind the API's checks: a prompt the tokenizer cannot encode, and any other failure to add a
     request, end that request with an error; the thread (every user's engine) serves on."""
-    thread = EngineThread(lambda: Engine(EngineConfig(model="demo")))
+    thread = EngineHost(lambda: Engine(EngineConfig(model="demo")))
     thread.start()
     try:
         surrogate = Collect()

@@ -8,7 +8,7 @@ import threading
 import time
 
 from engine import Engine, EngineConfig, SamplingParams
-from workbench.serving.inprocess import EngineThread
+from workbench.serving.engine_host import EngineHost
 from workbench.serving.streams import StreamEvent
 
 SHORT = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
@@ -26,7 +26,7 @@ class LastEvent:
             self.done.set()
 
 
-def timings_of_request_sent_during_a_slow_step(thread: EngineThread) -> dict:
+def timings_of_request_sent_during_a_slow_step(thread: EngineHost) -> dict:
     """Send a short request while the busy request's first step is in flight, slowed down; only that
     step is slowed, not the short request's own. (Taken in at the step boundary, the short request's
     queue time counted from there was under 1 ms.)"""
@@ -52,7 +52,7 @@ def timings_of_request_sent_during_a_slow_step(thread: EngineThread) -> dict:
 
 
 def test_the_wait_for_the_step_in_flight_counts_in_queue_time_and_ttft():
-    thread = EngineThread(lambda: Engine(EngineConfig(model="demo")))
+    thread = EngineHost(lambda: Engine(EngineConfig(model="demo")))
     thread.start()
     try:
         waited = timings_of_request_sent_during_a_slow_step(thread)

@@ -19,7 +19,8 @@ import websockets
 
 from engine import Engine, EngineConfig, SamplingParams
 from tests.cluster import ROOT, Cluster
-from workbench.serving.inprocess import EngineThread
+from workbench.serving.engine_host import EngineHost
+from workbench.serving.inprocess import InProcessTransport
 from workbench.serving.stream_interval import DeltaHold
 from workbench.serving.streams import StreamEvent
 
@@ -59,8 +60,8 @@ GAP_S = 0.05
 @pytest.fixture(scope="module")
 def engine_threads():
     """An engine thread at each interval (1 is the control) and one with a gap, started once for the module."""
-    threads = {n: EngineThread(lambda: Engine(EngineConfig(model="demo")), stream_interval=n) for n in (1, 4, 1000)}
-    threads["gap"] = EngineThread(lambda: Engine(EngineConfig(model="demo")), stream_gap_s=GAP_S)
+    threads = {n: EngineHost(lambda: Engine(EngineConfig(model="demo")), stream_interval=n) for n in (1, 4, 1000)}
+    threads["gap"] = EngineHost(lambda: Engine(EngineConfig(model="demo")), stream_gap_s=GAP_S)
     for thread in threads.values():
         thread.start()
     yield threads
@@ -68,7 +69,7 @@ def engine_threads():
         thread.stop()
 
 
-def run(thread: EngineThread, prompts: list[str], params: SamplingParams = GREEDY) -> list[Recorder]:
+def run(thread: EngineHost, prompts: list[str], params: SamplingParams = GREEDY) -> list[Recorder]:
     recorders = [Recorder() for _ in prompts]
     for n, (prompt, recorder) in enumerate(zip(prompts, recorders)):
         thread.add(f"r{n}-{time.monotonic_ns()}", prompt, params, recorder)
@@ -296,7 +297,7 @@ def test_a_celery_worker_applies_its_stream_settings(tmp_path, setting):
         cluster.stop()
 
 
-def sse_text_before_a_forward_error(thread: EngineThread) -> tuple[str, list[str]]:
+def sse_text_before_a_forward_error(thread: EngineHost) -> tuple[str, list[str]]:
     """Stream a completion over the OpenAI view's SSE generator while the engine's 4th forward fails."""
     from workbench.api.openai_views import _sse
 
@@ -308,9 +309,11 @@ def sse_text_before_a_forward_error(thread: EngineThread) -> tuple[str, list[str
             raise RuntimeError("injected forward failure")
         return real_run(*args, **kwargs)
 
+    transport = InProcessTransport(thread)  # the view's transport, over this module's started host
+
     async def stream() -> list[str]:
-        events = thread.submit(f"sse-{time.monotonic_ns()}", "The list type", GREEDY)
-        return [chunk async for chunk in _sse("completion", events, thread, {"id": "x", "created": 0, "model": "m"},
+        events = transport.submit(f"sse-{time.monotonic_ns()}", "The list type", GREEDY)
+        return [chunk async for chunk in _sse("completion", events, transport, {"id": "x", "created": 0, "model": "m"},
                                                False)]
 
     thread.engine.runner.run = failing_fourth

@@ -1,9 +1,11 @@
 """The serving bridge: the one door from the web side to the engine, whichever transport is behind it.
 
-Both transports offer the same interface: `submit(request_id, prompt, params, user="") -> RequestStream`
-(from an event loop), `cancel(request_id)`, `tokenizer`, `running_request_ids()`, `stop()`, and for
-operators `change_flag`, `flags_in_force()`, `metrics_by_worker()`, `workers_view()`. WORKBENCH_TRANSPORT
-picks one: "inprocess" (the engine on a thread of this process) or "celery" (GPU workers over Redis).
+Both transports implement one interface, `Transport` (transport.py): `submit(request_id, prompt,
+params, user="") -> RequestStream` (from an event loop), `cancel(request_id)`, `tokenizer`,
+`running_request_ids()`, `start()`, `stop()`, and for operators `change_flag`, `flags_in_force()`,
+`metrics_by_worker()`, `watch_state()`, `workers_view()`. WORKBENCH_TRANSPORT picks one: "inprocess"
+(InProcessTransport, the engine on a thread of this process) or "celery" (CeleryTransport, GPU workers
+over Redis).
 Nothing heavy happens at import or in AppConfig.ready() (which runs for every management command):
 the transport starts the first time a request needs it.
 """
@@ -17,35 +19,38 @@ from typing import Callable
 
 from django.conf import settings
 
+from workbench.serving.transport import Transport
+
 log = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 # One transport per kind, created on first use. A deployment only ever uses the kind its setting
 # names; the tests flip the setting to run the same test against both.
-_transports: dict[str, object] = {}
+_transports: dict[str, Transport] = {}
 # Called with each transport once it has started (the ops app records engine events from it); a
 # listener may return a function that stops what it started, called before the transport stops.
-started_listeners: list[Callable[[object], Callable[[], None] | None]] = []
+started_listeners: list[Callable[[Transport], Callable[[], None] | None]] = []
 _stoppers: list[Callable[[], None]] = []
 
 
-def _inprocess():
+def _inprocess() -> Transport:
     from engine import Engine, EngineConfig
-    from workbench.serving.inprocess import EngineThread
+    from workbench.serving.engine_host import EngineHost
+    from workbench.serving.inprocess import InProcessTransport
 
     config = EngineConfig(model=settings.WORKBENCH_MODEL, device=settings.WORKBENCH_DEVICE,
                           dtype=settings.WORKBENCH_DTYPE, weights=settings.WORKBENCH_WEIGHTS)
-    return EngineThread(lambda: Engine(config), settings.WORKBENCH_STREAM_INTERVAL,
-                        settings.WORKBENCH_STREAM_GAP_S)
+    return InProcessTransport(EngineHost(lambda: Engine(config), settings.WORKBENCH_STREAM_INTERVAL,
+                                         settings.WORKBENCH_STREAM_GAP_S))
 
 
-def _celery():
+def _celery() -> Transport:
     from workbench.serving.celery_transport import CeleryTransport
 
     return CeleryTransport()
 
 
-def transport():
+def transport() -> Transport:
     kind = settings.WORKBENCH_TRANSPORT
     with _lock:
         if kind not in _transports:
@@ -63,15 +68,16 @@ def transport():
         return _transports[kind]
 
 
-def running():
+def running() -> Transport | None:
     """This process's transport if something has started it, else None (starts nothing)."""
     return _transports.get(settings.WORKBENCH_TRANSPORT)
 
 
-async def transport_from_loop():
+async def transport_from_loop() -> Transport:
     """transport() for an event loop: the started one at once; starting it blocks, so that on a thread.
     (A thread hop on every request was measurable under load: the loop waits for a pool thread to run.)"""
-    return running() or await asyncio.to_thread(transport)
+    started = running()
+    return started if started is not None else await asyncio.to_thread(transport)
 
 
 def shutdown() -> None:

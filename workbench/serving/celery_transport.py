@@ -1,12 +1,14 @@
 """The Celery transport, web side: requests go to GPU workers over Redis, tokens come back to this process.
 
-The same interface as the in-process EngineThread (submit, cancel, tokenizer, running_request_ids,
-stop), so consumers cannot tell which one serves them. One link thread with its own event loop holds
-this process's reply channel and does all the Redis work: it picks a live worker for each request
-(the least loaded by its heartbeat and what this process sent it since), publishes the Celery task,
-relays the coalesced deltas to each request's RequestStream in order (workbench/serving/sequencing.py),
-sends cancels to the owning worker's control channel, and ends a request with an error when its
-worker is lost, so no client hangs.
+The Transport (transport.py), as the in-process transport is, so consumers cannot tell which one
+serves them. One link thread with its own event loop holds this process's reply channel and does all
+the Redis work: it picks a live worker for each request (the least loaded by its heartbeat and what
+this process sent it since), publishes the Celery task, relays the coalesced deltas to each request's
+RequestStream in order (workbench/serving/sequencing.py), sends cancels to the owning worker's
+control channel, and ends a request with an error when its worker is lost, so no client hangs.
+
+One class over ~300 lines, for a reason: every part of the link (routing, relaying, cancels, flag
+answers, the lost-worker watch) reads and changes the same pending-request table on the same loop.
 
 Each submission travels under a wire id of its own (the request id plus a random suffix): a client
 may reuse a request id once its request is over, and the workers' run-once guard and any late delta
@@ -33,10 +35,11 @@ from engine.capabilities import capability
 from engine.loader import load_tokenizer
 from workbench.celery import app as celery_app
 from workbench.serving import wire
-from workbench.serving.inprocess import FLAG_ANSWER_S
 from workbench.serving.presence import Heartbeat, Presence
+from workbench.serving.redis_layer import OneTripChannelLayer, make_layer
 from workbench.serving.sequencing import DeliveryGap, InOrder
 from workbench.serving.streams import RequestStream, StreamEvent, deliver
+from workbench.serving.transport import FLAG_ANSWER_S, FlagAnswer, Flags, Snapshot, WorkerView
 
 log = logging.getLogger(__name__)
 CANCEL_ATTEMPTS = 5
@@ -62,12 +65,12 @@ class CeleryTransport:
         self._workers: dict[str, Heartbeat] = {}  # as of the last successful poll
         self._beat_changed: dict[str, tuple[float, float]] = {}  # worker -> (its sent_at, when it changed)
         self._polled_at = 0.0
-        self._flag_answers: dict[str, dict[str, asyncio.Future]] = {}  # change id -> worker -> answer
+        self._flag_answers: dict[str, dict[str, asyncio.Future[FlagAnswer]]] = {}  # change id -> worker -> answer
         self._dashboards = 0  # dashboards open in this process: while any is, workers send sequence lists
         self._dashboards_lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run_loop, name="celery-link", daemon=True)
-        self._tasks: list[asyncio.Task] = []
+        self._tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
         self._thread.start()
@@ -78,7 +81,7 @@ class CeleryTransport:
         self._loop.close()  # here, where no other loop runs: channels-redis closes its pools on close
 
     async def _open(self) -> None:
-        self.layer = wire.make_layer()
+        self.layer: OneTripChannelLayer = make_layer()
         self.presence = Presence(settings.REDIS_URL, settings.WORKBENCH_QUEUE_PREFIX, self.lost_after_s)
         self.reply_channel = await self.layer.new_channel(prefix="workbench-web.")
         try:
@@ -123,10 +126,10 @@ class CeleryTransport:
     def workers(self) -> dict[str, Heartbeat]:
         return dict(self._workers)
 
-    def flags_in_force(self) -> dict[str, dict]:
+    def flags_in_force(self) -> dict[str, Flags]:
         return {worker_id: beat.flags for worker_id, beat in self._workers.items()}
 
-    def metrics_by_worker(self) -> dict[str, dict]:
+    def metrics_by_worker(self) -> dict[str, Snapshot]:
         return {worker_id: beat.metrics for worker_id, beat in self._workers.items() if beat.metrics}
 
     def watch_state(self) -> Callable[[], None]:
@@ -153,7 +156,7 @@ class CeleryTransport:
         except Exception as exc:  # the next poll tries again
             log.warning("presence: %s: %s", type(exc).__name__, exc)
 
-    def workers_view(self) -> dict[str, dict]:
+    def workers_view(self) -> dict[str, WorkerView]:
         """The dashboard's view of each live worker, from its last heartbeat."""
         now = time.time()
         return {worker_id: {"device": beat.device, "model": beat.model, "engine_run": beat.engine_run,
@@ -162,7 +165,8 @@ class CeleryTransport:
                             "flags": beat.flags, "state": beat.state}
                 for worker_id, beat in sorted(self._workers.items())}
 
-    async def change_flag(self, name: str, value: bool | int, workers: list[str] | None = None) -> dict[str, dict]:
+    async def change_flag(self, name: str, value: bool | int,
+                          workers: list[str] | None = None) -> dict[str, FlagAnswer]:
         """Ask `workers` (None: every live worker, and every worker that starts later) to change a flag;
         returns each one's answer: the flags in force after its next step boundary, or an error."""
         future = asyncio.run_coroutine_threadsafe(self._change_flag(name, value, workers), self._loop)
@@ -170,7 +174,8 @@ class CeleryTransport:
 
     # -- the link loop ---------------------------------------------------------------------------
 
-    def _dispatch(self, request_id: str, prompt, params: SamplingParams, stream: RequestStream, user: str) -> None:
+    def _dispatch(self, request_id: str, prompt: str | list[int], params: SamplingParams, stream: RequestStream,
+                  user: str) -> None:
         """Choose a worker and register the request before anything awaits, so a cancel that follows
         finds where it went."""
         live = self._routable()
@@ -233,9 +238,9 @@ class CeleryTransport:
         finally:
             self._publishing.discard(worker.worker_id)
 
-    async def _change_flag(self, name: str, value, workers: list[str] | None) -> dict[str, dict]:
+    async def _change_flag(self, name: str, value: bool | int, workers: list[str] | None) -> dict[str, FlagAnswer]:
         targets = list(self._workers) if workers is None else workers
-        answers = {w: {"error": "no such worker"} for w in targets if w not in self._workers}
+        answers: dict[str, FlagAnswer] = {w: {"error": "no such worker"} for w in targets if w not in self._workers}
         asked = [w for w in targets if w in self._workers]
         change_id = uuid.uuid4().hex
         waiting = self._flag_answers[change_id] = {w: self._loop.create_future() for w in asked}

@@ -1,292 +1,85 @@
-"""The engine's own thread: the in-process transport, and the heart of each Celery worker.
+"""The in-process transport: the engine on a thread of this web process (the embedded default).
 
-The engine is single-threaded by design, so the thread owns it: other threads only enqueue commands
-(add, abort), and the thread applies them between steps, steps while any request is unfinished, and
-hands each output to its request's sink (a RequestStream in the web process, the worker's outbox in a
-Celery worker). A cancel therefore reaches the engine at its next step.
+It is the Transport (transport.py) over one EngineHost (engine_host.py): a request's stream is a
+RequestStream that the engine thread pushes to directly, and every operator call names the one worker
+there is, LOCAL_WORKER. Everything it reports comes from the host's published Load, so the consumers'
+event loop never waits for the engine thread.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
-import queue
-import threading
-import time
-import uuid
-from dataclasses import dataclass
 from typing import Callable
 
-from engine import Engine, InvalidSamplingParams, PromptError, RequestError, SamplingParams
-from engine.inspection import engine_state
-from engine.outputs import RequestOutput
-from engine.tokenizer import Tokenizer, TokenizerError
-from workbench.serving.metrics import EngineMetrics
-from workbench.serving.stream_interval import DeltaHold
-from workbench.serving.streams import RequestStream, Sink, StreamEvent, deliver
+from engine import SamplingParams
+from engine.tokenizer import Tokenizer
+from workbench.serving.engine_host import EngineHost
+from workbench.serving.streams import RequestStream
+from workbench.serving.transport import FLAG_ANSWER_S, FlagAnswer, Flags, Snapshot, WorkerView
 
-log = logging.getLogger(__name__)
-
-# A cancel can overtake its request (the Celery task and the cancel travel separately): such a cancel
-# is remembered this long, and the request, when it comes, ends canceled without running.
-EARLY_CANCEL_MEMORY_S = 120.0
 LOCAL_WORKER = "in-process"  # the in-process transport's one engine, by the name a worker would have
-FLAG_ANSWER_S = 10.0  # a flag change is in force after the next step boundary: milliseconds, unless stuck
-# The inspection snapshot (engine/inspection.py) is refreshed at most this often, and at once when a
-# request arrives or finishes or a leak event is recorded: the dashboard sees every change that matters
-# without the engine paying for a snapshot on every step.
-STATE_EVERY_S = 0.1
 
 
-# Called on the engine thread once a flag change is in force (with the flags now in force), or refused
-# (with the reason).
-FlagDone = Callable[[dict | None, str | None], None]
-
-
-@dataclass(frozen=True)
-class Load:
-    """What the engine holds, as of its last step: read by other threads without touching the engine."""
-    running: int = 0
-    waiting: int = 0
-    request_ids: tuple[str, ...] = ()
-    metrics: dict | None = None  # EngineMetrics.snapshot
-    flags: dict | None = None  # the runtime flags in force
-    state: dict | None = None  # engine/inspection.py's engine_state, for the operator dashboard
-
-
-class EngineThread:
-    def __init__(self, engine_factory: Callable[[], Engine], stream_interval: int = 1,
-                 stream_gap_s: float = 0.0) -> None:
-        """`stream_interval`, `stream_gap_s`: the tokens a request's deltas gather, and the least time
-        between two of them, before they go out (stream_interval.py)."""
-        self._factory = engine_factory
-        self._hold = DeltaHold(stream_interval, stream_gap_s)
-        # The inspection snapshot's per-sequence list, which grows with the load: a Celery worker turns
-        # it off while no dashboard watches (its snapshot travels in every heartbeat).
-        self.sequences_in_state = True
-        self._commands: queue.SimpleQueue = queue.SimpleQueue()
-        self._sinks: dict[str, Sink] = {}
-        self._users: dict[str, str] = {}  # request id -> the user it serves, for the dashboard
-        self._state_at = 0.0
-        self._state_key: tuple = ()
-        self._canceled_early: dict[str, float] = {}
-        self._flags_waiting: list[FlagDone] = []  # changes asked for, in force after the next step
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
-        self.engine: Engine | None = None
-        self.startup_error: BaseException | None = None
-        self.load = Load()
-        self.metrics = EngineMetrics()
-        self.engine_run = uuid.uuid4().hex[:12]  # this engine's start, as its records in the database name it
+class InProcessTransport:
+    def __init__(self, host: EngineHost) -> None:
+        self.host = host
 
     def start(self) -> None:
-        self._thread.start()
-        self._ready.wait()
-        if self.startup_error is not None:
-            raise RuntimeError(f"the engine failed to start: {self.startup_error}") from self.startup_error
+        self.host.start()
 
     def stop(self) -> None:
-        self._commands.put(("stop",))
-        self._thread.join(timeout=10)
+        self.host.stop()
 
     @property
     def tokenizer(self) -> Tokenizer:
-        return self.engine.tokenizer
-
-    # -- called from other threads --------------------------------------------------------------
+        return self.host.tokenizer
 
     def submit(self, request_id: str, prompt: str | list[int], params: SamplingParams,
                user: str = "") -> RequestStream:
-        """From an event loop: the request's outputs arrive on the returned stream, in that loop.
-        `user` names whom it serves, for the operator dashboard."""
         stream = RequestStream(request_id, asyncio.get_running_loop())
-        self.add(request_id, prompt, params, stream, user)
+        self.host.add(request_id, prompt, params, stream, user)
         return stream
 
-    def add(self, request_id: str, prompt: str | list[int], params: SamplingParams, sink: Sink,
-            user: str = "") -> None:
-        # Stamped now: a request waits here for the step in flight, and that wait is part of its
-        # queue time and time to first token (up to a whole step under load).
-        self._commands.put(("add", request_id, prompt, params, sink, user, time.monotonic()))
-
     def cancel(self, request_id: str) -> None:
-        self._commands.put(("abort", request_id))
-
-    def set_flag(self, name: str, value: bool | int, done: FlagDone) -> None:
-        """Change a runtime flag at the engine's next step boundary; `done` hears when it is in force."""
-        self._commands.put(("flag", name, value, done))
+        self.host.cancel(request_id)
 
     def running_request_ids(self) -> set[str]:
-        return set(self.load.request_ids)
+        return set(self.host.load.request_ids)
 
-    async def change_flag(self, name: str, value: bool | int, workers: list[str] | None = None) -> dict[str, dict]:
-        """The transport interface's flag change: this process's engine is the one worker, LOCAL_WORKER."""
+    async def change_flag(self, name: str, value: bool | int,
+                          workers: list[str] | None = None) -> dict[str, FlagAnswer]:
+        """This process's engine is the one worker, LOCAL_WORKER; any other named is no such worker."""
         loop = asyncio.get_running_loop()
-        answer = loop.create_future()
+        answer: asyncio.Future[FlagAnswer] = loop.create_future()
 
-        def done(in_force: dict | None, error: str | None) -> None:
-            loop.call_soon_threadsafe(answer.set_result, {"in_force": in_force} if error is None else {"error": error})
+        def done(in_force: Flags | None, error: str | None) -> None:  # on the engine thread
+            result: FlagAnswer = {"in_force": in_force} if error is None else {"error": error}
+            loop.call_soon_threadsafe(answer.set_result, result)
 
-        answers = {worker: {"error": "no such worker"} for worker in workers or [] if worker != LOCAL_WORKER}
+        answers: dict[str, FlagAnswer] = {worker: {"error": "no such worker"}
+                                          for worker in workers or [] if worker != LOCAL_WORKER}
         if workers is None or LOCAL_WORKER in workers:
-            self.set_flag(name, value, done)
+            self.host.set_flag(name, value, done)
             try:
                 answers[LOCAL_WORKER] = await asyncio.wait_for(answer, FLAG_ANSWER_S)
             except asyncio.TimeoutError:
                 answers[LOCAL_WORKER] = {"error": f"no answer within {FLAG_ANSWER_S:.0f} s (unconfirmed)"}
         return answers
 
-    def flags_in_force(self) -> dict[str, dict]:
-        return {LOCAL_WORKER: self.load.flags or {}}
+    def flags_in_force(self) -> dict[str, Flags]:
+        return {LOCAL_WORKER: self.host.load.flags or {}}
 
-    def metrics_by_worker(self) -> dict[str, dict]:
-        return {LOCAL_WORKER: self.load.metrics} if self.load.metrics else {}
+    def metrics_by_worker(self) -> dict[str, Snapshot]:
+        metrics = self.host.load.metrics
+        return {LOCAL_WORKER: metrics} if metrics else {}
 
     def watch_state(self) -> Callable[[], None]:
-        """A dashboard opens: here the snapshot is always whole (it never leaves the process), so the
-        returned unwatch does nothing. The Celery transport's asks its workers for the sequence list."""
+        """Here the snapshot is always whole (it never leaves the process), so the returned unwatch
+        does nothing. The Celery transport's asks its workers for the sequence list."""
         return lambda: None
 
-    def workers_view(self) -> dict[str, dict]:
-        """The dashboard's view of each worker: here, this process's one engine."""
-        load, config = self.load, self.engine.config
-        return {LOCAL_WORKER: {"device": config.device, "model": config.model, "engine_run": self.engine_run,
+    def workers_view(self) -> dict[str, WorkerView]:
+        load, config = self.host.load, self.host.engine.config
+        return {LOCAL_WORKER: {"device": config.device, "model": config.model, "engine_run": self.host.engine_run,
                                "running": load.running, "waiting": load.waiting, "draining": False,
                                "flags": load.flags or {}, "state": load.state or {}}}
-
-    # -- the engine thread ----------------------------------------------------------------------
-
-    def _run(self) -> None:
-        try:
-            self.engine = self._factory()
-        except BaseException as exc:  # reported to start(), which raises it in the caller
-            self.startup_error = exc
-            self._ready.set()
-            return
-        self._publish_load()
-        self._ready.set()
-        while True:
-            # Idle: block until work arrives. Busy: take what is queued and step.
-            block = not self.engine.has_unfinished_requests()
-            commands = [self._commands.get()] if block else []
-            while not self._commands.empty():
-                commands.append(self._commands.get())
-            if any(c[0] == "stop" for c in commands):
-                return
-            for command in commands:
-                self._apply(command)
-            self._publish_load()  # before the step: a long prefill must not hide what it holds
-            if self.engine.has_unfinished_requests():
-                self._step()
-                self._publish_load()
-            elif self._flags_waiting:
-                self.engine.runtime_flags.apply()  # idle: this is the step boundary
-            self._acknowledge_flags()
-
-    def _apply(self, command: tuple) -> None:
-        if command[0] == "flag":
-            _, name, value, done = command
-            try:
-                self.engine.set_flag(name, value)
-            except Exception as exc:  # whatever an operator (or a garbled message) asks, the engine lives on
-                _tell(done, None, str(exc).strip("'\""))
-            else:
-                self._flags_waiting.append(done)
-            return
-        if command[0] == "abort":
-            if not self.engine.abort(command[1]):
-                self._remember_early_cancel(command[1])
-            return
-        _, request_id, prompt, params, sink, user, arrival = command
-        if self._canceled_early.pop(request_id, None) is not None:
-            sink.push_threadsafe(StreamEvent(finished=True, finish_reason="canceled"))
-            return
-        try:
-            self.engine.add_request(request_id, prompt, params, arrival)
-        except (PromptError, InvalidSamplingParams, RequestError, TokenizerError) as exc:
-            code = "invalid_params" if isinstance(exc, InvalidSamplingParams) else "invalid_request"
-            sink.push_threadsafe(StreamEvent.failure(code, str(exc)))
-            return
-        except Exception as exc:  # a request the checks above missed must not end the thread (and every request)
-            log.exception("adding request %s failed", request_id)
-            sink.push_threadsafe(StreamEvent.failure("engine_error", f"{type(exc).__name__}: {exc}"))
-            return
-        self._sinks[request_id] = sink
-        self._users[request_id] = user
-
-    def _remember_early_cancel(self, request_id: str) -> None:
-        now = time.monotonic()
-        self._canceled_early = {rid: t for rid, t in self._canceled_early.items() if now - t < EARLY_CANCEL_MEMORY_S}
-        self._canceled_early[request_id] = now
-
-    def _step(self) -> None:
-        try:
-            outputs = self.engine.step()
-        except Exception as exc:  # the engine isolates forward errors; anything else is a bug
-            log.exception("engine step failed")
-            for request_id, sink in list(self._sinks.items()):
-                held = self._hold.flush(request_id)
-                if held is not None:  # the tokens it did produce reach the client before the error
-                    sink.push_threadsafe(held)
-                sink.push_threadsafe(StreamEvent.failure("engine_error", f"{type(exc).__name__}: {exc}"))
-                self.engine.abort(request_id)
-                self.metrics.failed(request_id)
-            self._sinks.clear()
-            self._users.clear()
-            return
-        deliveries = []
-        for output in outputs:
-            self.metrics.observe(output)
-            sink = self._sinks.get(output.request_id)
-            if sink is None:
-                continue
-            event = self._hold.release(output.request_id, _event(output))
-            if event is not None:
-                deliveries.append((sink, event))
-            if output.finished:
-                del self._sinks[output.request_id]
-                self._users.pop(output.request_id, None)
-        for request_id, event in self._hold.due():
-            sink = self._sinks.get(request_id)
-            if sink is not None:
-                deliveries.append((sink, event))
-        deliver(deliveries)
-
-    def _acknowledge_flags(self) -> None:
-        if self._flags_waiting:
-            self._publish_load()  # the flags now in force, before anyone hears they are
-            for done in self._flags_waiting:
-                _tell(done, self.load.flags, None)
-            self._flags_waiting.clear()
-
-    def _publish_load(self) -> None:
-        scheduler, request_ids, flags = self.engine.scheduler, tuple(self._sinks), self.engine.flags()
-        self.load = Load(running=len(scheduler.running), waiting=len(scheduler.waiting),
-                         request_ids=request_ids, metrics=self.metrics.snapshot(self.engine),
-                         flags=flags, state=self._state(request_ids, flags))
-
-    def _state(self, request_ids: tuple[str, ...], flags: dict) -> dict:
-        now = time.monotonic()
-        key = (request_ids, self.engine.leak_events.last_number, tuple(flags.values()), self.sequences_in_state)
-        if self.load.state is not None and key == self._state_key and now - self._state_at < STATE_EVERY_S:
-            return self.load.state
-        self._state_key, self._state_at = key, now
-        try:
-            return engine_state(self.engine, self._users, with_sequences=self.sequences_in_state)
-        except Exception as exc:  # a view for operators must never stop the engine serving
-            log.exception("the engine's inspection snapshot failed")
-            return {"error": f"{type(exc).__name__}: {exc}"}
-
-
-def _tell(done: FlagDone, in_force: dict | None, error: str | None) -> None:
-    try:
-        done(in_force, error)
-    except Exception:  # a listener gone away (its loop closed) must not take the engine thread with it
-        log.exception("a flag change's listener failed")
-
-
-def _event(output: RequestOutput) -> StreamEvent:
-    return StreamEvent(index=output.index, text=output.text, token_ids=list(output.token_ids),
-                       finished=output.finished, finish_reason=output.finish_reason,
-                       usage=output.usage.as_dict() if output.usage else None, timings=output.timings,
-                       error_code="engine_error" if output.error else None, error=output.error)

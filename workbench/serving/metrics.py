@@ -1,8 +1,8 @@
 """One engine's serving metrics, kept by the thread that owns it and read anywhere as a plain snapshot.
 
-EngineThread feeds every output to `observe` and takes a `snapshot` after each step; a Celery worker
-sends its snapshot in its heartbeat, so the web side's /metrics (workbench/ops/metrics.py) can show
-every worker without reaching into any engine. Histograms are cumulative bucket counts, as Prometheus
+EngineHost (engine_host.py) feeds every output to `observe` and takes a `snapshot` of the engine's
+stats (Engine.stats()) after each step; a Celery worker sends its snapshot in its heartbeat, so the web
+side's /metrics (workbench/ops/metrics.py) can show every worker without reaching into any engine. Histograms are cumulative bucket counts, as Prometheus
 keeps them.
 """
 
@@ -12,8 +12,8 @@ import time
 from bisect import bisect_left
 from collections import Counter
 
-from engine import Engine
 from engine.outputs import RequestOutput
+from engine.stats import EngineStats
 
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
@@ -29,7 +29,7 @@ class Histogram:
         self.counts[bisect_left(self.bounds, value)] += times
         self.total += value * times
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> dict[str, object]:
         return {"bounds": list(self.bounds), "counts": list(self.counts), "sum": self.total}
 
 
@@ -64,18 +64,16 @@ class EngineMetrics:
         self._last_delta.pop(request_id, None)
         self.finished["error"] += 1
 
-    def snapshot(self, engine: Engine) -> dict:
-        """Counters and gauges as of now; call on the engine's own thread."""
-        allocator = engine.kv_cache.allocator
-        records = engine.runner.graphs.verify.records
+    def snapshot(self, stats: EngineStats) -> dict[str, object]:
+        """Counters and gauges as of `stats` (the engine's, taken on its thread just now) and this."""
         return {
-            "running": len(engine.scheduler.running), "waiting": len(engine.scheduler.waiting),
-            "kv_cache_usage": 1 - allocator.num_free / allocator.num_blocks,
-            "preemptions": engine.scheduler.num_preemptions,
+            "running": stats.running, "waiting": stats.waiting,
+            "kv_cache_usage": stats.kv_cache_usage,
+            "preemptions": stats.preemptions,
             "prompt_tokens": self.prompt_tokens, "generation_tokens": self.generation_tokens,
             "finished": dict(self.finished),
-            "device_loop_bursts": engine.device_loop.bursts,
-            "parked_tokens_dropped": engine.device_loop.parked.foreign_dropped,
-            "replay_max_delta": records[-1].max_abs_delta if records else 0.0,
+            "device_loop_bursts": stats.device_loop_bursts,
+            "parked_tokens_dropped": stats.parked_tokens_dropped,
+            "replay_max_delta": stats.replay_max_delta,
             "ttft": self.ttft.snapshot(), "itl": self.itl.snapshot(),
         }

@@ -45,7 +45,7 @@ class Heartbeat:
     flags: dict = field(default_factory=dict)
     draining: bool = False  # shutting down: finishing what it holds, taking nothing new
     metrics: dict = field(default_factory=dict)  # workbench/serving/metrics.py snapshot
-    engine_run: str = ""  # the engine's start (EngineThread.engine_run): names its recorded events
+    engine_run: str = ""  # the engine's start (EngineHost.engine_run): names its recorded events
     state: dict = field(default_factory=dict)  # engine/inspection.py snapshot, for the dashboard
     sent_at: float = 0.0
 

@@ -3,10 +3,13 @@
 `celery -A workbench worker --pool solo` (docs/OPERATIONS.md) runs one of these. The engine is
 created when the worker is ready, in the process that will run it: the solo pool never forks, so
 CUDA is never touched before a fork, and a prefork pool is refused outright (it would put one engine
-per child on the same GPU). The `workbench.generate` task only admits requests; the engine thread
-batches every admitted request continuously; the link loop (its own thread and event loop) sends the
-outputs back, takes cancels from the control channel, publishes the heartbeat, and drops the requests
-of web processes that went away.
+per child on the same GPU). The `workbench.generate` task only admits requests; the engine host
+(engine_host.py, the one the in-process transport has too) batches every admitted request
+continuously; the link loop (its own thread and event loop) sends the outputs back, takes cancels from
+the control channel, publishes the heartbeat, and drops the requests of web processes that went away.
+
+Over 300 lines, for a reason: the link's loops share the worker's state (the reply channel of every
+request held, the outbox, draining), and a split would pass it around.
 """
 
 from __future__ import annotations
@@ -26,9 +29,10 @@ from django.conf import settings
 
 from engine import Engine, EngineConfig, InvalidSamplingParams, SamplingParams
 from workbench.serving import wire
-from workbench.serving.inprocess import STATE_EVERY_S, EngineThread
+from workbench.serving.engine_host import STATE_EVERY_S, EngineHost
 from workbench.serving.outbox import Outbox
 from workbench.serving.presence import Heartbeat, Presence, admit_once
+from workbench.serving.redis_layer import OneTripChannelLayer, make_layer
 from workbench.serving.streams import StreamEvent
 
 log = logging.getLogger(__name__)
@@ -51,8 +55,8 @@ class WorkerHost:
         self.queue = wire.queue_name(worker_id)
         self.control_channel = wire.control_channel(worker_id)
         self.engine_config = engine_config
-        self.engine_thread = EngineThread(lambda: Engine(engine_config), settings.WORKBENCH_STREAM_INTERVAL,
-                                          settings.WORKBENCH_STREAM_GAP_S)
+        self.engine_host = EngineHost(lambda: Engine(engine_config), settings.WORKBENCH_STREAM_INTERVAL,
+                                      settings.WORKBENCH_STREAM_GAP_S)
         self.started_at = time.time()
         self._loop = asyncio.new_event_loop()
         self._wake = asyncio.Event()
@@ -67,7 +71,7 @@ class WorkerHost:
         self._redis = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=5, socket_connect_timeout=3)
 
     def start(self) -> None:
-        self.engine_thread.start()  # loads the model; raises if it cannot
+        self.engine_host.start()  # loads the model; raises if it cannot
         self._apply_flags_in_force()
         self._thread.start()
         asyncio.run_coroutine_threadsafe(self._open(), self._loop).result(timeout=30)
@@ -77,7 +81,7 @@ class WorkerHost:
 
     async def _open(self) -> None:
         self._beat_now = asyncio.Event()
-        self.layer = wire.make_layer()
+        self.layer: OneTripChannelLayer = make_layer()
         self.presence = Presence(settings.REDIS_URL, settings.WORKBENCH_QUEUE_PREFIX, settings.WORKBENCH_WORKER_LOST_S)
         for loop in (self._heartbeats, self._control, self._deliveries, self._orphans):
             self._tasks.append(asyncio.create_task(_forever(loop)))
@@ -87,7 +91,7 @@ class WorkerHost:
         stored = self._redis.hgetall(wire.flags_key())
         for name, raw in sorted(stored.items()):
             applied = threading.Event()
-            self.engine_thread.set_flag(name.decode(), json.loads(raw), lambda in_force, error: applied.set())
+            self.engine_host.set_flag(name.decode(), json.loads(raw), lambda in_force, error: applied.set())
             applied.wait(timeout=10)
 
     def begin_drain(self) -> None:
@@ -99,14 +103,14 @@ class WorkerHost:
         """Warm shutdown: take nothing new, let held requests finish (up to WORKBENCH_DRAIN_S), then cancel."""
         self.begin_drain()
         deadline = time.monotonic() + settings.WORKBENCH_DRAIN_S
-        while self.engine_thread.load.request_ids and time.monotonic() < deadline:
+        while self.engine_host.load.request_ids and time.monotonic() < deadline:
             time.sleep(0.1)
-        for request_id in self.engine_thread.load.request_ids:
-            self.engine_thread.cancel(request_id)
+        for request_id in self.engine_host.load.request_ids:
+            self.engine_host.cancel(request_id)
         deadline = time.monotonic() + 5  # the cancels' final events reach the outbox and go out
-        while (self.engine_thread.load.request_ids or self.outbox) and time.monotonic() < deadline:
+        while (self.engine_host.load.request_ids or self.outbox) and time.monotonic() < deadline:
             time.sleep(0.05)
-        self.engine_thread.stop()
+        self.engine_host.stop()
         self._retired = True
         asyncio.run_coroutine_threadsafe(self.presence.retire(self.worker_id), self._loop).result(timeout=5)
         self._delete_queue()
@@ -157,7 +161,7 @@ class WorkerHost:
             with self._reply_lock:
                 self._reply_of[request_id] = reply_channel
             user = request.get("user")
-            self.engine_thread.add(request_id, request.get("prompt"), sampling, sink,
+            self.engine_host.add(request_id, request.get("prompt"), sampling, sink,
                                    user if isinstance(user, str) else "")
 
     # -- the link loop ---------------------------------------------------------------------------
@@ -165,7 +169,7 @@ class WorkerHost:
     async def _heartbeats(self) -> None:
         first = True
         while not self._retired:
-            load = self.engine_thread.load
+            load = self.engine_host.load
             sent_requests = load.request_ids
             watched = await self.presence.beat(Heartbeat(
                 worker_id=self.worker_id, queue=self.queue,
@@ -173,10 +177,10 @@ class WorkerHost:
                 model=self.engine_config.model, capacity=settings.WORKBENCH_WORKER_CAPACITY,
                 started_at=self.started_at, running=load.running, waiting=load.waiting,
                 requests=list(load.request_ids), flags=load.flags or {},
-                draining=self._draining, metrics=load.metrics or {}, engine_run=self.engine_thread.engine_run,
+                draining=self._draining, metrics=load.metrics or {}, engine_run=self.engine_host.engine_run,
                 state=load.state or {}))
-            if watched != self.engine_thread.sequences_in_state:
-                self.engine_thread.sequences_in_state = watched
+            if watched != self.engine_host.sequences_in_state:
+                self.engine_host.sequences_in_state = watched
                 if watched:  # a dashboard just opened: the list once the engine has taken it (<= 0.1 s)
                     self._loop.call_later(2 * STATE_EVERY_S, self._beat_now.set)
             if first:  # a change for all workers made while this one started, seen by nobody: take it now
@@ -195,7 +199,7 @@ class WorkerHost:
                 await asyncio.wait_for(self._beat_now.wait(), min(left, EARLY_BEAT_S))
                 return
             except asyncio.TimeoutError:
-                if self.engine_thread.load.request_ids != sent_requests:
+                if self.engine_host.load.request_ids != sent_requests:
                     return
 
     async def _control(self) -> None:
@@ -203,7 +207,7 @@ class WorkerHost:
             message = await self.layer.receive(self.control_channel)
             if message.get("type") == wire.CANCEL and isinstance(message.get("request_id"), str):
                 log.info("cancel %s", message["request_id"])
-                self.engine_thread.cancel(message["request_id"])
+                self.engine_host.cancel(message["request_id"])
             elif message.get("type") == wire.SET_FLAG:
                 self._set_flag(message)
 
@@ -216,7 +220,7 @@ class WorkerHost:
             answer = wire.flag_done_message(message.get("change_id"), self.worker_id, in_force, error)
             asyncio.run_coroutine_threadsafe(self._answer(message.get("reply_channel"), answer), self._loop)
 
-        self.engine_thread.set_flag(message.get("name"), message.get("value"), done)
+        self.engine_host.set_flag(message.get("name"), message.get("value"), done)
 
     async def _answer(self, reply_channel: str, answer: dict) -> None:
         self._beat_now.set()  # the heartbeat shows the flags in force at once
@@ -272,7 +276,7 @@ class WorkerHost:
             for request_id in orphans:
                 del self._reply_of[request_id]
         for request_id in orphans:
-            self.engine_thread.cancel(request_id)
+            self.engine_host.cancel(request_id)
 
 
 async def _forever(loop) -> None:

@@ -1,0 +1,20 @@
+"""EngineStats: the counts an engine's host reads after each step, as one immutable value.
+
+The serving layer (workbench/serving) reports load, heartbeats and Prometheus metrics from these, so
+it never reads the scheduler, the KV pool, the device loop or the replay records itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    running: int  # sequences in the scheduler's running set
+    waiting: int  # sequences queued for admission
+    kv_cache_usage: float  # fraction of the KV pool's blocks in use, 0..1
+    preemptions: int  # since the engine started
+    device_loop_bursts: int  # since the engine started
+    parked_tokens_dropped: int  # foreign parked tokens the owner tag dropped, since the engine started
+    replay_max_delta: float  # the latest replay check's max |delta| (0.0 before any; NaN for non-finite logits)

@@ -1,0 +1,84 @@
+"""Transport: what the web side (consumers, views, the ops app) may ask of the serving layer.
+
+Two classes implement it: InProcessTransport (workbench/serving/inprocess.py, the engine on a thread of
+this process) and CeleryTransport (workbench/serving/celery_transport.py, GPU workers over Redis). The
+bridge (bridge.py) hands out one of them typed as this protocol, so a type checker holds both to it
+and a consumer cannot reach past it. Operators' calls name workers: the in-process transport has one,
+LOCAL_WORKER; the Celery transport's are its live workers' ids.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NotRequired, Protocol, TypedDict, runtime_checkable
+
+from engine import SamplingParams
+from engine.tokenizer import Tokenizer
+from workbench.serving.streams import RequestStream
+
+# A flag change is in force after the engine's next step boundary: milliseconds, unless it is stuck.
+FLAG_ANSWER_S = 10.0
+
+Flags = dict[str, bool | int]  # the runtime flags in force on one worker, by name (engine/capabilities.py)
+Snapshot = dict[str, object]  # JSON-ready data: a metrics snapshot (metrics.py), an inspection (engine/inspection.py)
+
+
+class FlagAnswer(TypedDict, total=False):
+    """One worker's answer to a flag change: the flags in force after it, or why it did not apply."""
+    in_force: Flags | None
+    error: str
+
+
+class WorkerView(TypedDict):
+    """The operator dashboard's view of one worker (the page and the event recorder read it)."""
+    device: str
+    model: str
+    engine_run: str  # the engine's start, as its records in the database name it
+    running: int
+    waiting: int
+    draining: bool
+    flags: Flags
+    state: Snapshot  # engine/inspection.py's engine_state, or {"error": ...}
+    heartbeat_age_s: NotRequired[int]  # a Celery worker's, whole seconds since its last heartbeat
+
+
+@runtime_checkable
+class Transport(Protocol):
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The served model's tokenizer, for chat templates and prompt fitting on the web side."""
+        ...
+
+    def start(self) -> None:
+        """Blocks until it serves (the in-process engine loaded, or the Celery link open)."""
+        ...
+
+    def stop(self) -> None: ...
+
+    def submit(self, request_id: str, prompt: str | list[int], params: SamplingParams,
+               user: str = "") -> RequestStream:
+        """From an event loop: the request's outputs arrive on the returned stream, in that loop.
+        `user` names whom it serves, for the operator dashboard."""
+        ...
+
+    def cancel(self, request_id: str) -> None:
+        """Stop a submitted request; its stream ends with finish_reason "canceled" (or whatever came first)."""
+        ...
+
+    def running_request_ids(self) -> set[str]:
+        """The requests the engines hold now (this process's by their request id)."""
+        ...
+
+    async def change_flag(self, name: str, value: bool | int,
+                          workers: list[str] | None = None) -> dict[str, FlagAnswer]:
+        """Change a runtime flag on `workers` (None: every one); each one's answer by worker id."""
+        ...
+
+    def flags_in_force(self) -> dict[str, Flags]: ...
+
+    def metrics_by_worker(self) -> dict[str, Snapshot]: ...
+
+    def watch_state(self) -> Callable[[], None]:
+        """A dashboard opens: the workers' views carry their sequence lists until the returned unwatch."""
+        ...
+
+    def workers_view(self) -> dict[str, WorkerView]: ...
