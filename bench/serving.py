@@ -76,7 +76,7 @@ def summarize(records: list[RequestRecord], wall: float) -> dict:
 
 
 def engine_only(clients: int, total: int, params: SamplingParams, device: str) -> dict:
-    engine = Engine(EngineConfig(model="demo", device=device))
+    engine = Engine(EngineConfig.from_env(model="demo", device=device))
     engine.generate(PROMPTS[:2], params)  # warm-up
     queue = [PROMPTS[i % len(PROMPTS)] for i in range(total)]
     records: dict[str, RequestRecord] = {}

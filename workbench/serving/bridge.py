@@ -33,8 +33,8 @@ def _inprocess():
     from engine import Engine, EngineConfig
     from workbench.serving.inprocess import EngineThread
 
-    config = EngineConfig(model=settings.WORKBENCH_MODEL, device=settings.WORKBENCH_DEVICE,
-                          dtype=settings.WORKBENCH_DTYPE, weights=settings.WORKBENCH_WEIGHTS)
+    config = EngineConfig.from_env(model=settings.WORKBENCH_MODEL, device=settings.WORKBENCH_DEVICE,
+                                   dtype=settings.WORKBENCH_DTYPE, weights=settings.WORKBENCH_WEIGHTS)
     return EngineThread(lambda: Engine(config), settings.WORKBENCH_STREAM_INTERVAL,
                         settings.WORKBENCH_STREAM_GAP_S)
 
