@@ -26,6 +26,7 @@ import asyncio
 import json
 import os
 import re
+import secrets
 import subprocess
 import sys
 import tempfile
@@ -269,6 +270,9 @@ def main() -> None:
                              "per delta) or Gms (least time between deltas)")
     parser.add_argument("--device", default="cpu", help="where every engine runs (cpu, cuda)")
     args = parser.parse_args()
+    # The servers it starts run with DEBUG off, which refuses the development key: they are throwaway,
+    # so one key made for this run (workbench/secret_key.py) unless the shell gives one.
+    os.environ.setdefault("WORKBENCH_SECRET_KEY", secrets.token_urlsafe(50))
     params = {"max_tokens": args.max_tokens, "temperature": 0, "ignore_eos": True}
     workdir = Path(tempfile.mkdtemp(prefix="serving-bench-"))
     servers = {}

@@ -16,7 +16,7 @@ import math
 import os
 import re
 from collections.abc import Callable, Sequence
-from typing import NoReturn, TypeVar, overload
+from typing import NoReturn, TypeVar
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -33,16 +33,11 @@ def refuse(name: str, raw: str, expected: str) -> NoReturn:
     raise ImproperlyConfigured(f"{name} must be {expected}, not {raw!r}")
 
 
-@overload
-def env_str(name: str, default: str, *, choices: Sequence[str] = (), pattern: str = "",
-            expected: str = "") -> str: ...
-@overload
-def env_str(name: str, default: None, *, choices: Sequence[str] = (), pattern: str = "",
-            expected: str = "") -> str | None: ...
-def env_str(name: str, default: str | None, *, choices: Sequence[str] = (), pattern: str = "",
-            expected: str = "") -> str | None:
+def env_str(name: str, default: str = "", *, choices: Sequence[str] = (), pattern: str = "",
+            expected: str = "") -> str:
     """The variable as a string, one of `choices` if given, matching `pattern` (whole) if given;
-    `expected` says in words what the pattern allows."""
+    `expected` says in words what the pattern allows. Unset or empty: `default` (a setting that may be
+    absent reads `env_str(NAME) or None`)."""
     raw = os.environ.get(name, "").strip()
     if not raw:
         return default

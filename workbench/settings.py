@@ -1,8 +1,8 @@
 """Django settings, from the environment; the defaults are the embedded single-process workbench.
 
-WORKBENCH_SECRET_KEY, WORKBENCH_DEBUG (off unless set), WORKBENCH_ALLOWED_HOSTS (comma-separated), DATABASE_URL (any
-database dj-database-url reads, e.g. postgres://...; unset: SQLite at WORKBENCH_DB_PATH), WORKBENCH_MODEL
-("demo" or a model directory), WORKBENCH_DEVICE, WORKBENCH_DTYPE, WORKBENCH_MAX_FRAME_BYTES,
+WORKBENCH_SECRET_KEY, WORKBENCH_DEBUG (off unless set), WORKBENCH_ALLOWED_HOSTS (comma-separated),
+DATABASE_URL (any database dj-database-url reads, e.g. postgres://...; unset: SQLite at WORKBENCH_DB_PATH),
+WORKBENCH_MODEL ("demo" or a model directory), WORKBENCH_DEVICE, WORKBENCH_DTYPE, WORKBENCH_MAX_FRAME_BYTES,
 WORKBENCH_STATIC_ROOT; the transport: WORKBENCH_TRANSPORT ("inprocess" or "celery"), REDIS_URL,
 WORKBENCH_QUEUE_PREFIX, WORKBENCH_WORKER_CAPACITY, WORKBENCH_HEARTBEAT_S, WORKBENCH_WORKER_LOST_S,
 WORKBENCH_DRAIN_S.
@@ -97,7 +97,7 @@ WORKBENCH_DRAIN_S = env_float("WORKBENCH_DRAIN_S", 30.0, minimum=0, unit="second
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 # Deployments set WORKBENCH_STATIC_ROOT and run `manage.py collectstatic`; unset, nothing is collected.
-STATIC_ROOT = env_str("WORKBENCH_STATIC_ROOT", None)
+STATIC_ROOT = env_str("WORKBENCH_STATIC_ROOT") or None
 WHITENOISE_USE_FINDERS = True  # the embedded default serves straight from static/ without collectstatic
 USE_TZ = True
 TIME_ZONE = "UTC"
@@ -106,7 +106,7 @@ WORKBENCH_MODEL = env_str("WORKBENCH_MODEL", "demo")
 WORKBENCH_DEVICE = env_str("WORKBENCH_DEVICE", "cpu")
 WORKBENCH_DTYPE = env_str("WORKBENCH_DTYPE", "float32", choices=("float32", "bfloat16", "float16"))
 # GGUF models: "quantized" or "dequantized" weights; unset, the engine's default for the device.
-WORKBENCH_WEIGHTS = env_str("WORKBENCH_WEIGHTS", None, choices=("quantized", "dequantized"))
+WORKBENCH_WEIGHTS = env_str("WORKBENCH_WEIGHTS", choices=("quantized", "dequantized")) or None
 # Tokens a request's deltas gather before they go out (workbench/serving/stream_interval.py): 1 sends
 # every step's tokens; N sends N times fewer messages, for servers where per-message cost dominates.
 # The first tokens and the last event always go at once. Read by the process that runs the engine.

@@ -94,7 +94,7 @@ def test_str_checks_choices_and_patterns_and_takes_empty_for_unset(setting):
     assert env_str(NAME, "inprocess", choices=("inprocess", "celery")) == "celery"
     setting("")
     assert env_str(NAME, "inprocess", choices=("inprocess", "celery")) == "inprocess"
-    assert env_str(NAME, None) is None
+    assert env_str(NAME) == ""
     setting("carrier-pigeon")
     refused(lambda: env_str(NAME, "inprocess", choices=("inprocess", "celery")), "one of inprocess, celery",
             "carrier-pigeon")
