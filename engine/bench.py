@@ -96,8 +96,8 @@ def _runners(args: argparse.Namespace, transformers) -> tuple[dict[str, Generate
     """(name -> generate, the reference names, one of our engines, something to close or None)."""
     path = resolve_model_path(args.model)
     if not is_gguf(path):
-        modes = {name: Engine(EngineConfig(model=args.model, device_loop=loop, graphs=graphs,
-                                           burst_length=args.burst_length))
+        modes = {name: Engine(EngineConfig.from_env(model=args.model, device_loop=loop, graphs=graphs,
+                                                    burst_length=args.burst_length))
                  for name, loop, graphs in (("host", False, False), ("loop", True, False),
                                             ("graphs", False, True), ("graphs+loop", True, True))}
         hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
@@ -105,7 +105,7 @@ def _runners(args: argparse.Namespace, transformers) -> tuple[dict[str, Generate
         runners = {"HF": _hf(hf, _pad(engine), args.max_tokens)}
         runners.update({name: _ours(on, args.max_tokens) for name, on in modes.items()})
         return runners, ["HF", "host"], engine, None
-    modes = {name: Engine(EngineConfig(model=args.model, weights=weights, dtype=dtype))
+    modes = {name: Engine(EngineConfig.from_env(model=args.model, weights=weights, dtype=dtype))
              for name, weights, dtype in (("quant fp32", "quantized", "float32"),
                                           ("quant bf16", "quantized", "bfloat16"),
                                           ("deq fp32", "dequantized", "float32"))}

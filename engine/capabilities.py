@@ -4,8 +4,9 @@ Each entry names the flag, the production symbol that reads it (`module:Class.at
 of the engine it belongs to, and whether it is Live (production code reaches the symbol) or Dead
 (retired: its symbol must be gone). `tests/engine/test_capabilities.py` is the ratchet: an `ARC_*`
 name in the code without an entry, a Live entry whose symbol nothing reaches, and a Dead entry whose
-symbol still exists all fail it. Flags are read from the environment at start and can be changed
-between steps with `Engine.set_flag`.
+symbol still exists all fail it. `EngineConfig.from_env` reads the flags that name a config field from
+the environment at start (the serving layer and the command lines use it; `EngineConfig(...)` itself
+reads nothing), and `Engine.set_flag` changes them between steps.
 """
 
 from __future__ import annotations
@@ -25,24 +26,30 @@ class Capability:
     default: bool | int = False
     settable: bool = True  # an operator may change it at runtime
     kind: Literal["bool", "int"] = "bool"
+    # The EngineConfig field that EngineConfig.from_env sets from this flag; None: not read at start.
+    config_field: str | None = None
 
 
 REGISTRY: tuple[Capability, ...] = (
     Capability("ARC_GRAPH_DEVICE_LOOP", "engine.device_loop:DeviceLoop.enabled", "engine/device_loop", "Live",
-               "Decode eligible greedy batches in device bursts of K steps and park the tokens."),
+               "Decode eligible greedy batches in device bursts of K steps and park the tokens.",
+               config_field="device_loop"),
     Capability("ARC_DEVICE_LOOP_KILLED", "engine.device_loop:KillSwitch.killed", "engine/device_loop", "Live",
                "Process-wide kill switch: set by a fault inside a burst; clearing it re-arms the loop."),
     Capability("ARC_GRAPHS", "engine.runner:ModelRunner.use_graphs", "engine/graphs", "Live",
-               "Run decode steps as captured graphs per batch-size bucket (CPU: the replay backend)."),
+               "Run decode steps as captured graphs per batch-size bucket (CPU: the replay backend).",
+               config_field="graphs"),
     Capability("ARC_CAPTURE_STREAM", "engine.graphs:GraphMode.CUDA_GRAPHS", "engine/graphs", "Live",
                "On CUDA, capture real CUDA graphs on a dedicated capture stream; off: INERT (eager).",
-               settable=False),
+               settable=False, config_field="capture_stream"),
     Capability("ARC_GRAPH_VERIFY_REPLAYS", "engine.graphs:VerifySettings.every", "engine/graphs", "Live",
-               "Verify every Nth graph replay against the eager forward (0: off).", default=0, kind="int"),
+               "Verify every Nth graph replay against the eager forward (0: off).", default=0, kind="int",
+               config_field="verify_replays"),
     Capability("ARC_GRAPH_VERIFY_ALWAYS", "engine.graphs:VerifySettings.always", "engine/graphs", "Live",
-               "Verify every graph replay against the eager forward."),
+               "Verify every graph replay against the eager forward.", config_field="verify_always"),
     Capability("ARC_LAYER_BISECT", "engine.graphs:VerifySettings.bisect", "engine/graphs", "Live",
-               "With verification, record per-layer checksums and name the first divergent layer."),
+               "With verification, record per-layer checksums and name the first divergent layer.",
+               config_field="layer_bisect"),
 )
 
 BY_NAME = {capability.name: capability for capability in REGISTRY}

@@ -57,7 +57,8 @@ def run_fetch(args: argparse.Namespace) -> int:
 def run_generate(args: argparse.Namespace) -> int:
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed,
                             ignore_eos=args.ignore_eos)
-    engine = Engine(EngineConfig(model=args.model, device=args.device, dtype=args.dtype, weights=args.weights))
+    engine = Engine(EngineConfig.from_env(model=args.model, device=args.device, dtype=args.dtype,
+                                         weights=args.weights))
     prompt: str | list[int] = args.prompt
     if args.chat:
         prompt = engine.tokenizer.encode_chat([{"role": "user", "content": args.prompt}])

@@ -1,12 +1,18 @@
-"""EngineConfig: how an engine is built (model, device, memory, scheduler), checked on construction."""
+"""EngineConfig: how an engine is built (model, device, memory, scheduler), checked on construction.
+
+A config is what its constructor was given: `EngineConfig(...)` reads no environment, so the Python API
+behaves the same whoever calls it. `EngineConfig.from_env(...)` is for the programs that take the
+engine's `ARC_*` flags from the environment (the serving layer, the command lines).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from engine.capabilities import env_value
+from engine.capabilities import REGISTRY, env_value
 from engine.kv_cache import blocks_needed
 from engine.model import ModelConfig
 from engine.scheduler import SCHEDULERS
@@ -31,13 +37,25 @@ class EngineConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 4096
     max_model_len: int | None = None  # at most the model's max_position_embeddings
-    device_loop: bool = field(default_factory=lambda: env_value("ARC_GRAPH_DEVICE_LOOP"))
+    # The start-time runtime flags (engine/capabilities.py names the ARC_* variable of each; their
+    # defaults there are these): off unless asked for, here or through from_env.
+    device_loop: bool = False
     burst_length: int = 8           # decode steps per device-loop burst
-    graphs: bool = field(default_factory=lambda: env_value("ARC_GRAPHS"))
-    capture_stream: bool = field(default_factory=lambda: env_value("ARC_CAPTURE_STREAM"))
-    verify_replays: int = field(default_factory=lambda: env_value("ARC_GRAPH_VERIFY_REPLAYS"))
-    verify_always: bool = field(default_factory=lambda: env_value("ARC_GRAPH_VERIFY_ALWAYS"))
-    layer_bisect: bool = field(default_factory=lambda: env_value("ARC_LAYER_BISECT"))
+    graphs: bool = False
+    capture_stream: bool = False
+    verify_replays: int = 0
+    verify_always: bool = False
+    layer_bisect: bool = False
+
+    @classmethod
+    def from_env(cls, **overrides: Any) -> EngineConfig:
+        """A config whose runtime flags come from their ARC_* variables (engine/capabilities.py, each flag
+        with a config field), unless `overrides` gives them; `overrides` sets any other field as the
+        constructor does. A malformed variable is a ValueError naming it."""
+        # Any: these are the constructor's own keyword arguments, which it types and checks one by one;
+        # a TypedDict spelling them out again would repeat the class above.
+        flags = {entry.config_field: env_value(entry.name) for entry in REGISTRY if entry.config_field}
+        return cls(**{**flags, **overrides})
 
     def __post_init__(self) -> None:
         if self.scheduler not in SCHEDULERS:

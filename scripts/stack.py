@@ -3,7 +3,8 @@
     .venv/bin/python -m scripts.stack [--workers 2] [--host 127.0.0.1] [--port 8000]
 
 Uses the Redis at REDIS_URL, or starts one there when none answers (and stops it again at the end);
-DATABASE_URL when set (PostgreSQL, say), SQLite otherwise. Applies the migrations, makes sure the admin
+DATABASE_URL when set (PostgreSQL, say), SQLite otherwise; WORKBENCH_SECRET_KEY when set, else the
+checkout's own key (workbench/secret_key.py), as `make run` does. Applies the migrations, makes sure the admin
 user exists, then runs N Celery GPU workers and one Daphne with WORKBENCH_TRANSPORT=celery. Ctrl-C
 (or SIGTERM) stops them all; the workers finish what they hold first (up to WORKBENCH_DRAIN_S).
 A worker that dies is reported and not restarted; the others go on serving.
@@ -22,6 +23,8 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import redis
+
+from workbench.secret_key import local_key
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -59,6 +62,8 @@ def main() -> None:
 
     env = {**os.environ, "WORKBENCH_TRANSPORT": "celery", "DJANGO_SETTINGS_MODULE": "workbench.settings"}
     env.setdefault("REDIS_URL", "redis://127.0.0.1:6379/0")
+    # Daphne refuses the development key with DEBUG off (the default); unset or empty counts as unset.
+    env["WORKBENCH_SECRET_KEY"] = env.get("WORKBENCH_SECRET_KEY") or local_key()
     own_redis = None if redis_answers(env["REDIS_URL"]) else start_redis(env["REDIS_URL"])
     python = sys.executable
     subprocess.run([python, "manage.py", "migrate", "--noinput", "-v0"], env=env, cwd=ROOT, check=True)

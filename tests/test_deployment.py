@@ -61,7 +61,7 @@ def environment_variables_read() -> set[str]:
         text = path.read_text()
         names |= set(re.findall(r"""os\.environ(?:\.get|\.setdefault)?\(\s*["']([A-Z_]+)["']""", text))
         names |= set(re.findall(r"""os\.environ\[\s*["']([A-Z_]+)["']\s*\]""", text))
-        names |= set(re.findall(r"""_env_bool\(\s*["']([A-Z_]+)["']""", text))
+        names |= set(re.findall(r"""env_(?:str|int|float|bool|list)\(\s*["']([A-Z_]+)["']""", text))
         names |= set(re.findall(r"""env(?:\.setdefault|\.get)\(\s*["']([A-Z_]+)["']""", text))
     return names - {"DJANGO_SETTINGS_MODULE"}
 

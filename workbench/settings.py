@@ -1,34 +1,32 @@
 """Django settings, from the environment; the defaults are the embedded single-process workbench.
 
-WORKBENCH_SECRET_KEY, WORKBENCH_DEBUG, WORKBENCH_ALLOWED_HOSTS (comma-separated), DATABASE_URL (any
-database dj-database-url reads, e.g. postgres://...; unset: SQLite at WORKBENCH_DB_PATH), WORKBENCH_MODEL
-("demo" or a model directory), WORKBENCH_DEVICE, WORKBENCH_DTYPE, WORKBENCH_MAX_FRAME_BYTES,
+WORKBENCH_SECRET_KEY, WORKBENCH_DEBUG (off unless set), WORKBENCH_ALLOWED_HOSTS (comma-separated),
+DATABASE_URL (any database dj-database-url reads, e.g. postgres://...; unset: SQLite at WORKBENCH_DB_PATH),
+WORKBENCH_MODEL ("demo" or a model directory), WORKBENCH_DEVICE, WORKBENCH_DTYPE, WORKBENCH_MAX_FRAME_BYTES,
 WORKBENCH_STATIC_ROOT; the transport: WORKBENCH_TRANSPORT ("inprocess" or "celery"), REDIS_URL,
 WORKBENCH_QUEUE_PREFIX, WORKBENCH_WORKER_CAPACITY, WORKBENCH_HEARTBEAT_S, WORKBENCH_WORKER_LOST_S,
 WORKBENCH_DRAIN_S.
-docs/OPERATIONS.md says what each is for. The engine's own ARC_* flags are read by the engine.
+docs/OPERATIONS.md says what each is for. Every variable is read through workbench/env.py, which
+refuses a malformed one at start with ImproperlyConfigured naming it. The engine's own ARC_* flags are
+read by the engine (EngineConfig.from_env).
 """
 
 from __future__ import annotations
 
-import os
-import re
 from pathlib import Path
 
 import dj_database_url
 
+from workbench.env import env_bool, env_float, env_int, env_list, env_str
+from workbench.secret_key import DEVELOPMENT_KEY
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
-
-def _env_bool(name: str, default: bool) -> bool:
-    raw = os.environ.get(name)
-    return default if raw is None else raw.strip().lower() in ("1", "true", "yes", "on")
-
-
-DEBUG = _env_bool("WORKBENCH_DEBUG", True)
-# The default key is for the embedded development server only; a deployment sets its own.
-SECRET_KEY = os.environ.get("WORKBENCH_SECRET_KEY", "workbench-development-key-not-for-deployment")
-ALLOWED_HOSTS = [h for h in os.environ.get("WORKBENCH_ALLOWED_HOSTS", "127.0.0.1,localhost").split(",") if h]
+DEBUG = env_bool("WORKBENCH_DEBUG", False)
+# The development key is refused where it would matter: the web application with DEBUG off
+# (workbench/secret_key.py); `make run` and `make stack` pass a key of the checkout's own.
+SECRET_KEY = env_str("WORKBENCH_SECRET_KEY", DEVELOPMENT_KEY)
+ALLOWED_HOSTS = env_list("WORKBENCH_ALLOWED_HOSTS", ["127.0.0.1", "localhost"])
 
 INSTALLED_APPS = [
     "daphne",
@@ -72,58 +70,50 @@ TEMPLATES = [{
     ]},
 }]
 
-_SQLITE_URL = "sqlite:///" + os.environ.get("WORKBENCH_DB_PATH", str(BASE_DIR / "workbench.sqlite3"))
-DATABASES = {"default": dj_database_url.parse(os.environ.get("DATABASE_URL") or _SQLITE_URL)}
+_SQLITE_URL = "sqlite:///" + env_str("WORKBENCH_DB_PATH", str(BASE_DIR / "workbench.sqlite3"))
+DATABASES = {"default": dj_database_url.parse(env_str("DATABASE_URL", _SQLITE_URL))}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # "inprocess": the engine on a thread of this process (the embedded default). "celery": requests go to
 # Celery GPU workers over Redis, and tokens come back through the channels-redis layer.
-WORKBENCH_TRANSPORT = os.environ.get("WORKBENCH_TRANSPORT", "inprocess")
-if WORKBENCH_TRANSPORT not in ("inprocess", "celery"):
-    raise ValueError(f"WORKBENCH_TRANSPORT must be inprocess or celery, not {WORKBENCH_TRANSPORT!r}")
-REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+WORKBENCH_TRANSPORT = env_str("WORKBENCH_TRANSPORT", "inprocess", choices=("inprocess", "celery"))
+REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
 # The consumers' own layer stays in memory even with the Celery transport: the transport keeps a
 # channels-redis layer of its own (workbench/serving/wire.py), so a Redis outage ends requests with a
 # clear error instead of crashing every open websocket in Channels' dispatch loop.
 CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 # Every worker's Celery queue is <prefix>.<worker id>; several deployments can share one Redis.
-WORKBENCH_QUEUE_PREFIX = os.environ.get("WORKBENCH_QUEUE_PREFIX", "workbench")
-if not re.fullmatch(r"[A-Za-z0-9_-]{1,32}", WORKBENCH_QUEUE_PREFIX):
-    raise ValueError("WORKBENCH_QUEUE_PREFIX must be 1-32 letters, digits, '-' or '_'")
+WORKBENCH_QUEUE_PREFIX = env_str("WORKBENCH_QUEUE_PREFIX", "workbench", pattern=r"[A-Za-z0-9_-]{1,32}",
+                                 expected="1-32 letters, digits, '-' or '_'")
 # Requests (running + waiting) one worker accepts before the web side answers "overloaded".
-WORKBENCH_WORKER_CAPACITY = int(os.environ.get("WORKBENCH_WORKER_CAPACITY", 256))
+WORKBENCH_WORKER_CAPACITY = env_int("WORKBENCH_WORKER_CAPACITY", 256, minimum=1, unit="requests")
 # A worker publishes its heartbeat every HEARTBEAT_S; one silent for WORKER_LOST_S is lost, and its
 # requests end with an error.
-WORKBENCH_HEARTBEAT_S = float(os.environ.get("WORKBENCH_HEARTBEAT_S", 1.0))
-WORKBENCH_WORKER_LOST_S = float(os.environ.get("WORKBENCH_WORKER_LOST_S", 4.0))
+WORKBENCH_HEARTBEAT_S = env_float("WORKBENCH_HEARTBEAT_S", 1.0, positive=True, unit="seconds")
+WORKBENCH_WORKER_LOST_S = env_float("WORKBENCH_WORKER_LOST_S", 4.0, positive=True, unit="seconds")
 # On a warm shutdown (SIGTERM) a worker takes nothing new and gives what it holds this long to finish.
-WORKBENCH_DRAIN_S = float(os.environ.get("WORKBENCH_DRAIN_S", 30))
+WORKBENCH_DRAIN_S = env_float("WORKBENCH_DRAIN_S", 30.0, minimum=0, unit="seconds")
 
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 # Deployments set WORKBENCH_STATIC_ROOT and run `manage.py collectstatic`; unset, nothing is collected.
-STATIC_ROOT = os.environ.get("WORKBENCH_STATIC_ROOT") or None
+STATIC_ROOT = env_str("WORKBENCH_STATIC_ROOT") or None
 WHITENOISE_USE_FINDERS = True  # the embedded default serves straight from static/ without collectstatic
 USE_TZ = True
 TIME_ZONE = "UTC"
 
-WORKBENCH_MODEL = os.environ.get("WORKBENCH_MODEL", "demo")
-WORKBENCH_DEVICE = os.environ.get("WORKBENCH_DEVICE", "cpu")
-WORKBENCH_DTYPE = os.environ.get("WORKBENCH_DTYPE", "float32")
+WORKBENCH_MODEL = env_str("WORKBENCH_MODEL", "demo")
+WORKBENCH_DEVICE = env_str("WORKBENCH_DEVICE", "cpu")
+WORKBENCH_DTYPE = env_str("WORKBENCH_DTYPE", "float32", choices=("float32", "bfloat16", "float16"))
 # GGUF models: "quantized" or "dequantized" weights; unset, the engine's default for the device.
-WORKBENCH_WEIGHTS = os.environ.get("WORKBENCH_WEIGHTS") or None
+WORKBENCH_WEIGHTS = env_str("WORKBENCH_WEIGHTS", choices=("quantized", "dequantized")) or None
 # Tokens a request's deltas gather before they go out (workbench/serving/stream_interval.py): 1 sends
 # every step's tokens; N sends N times fewer messages, for servers where per-message cost dominates.
 # The first tokens and the last event always go at once. Read by the process that runs the engine.
-_stream_interval = os.environ.get("WORKBENCH_STREAM_INTERVAL", "1")
-if not re.fullmatch(r"[1-9][0-9]{0,3}", _stream_interval.strip()):
-    raise ValueError(f"WORKBENCH_STREAM_INTERVAL must be a whole number of tokens from 1 to 9999, not {_stream_interval!r}")
-WORKBENCH_STREAM_INTERVAL = int(_stream_interval)
+WORKBENCH_STREAM_INTERVAL = env_int("WORKBENCH_STREAM_INTERVAL", 1, minimum=1, maximum=9999, unit="tokens")
 # The least time between two deltas of one request, in ms (stream_interval.py): what a step makes
 # meanwhile travels together. 0 sends every step's tokens as they come.
-_stream_gap = os.environ.get("WORKBENCH_STREAM_GAP_MS", "0")
-if not re.fullmatch(r"[0-9]{1,5}(\.[0-9]+)?", _stream_gap.strip()) or float(_stream_gap) > 10000:
-    raise ValueError(f"WORKBENCH_STREAM_GAP_MS must be a number of milliseconds from 0 to 10000, not {_stream_gap!r}")
-WORKBENCH_STREAM_GAP_S = float(_stream_gap) / 1000
+WORKBENCH_STREAM_GAP_S = env_float("WORKBENCH_STREAM_GAP_MS", 0.0, minimum=0, maximum=10000,
+                                   unit="milliseconds") / 1000
 # Limits on what one websocket frame or HTTP body may carry.
-WORKBENCH_MAX_FRAME_BYTES = int(os.environ.get("WORKBENCH_MAX_FRAME_BYTES", 256 * 1024))
+WORKBENCH_MAX_FRAME_BYTES = env_int("WORKBENCH_MAX_FRAME_BYTES", 256 * 1024, minimum=1, unit="bytes")

@@ -29,9 +29,9 @@ class Spy:
 
 
 @pytest.fixture(autouse=True, params=[False, True], ids=["host-decode", "device-loop"])
-def device_loop(request, monkeypatch):
-    """Every path is checked with host decode and with the device loop (bursts, parked tokens)."""
-    monkeypatch.setenv("ARC_GRAPH_DEVICE_LOOP", "1" if request.param else "0")
+def device_loop(request) -> bool:
+    """Every path is checked with host decode and with the device loop (bursts, parked tokens): each
+    test passes it to every engine it builds, the references included."""
     return request.param
 
 
@@ -40,8 +40,8 @@ def checkpoint(tiny_checkpoint):
     return tiny_checkpoint("llama", seed=11)
 
 
-def make(checkpoint, **config) -> tuple[Engine, Spy]:
-    engine = Engine(EngineConfig(model=str(checkpoint), block_size=4, **config))
+def make(checkpoint, device_loop: bool, **config) -> tuple[Engine, Spy]:
+    engine = Engine(EngineConfig(model=str(checkpoint), block_size=4, device_loop=device_loop, **config))
     return engine, Spy(engine)
 
 
@@ -53,8 +53,8 @@ def run(engine: Engine, request_id: str, params: SamplingParams, prompt=PROMPT):
     return outputs
 
 
-def free_run_tokens(checkpoint, n: int = 8) -> list[int]:
-    engine = Engine(EngineConfig(model=str(checkpoint)))
+def free_run_tokens(checkpoint, device_loop: bool, n: int = 8) -> list[int]:
+    engine = Engine(EngineConfig(model=str(checkpoint), device_loop=device_loop))
     return engine.generate([PROMPT], SamplingParams(max_tokens=n, **GREEDY))[0].token_ids
 
 
@@ -67,19 +67,19 @@ def finished(outputs):
     return outputs[-1]
 
 
-def test_eos(checkpoint):
-    eos = free_run_tokens(checkpoint)[3]
+def test_eos(checkpoint, device_loop):
+    eos = free_run_tokens(checkpoint, device_loop)[3]
     (checkpoint / "generation_config.json").write_text(json.dumps({"eos_token_id": [eos]}))
-    engine, spy = make(checkpoint)
+    engine, spy = make(checkpoint, device_loop)
     last = finished(run(engine, "r", SamplingParams(max_tokens=8, temperature=0)))
     assert last.finish_reason == "stop"
     assert spy.states("r") == [Done(StopReason.EOS)]
     assert_pool_whole(engine)
 
 
-def test_stop_token(checkpoint):
-    stop = free_run_tokens(checkpoint)[2]
-    engine, spy = make(checkpoint)
+def test_stop_token(checkpoint, device_loop):
+    stop = free_run_tokens(checkpoint, device_loop)[2]
+    engine, spy = make(checkpoint, device_loop)
     outputs = run(engine, "r", SamplingParams(max_tokens=8, stop_token_ids=[stop], **GREEDY))
     assert finished(outputs).finish_reason == "stop"
     assert [t for o in outputs for t in o.token_ids][-1] == stop
@@ -87,9 +87,9 @@ def test_stop_token(checkpoint):
     assert_pool_whole(engine)
 
 
-def test_stop_string_spanning_tokens_is_never_sent(checkpoint):
-    engine, spy = make(checkpoint)
-    tokens = free_run_tokens(checkpoint, 12)
+def test_stop_string_spanning_tokens_is_never_sent(checkpoint, device_loop):
+    engine, spy = make(checkpoint, device_loop)
+    tokens = free_run_tokens(checkpoint, device_loop, 12)
     full = engine.tokenizer.decode(tokens)
 
     def spanning_stop(boundary: int) -> str | None:
@@ -107,16 +107,16 @@ def test_stop_string_spanning_tokens_is_never_sent(checkpoint):
     assert_pool_whole(engine)
 
 
-def test_length(checkpoint):
-    engine, spy = make(checkpoint)
+def test_length(checkpoint, device_loop):
+    engine, spy = make(checkpoint, device_loop)
     outputs = run(engine, "r", SamplingParams(max_tokens=5, **GREEDY))
     assert finished(outputs).finish_reason == "length" and sum(len(o.token_ids) for o in outputs) == 5
     assert spy.states("r") == [Done(StopReason.LENGTH)]
     assert_pool_whole(engine)
 
 
-def test_model_length(checkpoint):
-    engine, spy = make(checkpoint, max_model_len=24)
+def test_model_length(checkpoint, device_loop):
+    engine, spy = make(checkpoint, device_loop, max_model_len=24)
     prompt = list(range(100, 120))
     outputs = run(engine, "r", SamplingParams(max_tokens=50, **GREEDY), prompt)
     assert finished(outputs).finish_reason == "length" and sum(len(o.token_ids) for o in outputs) == 4
@@ -124,9 +124,9 @@ def test_model_length(checkpoint):
     assert_pool_whole(engine)
 
 
-def test_tool_calls(checkpoint):
-    engine, spy = make(checkpoint)
-    full = engine.tokenizer.decode(free_run_tokens(checkpoint, 10))
+def test_tool_calls(checkpoint, device_loop):
+    engine, spy = make(checkpoint, device_loop)
+    full = engine.tokenizer.decode(free_run_tokens(checkpoint, device_loop, 10))
     marker = full[len(full) // 2: len(full) // 2 + 3]
     outputs = run(engine, "r", SamplingParams(max_tokens=10, tool_call_end=marker, **GREEDY))
     text = "".join(o.text for o in outputs)
@@ -136,8 +136,8 @@ def test_tool_calls(checkpoint):
     assert_pool_whole(engine)
 
 
-def test_low_confidence(checkpoint):
-    engine, spy = make(checkpoint)
+def test_low_confidence(checkpoint, device_loop):
+    engine, spy = make(checkpoint, device_loop)
     # Sampling at temperature 1 from a random model soon draws a token the model gave under 50%.
     outputs = run(engine, "r", SamplingParams(max_tokens=40, temperature=1.0, seed=3, stop_below_prob=0.5,
                                               ignore_eos=True))
@@ -147,8 +147,8 @@ def test_low_confidence(checkpoint):
     assert_pool_whole(engine)
 
 
-def test_client_cancel_takes_effect_at_the_next_step(checkpoint):
-    engine, spy = make(checkpoint)
+def test_client_cancel_takes_effect_at_the_next_step(checkpoint, device_loop):
+    engine, spy = make(checkpoint, device_loop)
     engine.add_request("r", PROMPT, SamplingParams(max_tokens=50, **GREEDY))
     engine.add_request("other", PROMPT, SamplingParams(max_tokens=6, **GREEDY))
     engine.step()
@@ -167,8 +167,8 @@ def test_client_cancel_takes_effect_at_the_next_step(checkpoint):
     assert_pool_whole(engine)
 
 
-def test_operator_abort_and_terminate_all(checkpoint):
-    engine, spy = make(checkpoint)
+def test_operator_abort_and_terminate_all(checkpoint, device_loop):
+    engine, spy = make(checkpoint, device_loop)
     for rid in ("a", "b", "c"):
         engine.add_request(rid, PROMPT, SamplingParams(max_tokens=50, **GREEDY))
     engine.step()
@@ -183,8 +183,8 @@ def test_operator_abort_and_terminate_all(checkpoint):
     assert_pool_whole(engine)
 
 
-def test_forward_error_errors_that_step_and_the_engine_serves_on(checkpoint, monkeypatch):
-    engine, spy = make(checkpoint)
+def test_forward_error_errors_that_step_and_the_engine_serves_on(checkpoint, device_loop, monkeypatch):
+    engine, spy = make(checkpoint, device_loop)
     engine.add_request("doomed", PROMPT, SamplingParams(max_tokens=20, **GREEDY))
     engine.step()
     model = engine.loaded.model
@@ -198,8 +198,8 @@ def test_forward_error_errors_that_step_and_the_engine_serves_on(checkpoint, mon
     assert_pool_whole(engine)
 
 
-def test_prompt_that_can_never_fit_is_ignored_with_a_reason(checkpoint):
-    engine, spy = make(checkpoint, num_kv_blocks=4)  # 16 tokens in all
+def test_prompt_that_can_never_fit_is_ignored_with_a_reason(checkpoint, device_loop):
+    engine, spy = make(checkpoint, device_loop, num_kv_blocks=4)  # 16 tokens in all
     outputs = run(engine, "big", SamplingParams(max_tokens=2, **GREEDY), list(range(100, 120)))
     last = finished(outputs)
     assert last.finish_reason == "error" and "KV blocks" in last.error and "whole pool has 4" in last.error
@@ -208,11 +208,12 @@ def test_prompt_that_can_never_fit_is_ignored_with_a_reason(checkpoint):
 
 
 @pytest.mark.parametrize("swap_blocks, preempted_state", [(0, Waiting()), (32, Swapped())])
-def test_preemption_stands_down_and_the_sequence_still_completes_exactly(checkpoint, swap_blocks, preempted_state):
-    solo = Engine(EngineConfig(model=str(checkpoint))).generate(
+def test_preemption_stands_down_and_the_sequence_still_completes_exactly(checkpoint, device_loop, swap_blocks,
+                                                                        preempted_state):
+    solo = Engine(EngineConfig(model=str(checkpoint), device_loop=device_loop)).generate(
         [PROMPT, "class Node:"], SamplingParams(max_tokens=24, **GREEDY))
     # 12 blocks of 4 tokens cannot hold two sequences of ~30 tokens: one must be preempted.
-    engine, spy = make(checkpoint, num_kv_blocks=12, swap_blocks=swap_blocks)
+    engine, spy = make(checkpoint, device_loop, num_kv_blocks=12, swap_blocks=swap_blocks)
     results = engine.generate([PROMPT, "class Node:"], SamplingParams(max_tokens=24, **GREEDY))
     assert engine.scheduler.num_preemptions > 0
     assert preempted_state in [state for _, state in spy.calls]

@@ -30,7 +30,7 @@ def scratch_copy(destination: Path) -> Path:
 
 
 def run_tests(copy: Path, tests: tuple[str, ...]) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(copy), "ARC_GRAPH_DEVICE_LOOP": "0"}
+    env = {**os.environ, "PYTHONPATH": str(copy)}
     code = "import engine, sys; assert engine.__file__.startswith(sys.argv[1]), engine.__file__"
     subprocess.run([sys.executable, "-c", code, str(copy)], cwd=copy, env=env, check=True)  # the copy is imported
     # The named tests on the HF checkpoint only: their GGUF variants run the same mechanism on other

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+import urllib.error
+import urllib.request
 
 import openai
 import pytest
 import websockets
+
+from tests.cluster import ROOT
 
 MESSAGES = [{"role": "user", "content": "What does the list type do?"}]
 
@@ -107,3 +112,18 @@ def test_a_bad_token_is_refused_over_http_and_websocket(daphne_server):
         client.models.list()
     with pytest.raises(websockets.exceptions.InvalidStatus):
         ws_generate(address, "wb_wrong", [{"type": "generate", "request_id": "x", "prompt": "hi"}])
+
+
+def test_with_debug_off_the_pages_get_their_static_files(daphne_server):
+    """The Daphne runs as a deployment does, DEBUG off (its 404 is not Django's debug page), and WhiteNoise
+    still serves every asset a page links, byte for byte (Daphne itself serves no static files)."""
+    address, _ = daphne_server
+    with pytest.raises(urllib.error.HTTPError) as missing:
+        urllib.request.urlopen(f"http://{address}/no-such-page", timeout=30)
+    assert missing.value.code == 404 and b"DEBUG = True" not in missing.value.read()
+    login = urllib.request.urlopen(f"http://{address}/login", timeout=30).read().decode()
+    assets = re.findall(r'(?:href|src)="/static/([^"]+)"', login)
+    assert assets, "liveness: the login page links its stylesheet"
+    for asset in assets:
+        with urllib.request.urlopen(f"http://{address}/static/{asset}", timeout=30) as response:
+            assert response.status == 200 and response.read() == (ROOT / "static" / asset).read_bytes(), asset

@@ -38,8 +38,8 @@ def _inprocess() -> Transport:
     from workbench.serving.engine_host import EngineHost
     from workbench.serving.inprocess import InProcessTransport
 
-    config = EngineConfig(model=settings.WORKBENCH_MODEL, device=settings.WORKBENCH_DEVICE,
-                          dtype=settings.WORKBENCH_DTYPE, weights=settings.WORKBENCH_WEIGHTS)
+    config = EngineConfig.from_env(model=settings.WORKBENCH_MODEL, device=settings.WORKBENCH_DEVICE,
+                                   dtype=settings.WORKBENCH_DTYPE, weights=settings.WORKBENCH_WEIGHTS)
     return InProcessTransport(EngineHost(lambda: Engine(config), settings.WORKBENCH_STREAM_INTERVAL,
                                          settings.WORKBENCH_STREAM_GAP_S))
 

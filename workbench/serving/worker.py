@@ -304,8 +304,8 @@ def host() -> WorkerHost:
 def prepare_host() -> WorkerHost:
     """Before the worker consumes: its identity and queue (the engine loads later, in start())."""
     global _host
-    config = EngineConfig(model=settings.WORKBENCH_MODEL, device=settings.WORKBENCH_DEVICE,
-                          dtype=settings.WORKBENCH_DTYPE, weights=settings.WORKBENCH_WEIGHTS)
+    config = EngineConfig.from_env(model=settings.WORKBENCH_MODEL, device=settings.WORKBENCH_DEVICE,
+                                   dtype=settings.WORKBENCH_DTYPE, weights=settings.WORKBENCH_WEIGHTS)
     _host = WorkerHost(new_worker_id(), config)
     return _host
 

@@ -4,10 +4,10 @@ Creates superuser "admin" (password from WORKBENCH_ADMIN_PASSWORD, default "admi
 exists; an existing admin is left as it is, so a changed password survives restarts.
 """
 
-import os
-
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
+
+from workbench.env import env_str
 
 
 class Command(BaseCommand):
@@ -18,5 +18,5 @@ class Command(BaseCommand):
         if users.objects.filter(username="admin").exists():
             self.stdout.write("admin user exists")
             return
-        users.objects.create_superuser("admin", password=os.environ.get("WORKBENCH_ADMIN_PASSWORD", "admin"))
+        users.objects.create_superuser("admin", password=env_str("WORKBENCH_ADMIN_PASSWORD", "admin"))
         self.stdout.write("created admin user (password from WORKBENCH_ADMIN_PASSWORD, default 'admin')")

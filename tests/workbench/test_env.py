@@ -1,0 +1,160 @@
+"""The settings' one environment reader (workbench/env.py), each kind with good and bad values, and the
+secret-key rule: DEBUG off unless asked for, the development key refused at a production start."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+
+from tests.cluster import ROOT
+from workbench.env import env_bool, env_float, env_int, env_list, env_str
+from workbench.secret_key import DEVELOPMENT_KEY, local_key
+
+NAME = "WORKBENCH_TEST_SETTING"
+
+
+@pytest.fixture
+def setting(monkeypatch):
+    """Sets NAME to a value for one call."""
+    def set_to(value: str | None) -> None:
+        if value is None:
+            monkeypatch.delenv(NAME, raising=False)
+        else:
+            monkeypatch.setenv(NAME, value)
+    return set_to
+
+
+def refused(read, expected: str, value: str) -> None:
+    with pytest.raises(ImproperlyConfigured) as caught:
+        read()
+    assert str(caught.value) == f"{NAME} must be {expected}, not {value!r}"
+
+
+@pytest.mark.parametrize("value,read", [(None, 7), ("12", 12), (" 3 ", 3), ("-0", 0)])
+def test_int_reads_whole_numbers(setting, value, read):
+    setting(value)
+    assert env_int(NAME, 7, minimum=0) == read
+
+
+@pytest.mark.parametrize("value", ["", "four", "1.5", "1e3", "0x10", "10000", "-1"])
+def test_int_refuses_what_is_not_a_whole_number_in_range(setting, value):
+    setting(value)
+    refused(lambda: env_int(NAME, 1, minimum=0, maximum=9999, unit="tokens"),
+            "a whole number of tokens from 0 to 9999", value)
+
+
+@pytest.mark.parametrize("value,read", [(None, 1.0), ("0.25", 0.25), ("2", 2.0)])
+def test_float_reads_decimal_numbers(setting, value, read):
+    setting(value)
+    assert env_float(NAME, 1.0, positive=True) == read
+
+
+@pytest.mark.parametrize("value", ["0", "0.0", "-1", "", "nan", "inf", "1e3", "2s", "1" * 400 + ".0"])
+def test_a_positive_float_refuses_zero_and_what_is_not_a_finite_number(setting, value):
+    setting(value)
+    refused(lambda: env_float(NAME, 1.0, positive=True, unit="seconds"), "a number of seconds > 0", value)
+
+
+def test_float_bounds_are_inclusive(setting):
+    for value in ("0", "10000"):
+        setting(value)
+        assert env_float(NAME, 5.0, minimum=0, maximum=10000) == float(value)
+    setting("10000.5")
+    refused(lambda: env_float(NAME, 5.0, minimum=0, maximum=10000), "a number from 0 to 10000", "10000.5")
+    setting("-0.5")
+    refused(lambda: env_float(NAME, 5.0, minimum=0), "a number >= 0", "-0.5")
+
+
+@pytest.mark.parametrize("value,read", [(None, False), ("1", True), ("TRUE", True), (" on ", True), ("0", False),
+                                        ("no", False), ("Off", False)])
+def test_bool_reads_the_usual_words(setting, value, read):
+    setting(value)
+    assert env_bool(NAME, False) is read
+
+
+@pytest.mark.parametrize("value", ["", "2", "maybe", "enabled"])
+def test_bool_refuses_any_other_word(setting, value):
+    setting(value)
+    refused(lambda: env_bool(NAME, False), "a boolean (1/true/yes/on or 0/false/no/off)", value)
+
+
+@pytest.mark.parametrize("value,read", [(None, ["a", "b"]), ("x", ["x"]), (" x , y,,", ["x", "y"]), ("", [])])
+def test_list_splits_on_commas(setting, value, read):
+    setting(value)
+    assert env_list(NAME, ["a", "b"]) == read
+
+
+def test_str_checks_choices_and_patterns_and_takes_empty_for_unset(setting):
+    setting("celery")
+    assert env_str(NAME, "inprocess", choices=("inprocess", "celery")) == "celery"
+    setting("")
+    assert env_str(NAME, "inprocess", choices=("inprocess", "celery")) == "inprocess"
+    assert env_str(NAME) == ""
+    setting("carrier-pigeon")
+    refused(lambda: env_str(NAME, "inprocess", choices=("inprocess", "celery")), "one of inprocess, celery",
+            "carrier-pigeon")
+    setting("has space")
+    refused(lambda: env_str(NAME, "x", pattern=r"[a-z]+", expected="lower-case letters"), "lower-case letters",
+            "has space")
+
+
+def start(code: str, **env: str) -> subprocess.CompletedProcess:
+    """`code` in a fresh interpreter with the settings chosen, DEBUG and the key unset unless given."""
+    clean = {k: v for k, v in os.environ.items() if k not in ("WORKBENCH_DEBUG", "WORKBENCH_SECRET_KEY")}
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          env={**clean, "DJANGO_SETTINGS_MODULE": "workbench.settings", **env})
+
+
+@pytest.mark.parametrize("name,value", [("WORKBENCH_HEARTBEAT_S", "0"), ("WORKBENCH_WORKER_LOST_S", "-4"),
+                                        ("WORKBENCH_DRAIN_S", "soon"), ("WORKBENCH_WORKER_CAPACITY", "2.5"),
+                                        ("WORKBENCH_MAX_FRAME_BYTES", "0"), ("WORKBENCH_DEBUG", "maybe"),
+                                        ("WORKBENCH_TRANSPORT", "kafka"), ("WORKBENCH_DTYPE", "float64"),
+                                        ("WORKBENCH_WEIGHTS", "int4"), ("WORKBENCH_QUEUE_PREFIX", "a b")])
+def test_a_bad_setting_stops_the_start_naming_variable_and_value(name, value):
+    result = start("import workbench.settings", **{name: value})
+    assert result.returncode != 0
+    assert "ImproperlyConfigured" in result.stderr and f"{name} must be" in result.stderr
+    assert f"not {value!r}" in result.stderr
+
+
+def test_debug_is_off_unless_asked_for():
+    read = "import workbench.settings as s; print(s.DEBUG)"
+    assert start(read).stdout.strip() == "False"
+    assert start(read, WORKBENCH_DEBUG="1").stdout.strip() == "True"
+
+
+def test_the_web_application_refuses_the_development_key_with_debug_off():
+    result = start("import workbench.asgi")
+    assert result.returncode != 0 and "ImproperlyConfigured" in result.stderr
+    assert "Set WORKBENCH_SECRET_KEY" in result.stderr and "make run" in result.stderr
+    assert start("import workbench.asgi", WORKBENCH_SECRET_KEY=DEVELOPMENT_KEY).returncode != 0, "named outright too"
+
+
+@pytest.mark.parametrize("env", [{"WORKBENCH_SECRET_KEY": "a-deployment-key"}, {"WORKBENCH_DEBUG": "1"}],
+                         ids=["own key", "debug"])
+def test_the_web_application_starts_with_a_key_of_its_own_or_in_debug(env):
+    result = start("import workbench.asgi; print('loaded')", **env)
+    assert result.stdout.strip() == "loaded", result.stderr[-2000:]
+
+
+def test_management_commands_run_with_the_development_key(tmp_path):
+    """Only the web application signs what browsers hold: migrating needs no key."""
+    result = start("import sys; from django.core.management import execute_from_command_line; "
+                   "execute_from_command_line(['manage.py', 'migrate', '-v0'])",
+                   WORKBENCH_DB_PATH=str(tmp_path / "db.sqlite3"))
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_the_local_key_is_made_once_random_and_private(tmp_path):
+    path = tmp_path / ".secret-key"
+    key = local_key(path)
+    assert len(key) >= 50 and key != DEVELOPMENT_KEY
+    assert local_key(path) == key, "the same key at every start"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert local_key(tmp_path / "another") != key
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".secret-key", "another"], "no draft left behind"
