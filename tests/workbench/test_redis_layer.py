@@ -13,10 +13,11 @@ import tomllib
 from importlib.metadata import version
 from pathlib import Path
 
+import pytest
 from channels_redis.core import RedisChannelLayer
 from packaging.requirements import Requirement
 
-from workbench.serving.redis_layer import OneTripChannelLayer
+from workbench.serving.redis_layer import OneTripChannelLayer, make_layer
 
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 
@@ -63,3 +64,12 @@ def test_the_attributes_it_reads_are_there_with_their_meaning():
     assert layer.consistent_hash(channel) in (0, 1)
     message = {"type": "t", "n": 1, "__asgi_channel__": channel}
     assert layer.deserialize(layer.serialize(message)) == message, "the message travels whole, its channel in it"
+
+
+@pytest.mark.asyncio
+async def test_a_blocking_pop_never_times_out_on_the_client_before_the_server():
+    """A client timeout that ends a pop Redis has already served loses the popped message."""
+    layer = make_layer()
+    pool = layer.connection(0).connection_pool
+    assert pool.connection_kwargs["socket_timeout"] >= 2 * layer.brpop_timeout, pool.connection_kwargs
+    assert pool.connection_kwargs["host"] and layer.brpop_timeout > 0  # liveness: the real pool and wait

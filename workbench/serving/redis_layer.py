@@ -93,6 +93,14 @@ class OneTripChannelLayer(RedisChannelLayer):
         return messages
 
 
+# redis-py (8.x) reads every reply within 5 s by default, the same 5 s that a blocking pop waits on the
+# server (brpop_timeout). A pop whose message came just before its wait ended, or whose reply sat
+# unread while a busy event loop was elsewhere, then times out on the client after Redis has removed
+# the message: that message is lost. The client waits well past the server's longest wait instead.
+SOCKET_TIMEOUT_S = 30
+
+
 def make_layer() -> OneTripChannelLayer:
     """A channels-redis layer of our own for the transport (the Channels default may be in-memory)."""
-    return OneTripChannelLayer(hosts=[settings.REDIS_URL], capacity=1000, expiry=60)
+    return OneTripChannelLayer(hosts=[{"address": settings.REDIS_URL, "socket_timeout": SOCKET_TIMEOUT_S}],
+                               capacity=1000, expiry=60)
