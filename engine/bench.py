@@ -26,6 +26,7 @@ import os
 import statistics
 import sys
 import time
+from types import ModuleType
 from typing import Callable
 
 import torch
@@ -92,7 +93,8 @@ def _hf(model, pad: int, max_tokens: int) -> Generate:
     return generate
 
 
-def _runners(args: argparse.Namespace, transformers) -> tuple[dict[str, Generate], list[str], Engine, object]:
+def _runners(args: argparse.Namespace, transformers: ModuleType) -> tuple[dict[str, Generate], list[str], Engine,
+                                                                         bench_llama_cpp.LlamaCpp | None]:
     """(name -> generate, the reference names, one of our engines, something to close or None)."""
     path = resolve_model_path(args.model)
     if not is_gguf(path):

@@ -21,7 +21,7 @@ INSTALL_HINT = "pip install '.[bench]' (build command in docs/BENCHMARKS.md)"
 CONTEXT_PER_STREAM = 1024  # tokens of KV cache per sequence: prompt + new tokens of the bench fit
 
 
-def load(path: Path, threads: int):
+def load(path: Path, threads: int) -> LlamaCpp | None:
     """A LlamaCpp on `path`, or None (after printing why) when llama_cpp is not installed."""
     try:
         import llama_cpp

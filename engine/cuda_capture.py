@@ -36,7 +36,7 @@ def capture(step: Callable[[], None], stream, pool, device, cuda) -> Callable[[]
 def root_cause(exc: BaseException) -> str:
     """The exception in an operator's words, with the first error of its chain when that differs."""
     first = exc
-    while (first.__cause__ or first.__context__) is not None:
-        first = first.__cause__ or first.__context__
+    while (earlier := first.__cause__ or first.__context__) is not None:
+        first = earlier
     said = f"{type(exc).__name__}: {exc}"
     return said if first is exc else f"{type(first).__name__}: {first} (then {said})"

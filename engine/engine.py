@@ -228,7 +228,7 @@ class Engine:
             return StopReason.EOS
         if params.stop_below_prob is not None and logprob.logprob < math.log(params.stop_below_prob):
             return StopReason.LOW_CONFIDENCE
-        if len(seq.output_ids) >= params.max_tokens:
+        if len(seq.output_ids) >= params.resolved_max_tokens:
             return StopReason.LENGTH
         if seq.num_tokens >= self.length_limit:
             return StopReason.MODEL_LENGTH
@@ -236,9 +236,10 @@ class Engine:
 
     def _apply_aborts(self) -> list[RequestOutput]:
         outputs = []
-        for request in [r for r in self._requests.values() if r.abort_with is not None]:
-            request.seq.set_state(request.abort_with)
-            outputs.append(self._finish(request))
+        for request in list(self._requests.values()):  # a copy: _finish forgets the request
+            if request.abort_with is not None:
+                request.seq.set_state(request.abort_with)
+                outputs.append(self._finish(request))
         return outputs
 
     # -- outputs --------------------------------------------------------------------------------
@@ -272,7 +273,7 @@ class Engine:
 
     # -- whole generations ----------------------------------------------------------------------
 
-    def generate(self, prompts: list[str | list[int]],
+    def generate(self, prompts: list[str] | list[list[int]] | list[str | list[int]],
                  params: SamplingParams | list[SamplingParams]) -> list[GenerationResult]:
         """Run prompts to completion together; one result per prompt, in order. All prompts are checked
         before any is queued. Not for use while streaming requests are in flight (it would consume

@@ -31,13 +31,13 @@ class EngineConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 4096
     max_model_len: int | None = None  # at most the model's max_position_embeddings
-    device_loop: bool = field(default_factory=lambda: env_value("ARC_GRAPH_DEVICE_LOOP"))
+    device_loop: bool = field(default_factory=lambda: bool(env_value("ARC_GRAPH_DEVICE_LOOP")))
     burst_length: int = 8           # decode steps per device-loop burst
-    graphs: bool = field(default_factory=lambda: env_value("ARC_GRAPHS"))
-    capture_stream: bool = field(default_factory=lambda: env_value("ARC_CAPTURE_STREAM"))
+    graphs: bool = field(default_factory=lambda: bool(env_value("ARC_GRAPHS")))
+    capture_stream: bool = field(default_factory=lambda: bool(env_value("ARC_CAPTURE_STREAM")))
     verify_replays: int = field(default_factory=lambda: env_value("ARC_GRAPH_VERIFY_REPLAYS"))
-    verify_always: bool = field(default_factory=lambda: env_value("ARC_GRAPH_VERIFY_ALWAYS"))
-    layer_bisect: bool = field(default_factory=lambda: env_value("ARC_LAYER_BISECT"))
+    verify_always: bool = field(default_factory=lambda: bool(env_value("ARC_GRAPH_VERIFY_ALWAYS")))
+    layer_bisect: bool = field(default_factory=lambda: bool(env_value("ARC_LAYER_BISECT")))
 
     def __post_init__(self) -> None:
         if self.scheduler not in SCHEDULERS:

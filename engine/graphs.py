@@ -25,7 +25,7 @@ import logging
 from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 
@@ -104,7 +104,9 @@ class DecodeGraphs:
         self._graphs: dict[tuple[int, int], tuple[StaticBuffers, Callable[[], None]]] = {}
         self._bisect_next = False
         self._cuda = torch.cuda  # the CUDA API capture goes through (tests pass a stand-in)
-        self._pool = self._stream = None  # made at the first capture: every graph shares them
+        # Made at the first capture: every graph shares them.
+        self._pool: tuple[int, int] | None = None
+        self._stream: torch.cuda.Stream | None = None
         if device.type != "cuda":
             self.mode = GraphMode.CPU_REPLAY
         elif capture_stream:
@@ -127,6 +129,13 @@ class DecodeGraphs:
     def bucket_for(batch: int) -> int | None:
         return next((b for b in BUCKETS if b >= batch), None)
 
+    def _bucket(self, rows: int) -> int:
+        """The batch bucket of `rows`, which the caller has checked is graphable."""
+        bucket = self.bucket_for(rows)
+        if bucket is None:
+            raise ValueError(f"{rows} rows exceed the largest decode graph bucket ({BUCKETS[-1]})")
+        return bucket
+
     def blocks_for(self, blocks: int) -> int:
         """The block bucket: the smallest power of two >= blocks, capped at the length limit's count (but
         never fewer than the table has: a table wider than the limit is padded to nothing, not cut)."""
@@ -136,7 +145,7 @@ class DecodeGraphs:
         """The batch's key and padded block tables, on the device in one non-blocking copy. pad_rows:
         pad to the batch bucket, for a graph replay."""
         rows = len(block_tables)
-        bucket = self.bucket_for(rows) if pad_rows else rows
+        bucket = self._bucket(rows) if pad_rows else rows
         blocks, pad = self.blocks_for(max(len(t) for t in block_tables)), self.kv_cache.pad_block
         table = [t + [pad] * (blocks - len(t)) for t in block_tables]
         table += [[pad] * blocks] * (bucket - rows)
@@ -154,6 +163,7 @@ class DecodeGraphs:
         if self._should_verify():
             return self._verified_replay(buffers, replay, batch, input_ids, positions)
         replay()
+        assert buffers.logits is not None  # every replay writes them
         return buffers.logits[: batch.rows].clone()
 
     def eager(self, batch: DecodeBatch, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -163,7 +173,7 @@ class DecodeGraphs:
     def capture_ahead(self, rows: int, tokens: int) -> list[tuple[int, int]]:
         """Capture every graph a batch of up to `rows` sequences of up to `tokens` tokens can use,
         largest first: later (smaller) captures then fit in what the shared pool already holds."""
-        top_bucket, top_blocks = self.bucket_for(rows), self.blocks_for(blocks_needed(tokens, self.kv_cache.block_size))
+        top_bucket, top_blocks = self._bucket(rows), self.blocks_for(blocks_needed(tokens, self.kv_cache.block_size))
         block_buckets = {min(1 << k, top_blocks) for k in range(top_blocks.bit_length() + 1)}
         keys = [(b, n) for b in BUCKETS if b <= top_bucket for n in block_buckets]
         keys.sort(key=lambda key: (key[0] * key[1], key), reverse=True)
@@ -235,7 +245,8 @@ class DecodeGraphs:
         slots = decode_metadata(tables, positions, self.kv_cache.block_size, None, self.dtype).slot_mapping
         cache = (self.kv_cache.keys, self.kv_cache.values)
         before = [c[:, slots].clone() for c in cache]
-        replay_sums, eager_sums = [], []
+        replay_sums: list[float] = []
+        eager_sums: list[float] = []
         with self._layer_checksums(replay_sums):
             replay()
         replayed = buffers.logits[:batch].clone()
@@ -257,7 +268,7 @@ class DecodeGraphs:
         return replayed
 
     @contextmanager
-    def _layer_checksums(self, sink: list):
+    def _layer_checksums(self, sink: list[float]) -> Iterator[None]:
         """With the bisect on, append each layer's output checksum to `sink` while the block runs."""
         hooks = [layer.register_forward_hook(lambda _m, _i, out: sink.append(float(out.double().sum())))
                  for layer in self.model.model.layers] if self.verify.bisect else []

@@ -12,7 +12,7 @@ through the funnel) instead of producing a plausible wrong token.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, cast
 
 import torch
 
@@ -57,7 +57,7 @@ class ModelRunner:
         self.row_of: dict[int, int] = {}  # seq id -> its row in the last step's batch (the parked slot it reads)
 
     def run(self, seqs: list[Sequence], rows: list[SampleRequest]) -> tuple[list[int], list[TokenLogprob | None]]:
-        tokens: list[int | None] = [None] * len(seqs)
+        tokens: list[int | None] = [None] * len(seqs)  # every row filled (cast) before each return
         logprobs: list[TokenLogprob | None] = [None] * len(seqs)
         self.row_of = {seq.seq_id: row for row, seq in enumerate(seqs)}
         loop = self.device_loop
@@ -69,21 +69,21 @@ class ModelRunner:
                         tokens[row] = taken.token
         rest = [row for row, token in enumerate(tokens) if token is None]
         if not rest:
-            return tokens, logprobs
+            return cast(list[int], tokens), logprobs
         rest_seqs = [seqs[row] for row in rest]
         loop.forget_parked(rest_seqs)
         burst = self._try_burst(rest, rest_seqs) if loop.active else None
         if burst is not None:
             for row, token in zip(rest, burst):
                 tokens[row] = token
-            return tokens, logprobs
+            return cast(list[int], tokens), logprobs
         logits = self.forward(rest_seqs)
         loop.host_served(rest_seqs)
         check_identity(logits, rest_seqs)
         sampled, records = sample(logits.values, [rows[row] for row in rest])
         for row, token, record in zip(rest, sampled, records):
             tokens[row], logprobs[row] = token, record
-        return tokens, logprobs
+        return cast(list[int], tokens), logprobs
 
     @torch.inference_mode()  # cheaper than no_grad: no version counters or view tracking per op
     def forward(self, seqs: list[Sequence]) -> TaggedLogits:
@@ -109,7 +109,7 @@ class ModelRunner:
         if not all(s.num_uncached == 1 and self.device_loop.can_burst(s) for s in seqs):
             return None
         steps = min([self.device_loop.burst_length]
-                    + [s.params.max_tokens - len(s.output_ids) for s in seqs]
+                    + [s.params.resolved_max_tokens - len(s.output_ids) for s in seqs]
                     + [self.length_limit - s.num_tokens for s in seqs])
         # A burst writes keys/values for `steps` tokens per row: positions len-1 .. len+steps-2.
         if steps < 2 or not all(self.reserve(s, s.num_tokens + steps - 1) for s in seqs):

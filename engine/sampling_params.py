@@ -62,6 +62,14 @@ class SamplingParams:
             object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         self._check()
 
+    @property
+    def resolved_max_tokens(self) -> int:
+        """`max_tokens` once the engine has resolved None (in add_request), as schedulers and the
+        device loop read it."""
+        if self.max_tokens is None:
+            raise ValueError("max_tokens is still None: the engine resolves it when the request is added")
+        return self.max_tokens
+
     def _check(self) -> None:
         def refuse(name: str, message: str) -> None:
             raise InvalidSamplingParams(name, f"{message}, got {getattr(self, name)!r}")

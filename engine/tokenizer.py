@@ -119,6 +119,7 @@ class Tokenizer:
 
     @cached_property
     def _compiled_template(self) -> jinja2.Template:
+        assert self.chat_template is not None  # apply_chat_template refuses a model without one first
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                             extensions=["jinja2.ext.loopcontrols", _GenerationBlock])
         env.filters["tojson"] = _tojson

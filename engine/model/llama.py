@@ -59,6 +59,7 @@ class LlamaForCausalLM(nn.Module):
         """Fuse q/k/v and gate/up projections (fewer, larger matmuls per step). Parameters keep their
         HF names; call after the weights are loaded, and not before training."""
         for layer in self.model.layers:
+            assert isinstance(layer, DecoderLayer)  # a ModuleList yields plain Modules to a type checker
             layer.self_attn.fuse_for_inference()
             layer.mlp.fuse_for_inference()
 

@@ -8,6 +8,7 @@ engine's decision; the engine then calls `release` so the blocks go back to the 
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -31,7 +32,7 @@ class SchedulerLimits:
     max_model_len: int = 2048
 
 
-class SchedulerBase:
+class SchedulerBase(ABC):
     def __init__(self, kv_cache: PagedKVCache, limits: SchedulerLimits) -> None:
         self.kv_cache = kv_cache
         self.limits = limits
@@ -45,6 +46,10 @@ class SchedulerBase:
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
+
+    @abstractmethod
+    def schedule(self) -> ScheduledBatch:
+        """The sequences of the next forward (and any newly ignored), their KV blocks granted."""
 
     def reserve(self, seq: Sequence, tokens: int) -> bool:
         """Grow the sequence's blocks to hold `tokens` tokens if the pool has room; all or nothing."""
