@@ -111,7 +111,7 @@ class SamplingParams:
             refuse("tool_call_end", "must be null or a non-empty string")
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> "SamplingParams":
+    def from_dict(cls, values: object) -> "SamplingParams":
         """From a client's JSON object; an unknown key is an error naming it."""
         if not isinstance(values, dict):
             raise InvalidSamplingParams("params", "must be an object")
