@@ -16,7 +16,7 @@ import uuid
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
-from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from engine import InvalidSamplingParams, SamplingParams
@@ -110,7 +110,7 @@ def _params(kind: str, body: dict) -> SamplingParams:
 def _handler(kind: str):
     """A view for `kind` ("chat" or "completion"): authenticate, check, then answer whole or streamed."""
 
-    async def view(request: HttpRequest) -> HttpResponse:
+    async def view(request: HttpRequest) -> HttpResponseBase:
         try:
             if request.method != "POST":
                 raise ApiError(405, "use POST")
@@ -157,12 +157,13 @@ async def _whole(kind: str, stream, transport, meta: dict) -> HttpResponse:
     except asyncio.CancelledError:
         transport.cancel(meta["id"])
         raise
+    assert event is not None  # a stream ends with its finished event
     if event.error_code:
         status = ERROR_STATUS.get(event.error_code, 500)
         return ApiError(status, event.error, code=event.error_code,
                         kind="invalid_request_error" if status == 400 else "server_error").response()
     finish = FINISH_REASONS.get(event.finish_reason, event.finish_reason)
-    choice = {"index": 0, "finish_reason": finish, "logprobs": None}
+    choice: dict[str, object] = {"index": 0, "finish_reason": finish, "logprobs": None}
     if kind == "chat":
         choice["message"] = {"role": "assistant", "content": text}
         obj = "chat.completion"

@@ -33,10 +33,11 @@ class ReplyUnderWay(Exception):
 
 class ChatConsumer(AsyncWebsocketConsumer):
     async def connect(self) -> None:
-        self.conversation = await self._conversation()
-        if self.conversation is None:
+        conversation = await self._conversation()
+        if conversation is None:
             await self.close(code=4404)
             return
+        self.conversation: Conversation = conversation
         self.generation: asyncio.Task | None = None
         self.engine_id: str | None = None
         self.stop_asked = False  # a stop (or close) before the request reached the transport
@@ -49,7 +50,8 @@ class ChatConsumer(AsyncWebsocketConsumer):
         return Conversation.owned_by(user).filter(pk=conversation_id).first() if user else None
 
     async def disconnect(self, code) -> None:
-        if getattr(self, "generation", None) and not self.generation.done():
+        generation = getattr(self, "generation", None)  # unset when connect refused the socket
+        if generation is not None and not generation.done():
             self._stop()
 
     def _stop(self) -> None:
@@ -132,6 +134,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
         conversation = self.conversation
         messages = list(conversation.messages.all())
         if kind == "send":
+            assert content is not None  # receive refuses a send without content
             Message.objects.create(conversation=conversation, role="user", content=content)
             if conversation.title == "New conversation":
                 conversation.title = content.strip().splitlines()[0][:60]
@@ -142,6 +145,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
             # Drop the replies to the last user message; "edit" also replaces its text.
             conversation.messages.filter(created_at__gte=last_user.created_at, role="assistant").delete()
             if kind == "edit":
+                assert content is not None  # as for send
                 last_user.content = content
                 last_user.save(update_fields=["content"])
         conversation.updated_at = timezone.now()
@@ -163,13 +167,16 @@ class ChatConsumer(AsyncWebsocketConsumer):
             return
         await self._send({"type": "started"})
         text, event = "", None
-        stream = transport.submit(self.engine_id, prompt, params, user=self.scope["user"].username)
+        user = self.scope["user"]
+        assert user is not None  # _conversation refused a socket without one
+        stream = transport.submit(self.engine_id, prompt, params, user=user.username)
         if self.stop_asked:
             transport.cancel(self.engine_id)
         async for event in stream:
             if event.text:
                 text += event.text
                 await self._send({"type": "delta", "index": event.index, "text": event.text})
+        assert event is not None  # a stream ends with its finished event
         try:
             message = await self._store_reply(text, event)
         except DatabaseError:
@@ -187,7 +194,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
         a session key was not opened by a session.)"""
         session = self.scope.get("session")
         key = getattr(session, "session_key", None)
-        return key is None or session.exists(key)
+        return session is None or key is None or session.exists(key)
 
     @database_sync_to_async
     def _exists(self) -> bool:

@@ -13,16 +13,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from django.conf import settings
+
+if TYPE_CHECKING:  # imported where used at run time: each transport's imports are heavy
+    from workbench.serving.celery_transport import CeleryTransport
+    from workbench.serving.inprocess import EngineThread
 
 log = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 # One transport per kind, created on first use. A deployment only ever uses the kind its setting
 # names; the tests flip the setting to run the same test against both.
-_transports: dict[str, object] = {}
+_transports: dict[str, EngineThread | CeleryTransport] = {}
 # Called with each transport once it has started (the ops app records engine events from it); a
 # listener may return a function that stops what it started, called before the transport stops.
 started_listeners: list[Callable[[object], Callable[[], None] | None]] = []

@@ -55,6 +55,8 @@ class Load:
 
 
 class EngineThread:
+    engine: Engine  # made on the engine thread, before start() returns
+
     def __init__(self, engine_factory: Callable[[], Engine], stream_interval: int = 1,
                  stream_gap_s: float = 0.0) -> None:
         """`stream_interval`, `stream_gap_s`: the tokens a request's deltas gather, and the least time
@@ -73,7 +75,6 @@ class EngineThread:
         self._flags_waiting: list[FlagDone] = []  # changes asked for, in force after the next step
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
-        self.engine: Engine | None = None
         self.startup_error: BaseException | None = None
         self.load = Load()
         self.metrics = EngineMetrics()
@@ -220,6 +221,7 @@ class EngineThread:
         self._canceled_early[request_id] = now
 
     def _step(self) -> None:
+        sink: Sink | None  # the failed requests' sinks below, then each output's (absent once it finished)
         try:
             outputs = self.engine.step()
         except Exception as exc:  # the engine isolates forward errors; anything else is a bug
