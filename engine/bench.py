@@ -27,7 +27,7 @@ import statistics
 import sys
 import time
 from types import ModuleType
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -63,7 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--burst-length", type=int, default=8)
 
 
-def _median_seconds(run, repeats: int) -> float:
+def _median_seconds(run: Callable[[], None], repeats: int) -> float:
     run()  # warm-up: first-call allocations and kernel selection are not what we measure
     times = []
     for _ in range(repeats):
@@ -78,7 +78,9 @@ def _ours(engine: Engine, max_tokens: int) -> Generate:
     return lambda prompts: [r.token_ids for r in engine.generate(prompts, params)]
 
 
-def _hf(model, pad: int, max_tokens: int) -> Generate:
+def _hf(model: Any, pad: int, max_tokens: int) -> Generate:
+    """`model`: a transformers model (Any: transformers' own types would double mypy's time, and only
+    this function uses them)."""
     model.generation_config.eos_token_id = None  # like our ignore_eos: every step decodes, none is forbidden
 
     @torch.no_grad()
@@ -126,7 +128,8 @@ def _runners(args: argparse.Namespace, transformers: ModuleType) -> tuple[dict[s
 
 def _pad(engine: Engine) -> int:
     tokenizer = engine.tokenizer
-    return tokenizer.token_id(tokenizer.eos_token) if tokenizer.eos_token else 0
+    pad = tokenizer.token_id(tokenizer.eos_token) if tokenizer.eos_token else None
+    return 0 if pad is None else pad  # also where the EOS text is not one token of the vocabulary
 
 
 def _prompts(engine: Engine) -> list[list[int]]:
@@ -175,7 +178,7 @@ def run_bench(args: argparse.Namespace) -> int:
         for name, generate in runners.items():
             batch_prompts = [prompts[i % len(prompts)] for i in range(batch)]
 
-            def run():
+            def run() -> None:
                 outputs[batch][name] = generate(batch_prompts)
                 assert all(len(o) == args.max_tokens for o in outputs[batch][name]), name
             rates[name] = batch * args.max_tokens / _median_seconds(run, args.repeats)

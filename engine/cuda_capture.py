@@ -10,10 +10,14 @@ that exception's `__context__`. Here the stream is restored by its own `with` wh
 
 from __future__ import annotations
 
+from types import ModuleType
 from typing import Callable
 
+import torch
 
-def capture(step: Callable[[], None], stream, pool, device, cuda) -> Callable[[], None]:
+
+def capture(step: Callable[[], None], stream: torch.cuda.Stream, pool: tuple[int, int], device: torch.device,
+            cuda: ModuleType) -> Callable[[], None]:
     """The replay of `step` captured on `stream` into `pool`; raises if capture fails, leaving the
     caller's current stream as it was. `cuda` is torch.cuda (tests pass a stand-in)."""
     caller = cuda.current_stream(device)

@@ -184,7 +184,8 @@ class DecodeGraphs:
     # -- static buffers and capture -------------------------------------------------------------
 
     @staticmethod
-    def _copy_in(buffers: StaticBuffers, input_ids, positions, block_tables) -> None:
+    def _copy_in(buffers: StaticBuffers, input_ids: torch.Tensor, positions: torch.Tensor,
+                 block_tables: torch.Tensor) -> None:
         """Device-to-device copies only; padding rows feed token 0 at position 0 (into the pad block)."""
         rows = input_ids.shape[0]
         buffers.input_ids[:rows].copy_(input_ids)
@@ -216,7 +217,7 @@ class DecodeGraphs:
             eager()  # the replay backend: the step recomputed from the static buffers alone
             return eager
         try:
-            if self._pool is None:
+            if self._pool is None or self._stream is None:  # made together, at the first capture
                 self._pool, self._stream = self._cuda.graph_pool_handle(), self._cuda.Stream(self.device)
             return capture(eager, self._stream, self._pool, self.device, self._cuda)
         except Exception as exc:  # a refused capture must not take serving down: run eagerly
@@ -226,7 +227,7 @@ class DecodeGraphs:
             return eager
 
     @torch.inference_mode()
-    def _forward(self, input_ids, positions, block_tables) -> torch.Tensor:
+    def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
         metadata = decode_metadata(block_tables, positions, self.kv_cache.block_size, self.sliding_window, self.dtype)
         return self.model.logits(self.model(input_ids, positions, metadata, self.kv_cache))
 
@@ -236,7 +237,8 @@ class DecodeGraphs:
         v = self.verify
         return v.always or self._bisect_next or (v.every > 0 and self.replays % v.every == 0)
 
-    def _verified_replay(self, buffers, replay, decode: DecodeBatch, true_ids, true_positions) -> torch.Tensor:
+    def _verified_replay(self, buffers: StaticBuffers, replay: Callable[[], None], decode: DecodeBatch,
+                         true_ids: torch.Tensor, true_positions: torch.Tensor) -> torch.Tensor:
         """Replay, then the eager forward of the true inputs at the same shape, compared; the KV cache
         ends as the replay left it (the eager run writes the same slots, so they are saved and put
         back). A correct replay matches exactly: same operations on the same values."""
@@ -249,6 +251,7 @@ class DecodeGraphs:
         eager_sums: list[float] = []
         with self._layer_checksums(replay_sums):
             replay()
+        assert buffers.logits is not None  # every replay writes them
         replayed = buffers.logits[:batch].clone()
         after = [c[:, slots].clone() for c in cache]
         for c, saved in zip(cache, before):
@@ -278,7 +281,8 @@ class DecodeGraphs:
             for hook in hooks:
                 hook.remove()
 
-    def _record(self, buffers, batch, replayed, eager, replay_sums, eager_sums) -> None:
+    def _record(self, buffers: StaticBuffers, batch: int, replayed: torch.Tensor, eager: torch.Tensor,
+                replay_sums: list[float], eager_sums: list[float]) -> None:
         delta = float((replayed.float() - eager.float()).abs().max())
         agrees = bool((replayed.argmax(-1) == eager.argmax(-1)).all())
         layer_deltas = first = None

@@ -16,7 +16,7 @@ from typing import Callable, cast
 
 import torch
 
-from engine.device_loop import DeviceLoop, Taken
+from engine.device_loop import BurstForward, DeviceLoop, Taken
 from engine.graphs import DecodeGraphs
 from engine.host_copy import device_tensor
 from engine.kv_cache import PagedKVCache
@@ -132,7 +132,7 @@ class ModelRunner:
         return (self.use_graphs and DecodeGraphs.bucket_for(len(seqs)) is not None
                 and all(s.num_uncached == 1 for s in seqs))
 
-    def _burst_forward(self, seqs: list[Sequence]):
+    def _burst_forward(self, seqs: list[Sequence]) -> BurstForward:
         """The forward of each burst step. The block tables were reserved for the whole burst, so they
         (and the graph key) are built once here; a step reads ids and positions from the device buffers
         the previous step committed and copies nothing from the host."""

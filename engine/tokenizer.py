@@ -11,9 +11,11 @@ import json
 from datetime import datetime
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import jinja2
+import jinja2.nodes
+import jinja2.parser
 from jinja2.ext import Extension
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as BackendTokenizer
@@ -143,13 +145,13 @@ class _GenerationBlock(Extension):
 
     tags = {"generation"}
 
-    def parse(self, parser):
+    def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.Node:
         lineno = next(parser.stream).lineno
         body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
         return jinja2.nodes.Scope(body, lineno=lineno)
 
 
-def _raise_template_error(message: str):
+def _raise_template_error(message: str) -> NoReturn:
     raise ChatTemplateError(message)
 
 

@@ -15,14 +15,14 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from engine.kv_cache import blocks_needed
-from engine.scheduler.base import ScheduledBatch, SchedulerBase
+from engine.kv_cache import PagedKVCache, blocks_needed
+from engine.scheduler.base import ScheduledBatch, SchedulerBase, SchedulerLimits
 from engine.sequence import RunningPrompt, Sequence
 
 
 class DefaultScheduler(SchedulerBase):
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, kv_cache: PagedKVCache, limits: SchedulerLimits) -> None:
+        super().__init__(kv_cache, limits)
         self._urgency: dict[int, int] = {}  # seq_id -> steps waited since it last ran
 
     def release(self, seq: Sequence) -> None:
