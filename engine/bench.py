@@ -26,7 +26,8 @@ import os
 import statistics
 import sys
 import time
-from typing import Callable
+from types import ModuleType
+from typing import Any, Callable
 
 import torch
 
@@ -62,7 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--burst-length", type=int, default=8)
 
 
-def _median_seconds(run, repeats: int) -> float:
+def _median_seconds(run: Callable[[], None], repeats: int) -> float:
     run()  # warm-up: first-call allocations and kernel selection are not what we measure
     times = []
     for _ in range(repeats):
@@ -77,7 +78,9 @@ def _ours(engine: Engine, max_tokens: int) -> Generate:
     return lambda prompts: [r.token_ids for r in engine.generate(prompts, params)]
 
 
-def _hf(model, pad: int, max_tokens: int) -> Generate:
+def _hf(model: Any, pad: int, max_tokens: int) -> Generate:
+    """`model`: a transformers model (Any: transformers' own types would double mypy's time, and only
+    this function uses them)."""
     model.generation_config.eos_token_id = None  # like our ignore_eos: every step decodes, none is forbidden
 
     @torch.no_grad()
@@ -92,7 +95,8 @@ def _hf(model, pad: int, max_tokens: int) -> Generate:
     return generate
 
 
-def _runners(args: argparse.Namespace, transformers) -> tuple[dict[str, Generate], list[str], Engine, object]:
+def _runners(args: argparse.Namespace, transformers: ModuleType) -> tuple[dict[str, Generate], list[str], Engine,
+                                                                         bench_llama_cpp.LlamaCpp | None]:
     """(name -> generate, the reference names, one of our engines, something to close or None)."""
     path = resolve_model_path(args.model)
     if not is_gguf(path):
@@ -124,7 +128,8 @@ def _runners(args: argparse.Namespace, transformers) -> tuple[dict[str, Generate
 
 def _pad(engine: Engine) -> int:
     tokenizer = engine.tokenizer
-    return tokenizer.token_id(tokenizer.eos_token) if tokenizer.eos_token else 0
+    pad = tokenizer.token_id(tokenizer.eos_token) if tokenizer.eos_token else None
+    return 0 if pad is None else pad  # also where the EOS text is not one token of the vocabulary
 
 
 def _prompts(engine: Engine) -> list[list[int]]:
@@ -173,7 +178,7 @@ def run_bench(args: argparse.Namespace) -> int:
         for name, generate in runners.items():
             batch_prompts = [prompts[i % len(prompts)] for i in range(batch)]
 
-            def run():
+            def run() -> None:
                 outputs[batch][name] = generate(batch_prompts)
                 assert all(len(o) == args.max_tokens for o in outputs[batch][name]), name
             rates[name] = batch * args.max_tokens / _median_seconds(run, args.repeats)

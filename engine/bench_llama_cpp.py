@@ -14,14 +14,19 @@ from __future__ import annotations
 
 import ctypes
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import numpy as np
 
 INSTALL_HINT = "pip install '.[bench]' (build command in docs/BENCHMARKS.md)"
 CONTEXT_PER_STREAM = 1024  # tokens of KV cache per sequence: prompt + new tokens of the bench fit
+# llama_cpp's ctypes objects (a llama_context pointer, a llama_batch struct): the package ships no types.
+LlamaContext = Any
+LlamaBatch = Any
 
 
-def load(path: Path, threads: int):
+def load(path: Path, threads: int) -> LlamaCpp | None:
     """A LlamaCpp on `path`, or None (after printing why) when llama_cpp is not installed."""
     try:
         import llama_cpp
@@ -32,13 +37,13 @@ def load(path: Path, threads: int):
 
 
 class LlamaCpp:
-    def __init__(self, llama_cpp, path: Path, threads: int) -> None:
+    def __init__(self, llama_cpp: ModuleType, path: Path, threads: int) -> None:
         self.lib = llama_cpp
         self.threads = threads
         self.llm = llama_cpp.Llama(model_path=str(path), n_ctx=CONTEXT_PER_STREAM, n_threads=threads,
                                    n_threads_batch=threads, verbose=False)
         self.n_vocab = self.llm.n_vocab()
-        self._batched: dict[int, tuple] = {}  # streams -> (context, batch), built once each
+        self._batched: dict[int, tuple[LlamaContext, LlamaBatch]] = {}  # streams -> (context, batch), built once each
         self.version = llama_cpp.__version__
 
     def generate(self, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
@@ -55,7 +60,7 @@ class LlamaCpp:
                 break
         return out
 
-    def _context(self, streams: int, prompt_tokens: int):
+    def _context(self, streams: int, prompt_tokens: int) -> tuple[LlamaContext, LlamaBatch]:
         if streams not in self._batched:
             lib = self.lib
             params = lib.llama_context_default_params()
@@ -70,7 +75,7 @@ class LlamaCpp:
             self._batched[streams] = (ctx, batch)
         return self._batched[streams]
 
-    def _decode(self, ctx, batch, entries: list[tuple[int, int, int, bool]]) -> None:
+    def _decode(self, ctx: LlamaContext, batch: LlamaBatch, entries: list[tuple[int, int, int, bool]]) -> None:
         """entries: (token, position, sequence id, wants logits)."""
         for i, (token, pos, seq, logits) in enumerate(entries):
             batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, pos, 1
@@ -79,7 +84,7 @@ class LlamaCpp:
         if self.lib.llama_decode(ctx, batch) != 0:
             raise RuntimeError("llama.cpp: llama_decode failed")
 
-    def _argmax(self, ctx, row: int) -> int:
+    def _argmax(self, ctx: LlamaContext, row: int) -> int:
         pointer = self.lib.llama_get_logits_ith(ctx, row)
         return int(np.ctypeslib.as_array(ctypes.cast(pointer, ctypes.POINTER(ctypes.c_float)),
                                          shape=(self.n_vocab,)).argmax())

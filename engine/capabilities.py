@@ -59,11 +59,12 @@ class UnknownFlag(KeyError):
     pass
 
 
-def capability(name: str) -> Capability:
-    try:
-        return BY_NAME[name]
-    except (KeyError, TypeError):
-        raise UnknownFlag(f"unknown flag {name!r}; registered: {', '.join(BY_NAME)}") from None
+def capability(name: object) -> Capability:
+    """The registered flag called `name`; UnknownFlag for anything else (an operator's or a peer's input)."""
+    entry = BY_NAME.get(name) if isinstance(name, str) else None
+    if entry is None:
+        raise UnknownFlag(f"unknown flag {name!r}; registered: {', '.join(BY_NAME)}")
+    return entry
 
 
 def env_value(name: str) -> bool | int:

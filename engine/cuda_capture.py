@@ -10,10 +10,14 @@ that exception's `__context__`. Here the stream is restored by its own `with` wh
 
 from __future__ import annotations
 
+from types import ModuleType
 from typing import Callable
 
+import torch
 
-def capture(step: Callable[[], None], stream, pool, device, cuda) -> Callable[[], None]:
+
+def capture(step: Callable[[], None], stream: torch.cuda.Stream, pool: tuple[int, int], device: torch.device,
+            cuda: ModuleType) -> Callable[[], None]:
     """The replay of `step` captured on `stream` into `pool`; raises if capture fails, leaving the
     caller's current stream as it was. `cuda` is torch.cuda (tests pass a stand-in)."""
     caller = cuda.current_stream(device)
@@ -36,7 +40,7 @@ def capture(step: Callable[[], None], stream, pool, device, cuda) -> Callable[[]
 def root_cause(exc: BaseException) -> str:
     """The exception in an operator's words, with the first error of its chain when that differs."""
     first = exc
-    while (first.__cause__ or first.__context__) is not None:
-        first = first.__cause__ or first.__context__
+    while (earlier := first.__cause__ or first.__context__) is not None:
+        first = earlier
     said = f"{type(exc).__name__}: {exc}"
     return said if first is exc else f"{type(first).__name__}: {first} (then {said})"

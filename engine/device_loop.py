@@ -115,7 +115,7 @@ class DeviceLoop:
         rest = [seqs[row] for row in rows]
         if not rest or not all(s.num_uncached == 1 and self.can_burst(s) for s in rest):
             return None
-        steps = min([self.burst_length] + [s.params.max_tokens - len(s.output_ids) for s in rest]
+        steps = min([self.burst_length] + [s.params.resolved_max_tokens - len(s.output_ids) for s in rest]
                     + [self.length_limit - s.num_tokens for s in rest])
         return BurstGrant(rows, steps) if steps >= 2 else None
 

@@ -22,7 +22,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -36,8 +36,9 @@ from engine.loader import load_model
 from engine.outputs import GenerationResult, RequestOutput, Usage, timings_of
 from engine.runner import AliasedLogitsError, ModelRunner
 from engine.runtime_flags import RuntimeFlags
-from engine.sampler import SampleRequest
+from engine.sampler import SampleRequest, TokenLogprob
 from engine.sampling_params import SamplingParams
+from engine.tokenizer import Tokenizer
 from engine.scheduler import SchedulerLimits, make_scheduler
 from engine.sequence import (Done, Error, FinishedAborted, FinishedIgnored, RunningCompletion, RunningPrompt,
                              Sequence, StopReason)
@@ -99,7 +100,7 @@ class Engine:
         self.runtime_flags = RuntimeFlags(self.device_loop, self.runner)
 
     @property
-    def tokenizer(self):
+    def tokenizer(self) -> Tokenizer:
         return self.loaded.tokenizer
 
     # -- requests -------------------------------------------------------------------------------
@@ -205,7 +206,7 @@ class Engine:
             outputs.append(self._postprocess(request, row.token, row.logprob))
         return outputs
 
-    def _postprocess(self, request: _Request, token: int, logprob) -> RequestOutput:
+    def _postprocess(self, request: _Request, token: int, logprob: TokenLogprob | None) -> RequestOutput:
         seq = request.seq
         seq.num_cached = seq.num_tokens
         if isinstance(seq.state, RunningPrompt):
@@ -227,15 +228,17 @@ class Engine:
             return self._finish(request, text)
         return self._delta(request, text)
 
-    def _stop_reason(self, seq: Sequence, token: int, logprob) -> StopReason | None:
+    def _stop_reason(self, seq: Sequence, token: int, logprob: TokenLogprob | None) -> StopReason | None:
         params = seq.params
         if token in params.stop_token_ids:
             return StopReason.STOP_TOKEN
         if not params.ignore_eos and token in self.loaded.eos_token_ids:
             return StopReason.EOS
-        if params.stop_below_prob is not None and logprob.logprob < math.log(params.stop_below_prob):
-            return StopReason.LOW_CONFIDENCE
-        if len(seq.output_ids) >= params.max_tokens:
+        if params.stop_below_prob is not None:
+            assert logprob is not None  # a confidence floor keeps every token on the host, with its logprob
+            if logprob.logprob < math.log(params.stop_below_prob):
+                return StopReason.LOW_CONFIDENCE
+        if len(seq.output_ids) >= params.resolved_max_tokens:
             return StopReason.LENGTH
         if seq.num_tokens >= self.length_limit:
             return StopReason.MODEL_LENGTH
@@ -243,14 +246,15 @@ class Engine:
 
     def _apply_aborts(self) -> list[RequestOutput]:
         outputs = []
-        for request in [r for r in self._requests.values() if r.abort_with is not None]:
-            request.seq.set_state(request.abort_with)
-            outputs.append(self._finish(request))
+        for request in list(self._requests.values()):  # a copy: _finish forgets the request
+            if request.abort_with is not None:
+                request.seq.set_state(request.abort_with)
+                outputs.append(self._finish(request))
         return outputs
 
     # -- outputs --------------------------------------------------------------------------------
 
-    def _delta(self, request: _Request, text: str, **finish) -> RequestOutput:
+    def _delta(self, request: _Request, text: str, **finish: Any) -> RequestOutput:  # finish: RequestOutput's fields
         seq = request.seq
         start = request.sent_tokens
         request.sent_tokens = len(seq.output_ids)
@@ -279,7 +283,7 @@ class Engine:
 
     # -- whole generations ----------------------------------------------------------------------
 
-    def generate(self, prompts: list[str | list[int]],
+    def generate(self, prompts: list[str] | list[list[int]] | list[str | list[int]],
                  params: SamplingParams | list[SamplingParams]) -> list[GenerationResult]:
         """Run prompts to completion together; one result per prompt, in order. All prompts are checked
         before any is queued. Not for use while streaming requests are in flight (it would consume

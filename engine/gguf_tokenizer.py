@@ -11,7 +11,7 @@ by name for now.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
 from tokenizers import Tokenizer as BackendTokenizer
@@ -56,8 +56,9 @@ def tokenizer_from_gguf(metadata: Callable[..., Any], source: str) -> Tokenizer:
     bad = next((m for m, pair in zip(merges, pairs) if len(pair) != 2), None)
     if bad is not None:
         raise TokenizerError(f"{source}: merge {bad!r} is not two tokens separated by one space")
+    two_token_pairs = cast("list[tuple[str, str]]", pairs)  # every pair's length was checked just above
     try:
-        backend = BackendTokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=pairs,
+        backend = BackendTokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=two_token_pairs,
                                               fuse_unk=False, byte_fallback=False))
     except Exception as exc:  # the Rust library raises plain Exception on an inconsistent vocabulary
         raise TokenizerError(f"{source}: the vocabulary and merges do not form a BPE model ({exc})") from exc

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from engine.gguf_model import GGUFCheckpoint
+from engine.gguf_model import GGUFCheckpoint, GGUFTensor
 from engine.loader import check_complete, check_tensor, expected_tensors
 from engine.model import LlamaForCausalLM
 
@@ -43,7 +43,7 @@ def load_gguf_weights(model: LlamaForCausalLM, checkpoint: GGUFCheckpoint, dtype
                                                            bias=linear.bias))
 
 
-def _servable_quantized(tensor) -> bool:
+def _servable_quantized(tensor: GGUFTensor) -> bool:
     from engine.model.quantized import BLOCK_BYTES  # the types QuantizedLinear serves
 
     return tensor.name.endswith("_proj.weight") and tensor.qtype in BLOCK_BYTES

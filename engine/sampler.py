@@ -109,7 +109,7 @@ def apply_penalties(logits: torch.Tensor, params: SamplingParams, prompt_ids: li
 
 def _logprob_record(logits: torch.Tensor, token: int, top_n: int) -> TokenLogprob:
     logprobs = torch.log_softmax(logits, dim=-1)
-    top = ()
+    top: tuple[tuple[int, float], ...] = ()
     if top_n:
         values, ids = torch.topk(logprobs, top_n)
         top = tuple(zip(ids.tolist(), values.tolist()))

@@ -63,6 +63,14 @@ class SamplingParams:
             object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         self._check()
 
+    @property
+    def resolved_max_tokens(self) -> int:
+        """`max_tokens` once the engine has resolved None (in add_request), as schedulers and the
+        device loop read it."""
+        if self.max_tokens is None:
+            raise ValueError("max_tokens is still None: the engine resolves it when the request is added")
+        return self.max_tokens
+
     def _check(self) -> None:
         def refuse(name: str, message: str) -> None:
             raise InvalidSamplingParams(name, f"{message}, got {getattr(self, name)!r}")
@@ -104,7 +112,7 @@ class SamplingParams:
             refuse("tool_call_end", "must be null or a non-empty string")
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> "SamplingParams":
+    def from_dict(cls, values: object) -> "SamplingParams":
         """From a client's JSON object; an unknown key is an error naming it."""
         if not isinstance(values, dict):
             raise InvalidSamplingParams("params", "must be an object")

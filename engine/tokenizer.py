@@ -11,9 +11,11 @@ import json
 from datetime import datetime
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import jinja2
+import jinja2.nodes
+import jinja2.parser
 from jinja2.ext import Extension
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as BackendTokenizer
@@ -119,6 +121,7 @@ class Tokenizer:
 
     @cached_property
     def _compiled_template(self) -> jinja2.Template:
+        assert self.chat_template is not None  # apply_chat_template refuses a model without one first
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                             extensions=["jinja2.ext.loopcontrols", _GenerationBlock])
         env.filters["tojson"] = _tojson
@@ -142,13 +145,13 @@ class _GenerationBlock(Extension):
 
     tags = {"generation"}
 
-    def parse(self, parser):
+    def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.Node:
         lineno = next(parser.stream).lineno
         body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
         return jinja2.nodes.Scope(body, lineno=lineno)
 
 
-def _raise_template_error(message: str):
+def _raise_template_error(message: str) -> NoReturn:
     raise ChatTemplateError(message)
 
 

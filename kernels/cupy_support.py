@@ -12,7 +12,9 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass
-from typing import Callable
+from contextlib import AbstractContextManager
+from types import ModuleType
+from typing import Callable, NoReturn
 
 import numpy
 import torch
@@ -55,7 +57,7 @@ class CudaKernel:
         self.params = parse_signature(source, name)
 
     def check(self, grid: int, block: int, args: tuple, device: torch.device) -> None:
-        def refuse(why: str):
+        def refuse(why: str) -> NoReturn:
             raise KernelContractError(f"{self.name}: {why}")
 
         if not (isinstance(grid, int) and grid >= 1 and isinstance(block, int) and 1 <= block <= 1024):
@@ -82,7 +84,7 @@ class CudaKernel:
 
 
 @functools.cache
-def cupy_module():
+def cupy_module() -> ModuleType | None:
     """The cupy module, or None where it is not installed or sees no GPU."""
     try:
         import cupy
@@ -98,9 +100,18 @@ def use_cupy(*tensors: torch.Tensor) -> bool:
     return all(t.is_cuda for t in tensors) and cupy_module() is not None
 
 
+def _cupy() -> ModuleType:
+    """cupy_module() where a launch needs it: only after use_cupy() said yes."""
+    cupy = cupy_module()
+    if cupy is None:
+        raise RuntimeError("a CuPy launch where CuPy is not usable (use_cupy() is False)")
+    return cupy
+
+
 @functools.cache
-def _compiled(kernel: CudaKernel):
-    return cupy_module().RawKernel(kernel.source, kernel.name)
+def _compiled(kernel: CudaKernel) -> Callable[[tuple[int], tuple[int], tuple], None]:
+    """The kernel's cupy.RawKernel, compiled by NVRTC once per process."""
+    return _cupy().RawKernel(kernel.source, kernel.name)
 
 
 class _StreamHandle:
@@ -109,11 +120,12 @@ class _StreamHandle:
     def __init__(self, handle: int) -> None:
         self.handle = handle
 
-    def __cuda_stream__(self):
+    def __cuda_stream__(self) -> tuple[int, int]:
         return 0, self.handle
 
 
-def _torch_stream(cupy, device: torch.device):
+def _torch_stream(cupy: ModuleType, device: torch.device) -> AbstractContextManager[object]:
+    """torch's current stream on `device` as a cupy stream (a context manager that makes it current)."""
     handle = torch.cuda.current_stream(device).cuda_stream
     if hasattr(cupy.cuda.Stream, "from_external"):  # CuPy >= 14, where ExternalStream is deprecated
         return cupy.cuda.Stream.from_external(_StreamHandle(handle))
@@ -123,7 +135,7 @@ def _torch_stream(cupy, device: torch.device):
 def cupy_launch(kernel: CudaKernel, grid: int, block: int, args: tuple, device: torch.device) -> None:
     """Launch on the stream torch is using on this device, so the kernel orders with torch's work (and
     is captured with it inside a CUDA graph)."""
-    cupy = cupy_module()
+    cupy = _cupy()
     with _torch_stream(cupy, device):
         # Inside the stream: from_dlpack orders the hand-over against the current CuPy stream, which
         # outside would be the legacy default stream (a sync that invalidates a capture).

@@ -41,5 +41,6 @@ class NoSuchSocket(AsyncWebsocketConsumer):
 application = ProtocolTypeRouter({
     "http": django_application,
     "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(BearerTokenMiddleware(
-        URLRouter(api_sockets + chat_sockets + ops_sockets + [re_path(r"", NoSuchSocket.as_asgi())])))),
+        # As in the routing modules: django-stubs' path()/re_path() take views, URLRouter their patterns.
+        URLRouter(api_sockets + chat_sockets + ops_sockets + [re_path(r"", NoSuchSocket.as_asgi())])))),  # type: ignore[arg-type]
 })

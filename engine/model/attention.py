@@ -48,7 +48,11 @@ class AttentionMetadata:
         # Plain Python lists first, one tensor per field at the end: this runs every step, and many
         # small tensor operations cost more than the arithmetic.
         max_q, max_blocks = max(query_lens), max(len(t) for t in block_tables)
-        positions, slots, query_index, query_pos, last = [], [], [], [], []
+        positions: list[int] = []
+        slots: list[int] = []
+        query_index: list[list[int]] = []
+        query_pos: list[list[int]] = []
+        last: list[int] = []
         flat = 0
         for table, cached, count in zip(block_tables, cached_lens, query_lens):
             new = range(cached, cached + count)

@@ -70,15 +70,17 @@ def fuse_projections(*projections: nn.Module) -> Callable[[torch.Tensor], torch.
     """One call computing several projections of the same input, concatenated: one larger matmul per
     step instead of several. Float Linears share one weight (fuse_linears); quantized ones (GGUF
     weights served as stored) one packed module. For inference, after the weights are loaded."""
-    if all(isinstance(p, nn.Linear) for p in projections):
-        weight, bias = fuse_linears(*projections)
+    linears = [p for p in projections if isinstance(p, nn.Linear)]
+    if len(linears) == len(projections):
+        weight, bias = fuse_linears(*linears)
         return partial(F.linear, weight=weight, bias=bias)
     # Imported only here: it needs the gguf package, which a float model (and the GPU image) lacks.
     from engine.model.quantized import QuantizedLinear, fuse_quantized
 
-    if not all(isinstance(p, QuantizedLinear) for p in projections):
+    quantized = [p for p in projections if isinstance(p, QuantizedLinear)]
+    if len(quantized) != len(projections):
         raise ValueError("cannot fuse quantized and float projections of one input")
-    return fuse_quantized(*projections)
+    return fuse_quantized(*quantized)
 
 
 def fuse_linears(*linears: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:

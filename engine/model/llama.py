@@ -30,7 +30,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = SwiGLUMLP(config.hidden_size, config.intermediate_size, config.mlp_bias)
 
-    def forward(self, x, cos, sin, metadata, cache):
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, metadata: AttentionMetadata | None,
+                cache: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, metadata, cache)
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -59,6 +60,7 @@ class LlamaForCausalLM(nn.Module):
         """Fuse q/k/v and gate/up projections (fewer, larger matmuls per step). Parameters keep their
         HF names; call after the weights are loaded, and not before training."""
         for layer in self.model.layers:
+            assert isinstance(layer, DecoderLayer)  # a ModuleList yields plain Modules to a type checker
             layer.self_attn.fuse_for_inference()
             layer.mlp.fuse_for_inference()
 

@@ -66,6 +66,9 @@ class QuantizedLinear(nn.Module):
     layout (which depends on the CPU's SIMD width), `scales_zeros` [groups, out_padded, 2] float32 and
     `scales_zeros_bf16`. No dequantized copy is kept."""
 
+    raw: torch.Tensor  # buffers, registered in __init__
+    bias: torch.Tensor | None
+
     def __init__(self, raw: torch.Tensor, qtype: gguf.GGMLQuantizationType, in_features: int,
                  bias: torch.Tensor | None) -> None:
         super().__init__()
@@ -173,7 +176,7 @@ def fuse_quantized(*linears: QuantizedLinear) -> QuantizedLinear:
                              f"parts must share the type and in_features")
     if len({linear.bias is None for linear in linears}) > 1:
         raise ValueError("cannot fuse parts with and without bias")
-    bias = None if first.bias is None else torch.cat([linear.bias for linear in linears])
+    bias = None if first.bias is None else torch.cat([linear.bias for linear in linears if linear.bias is not None])
     raw = torch.cat([linear.raw for linear in linears])  # [sum of out, row_bytes]
     return QuantizedLinear(raw, first.qtype, first.in_features, bias)
 

@@ -14,6 +14,7 @@ causes a preemption.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable
@@ -33,7 +34,7 @@ class SchedulerLimits:
     max_model_len: int = 2048
 
 
-class SchedulerBase:
+class SchedulerBase(ABC):
     def __init__(self, kv_cache: PagedKVCache, limits: SchedulerLimits, lookahead: Lookahead | None = None) -> None:
         self.kv_cache = kv_cache
         self.limits = limits
@@ -49,6 +50,11 @@ class SchedulerBase:
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
 
+    @abstractmethod
+    def schedule(self) -> ScheduledBatch:
+        """The sequences of the next forward (and any newly ignored), with every block grant of the step
+        made, a burst's lookahead included."""
+
     def reserve(self, seq: Sequence, tokens: int) -> bool:
         """Grow the sequence's blocks to hold `tokens` tokens if the pool has room; all or nothing."""
         missing = blocks_needed(tokens, self.block_size) - len(seq.block_table)
@@ -58,10 +64,6 @@ class SchedulerBase:
             return False
         seq.block_table += self.kv_cache.allocator.allocate(missing)
         return True
-
-    def schedule(self) -> ScheduledBatch:
-        """The sequences of the next forward, with every block grant of the step made."""
-        raise NotImplementedError
 
     def _batch(self, sequences: list[Sequence], ignored: list[Sequence]) -> ScheduledBatch:
         """The step's batch, with the burst the lookahead asks for if the pool can hold all of it now."""

@@ -51,7 +51,7 @@ class DefaultScheduler(SchedulerBase):
         ignored: list[Sequence] = []
         for seq in list(self.waiting):
             # The last sampled token is never fed, so it needs no slot.
-            reserve = min(len(seq.prompt_ids) + seq.params.max_tokens, self.limits.max_model_len) - 1
+            reserve = min(len(seq.prompt_ids) + seq.params.resolved_max_tokens, self.limits.max_model_len) - 1
             if self._ignore_if_never_fits(seq, reserve):
                 ignored.append(seq)
                 continue

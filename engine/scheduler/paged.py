@@ -116,6 +116,7 @@ class PagedScheduler(SchedulerBase):
     def _swap_in(self, budget: int) -> int:
         while self.swapped and len(self.running) < self.limits.max_num_seqs:
             seq = self.swapped[0]
+            assert self.swap_space is not None  # only a swap space's swap_out fills self.swapped
             needed = blocks_needed(seq.num_tokens, self.block_size)
             if needed > self.kv_cache.allocator.num_free or budget < seq.num_uncached:
                 break

@@ -1,4 +1,5 @@
-"""The named mutants: each removes one leak-prevention mechanism, and names the tests that must catch it.
+"""The named mutants: each removes one leak-prevention mechanism, and names what must catch it: tests
+that must fail, or an error the type check (`make typecheck`, mypy) must report.
 
 A mutant is a textual edit of one production file. The original text must occur exactly once, so a
 refactor that moves the mechanism fails loudly here instead of leaving a mutant that tests nothing.
@@ -17,7 +18,12 @@ class Mutant:
     path: str
     original: str
     replacement: str
-    tests: tuple[str, ...]  # pytest node ids (or -k style prefixes) that must fail under the mutant
+    tests: tuple[str, ...] = ()  # pytest node ids (or -k style prefixes) that must fail under the mutant
+    type_error: str = ""  # instead of tests: a message mypy must report at `path` under the mutant
+
+    def __post_init__(self) -> None:
+        if bool(self.tests) == bool(self.type_error):
+            raise ValueError(f"mutant '{self.name}' names tests or a type error, exactly one of them")
 
 
 MUTANTS = (
@@ -84,4 +90,20 @@ MUTANTS = (
         "",
         (f"{LEAKS}::test_an_aliased_step_fails_instead_of_sampling_another_sequences_logits",),
     ),
+    Mutant(
+        "a SequenceState variant added without a funnel arm",
+        "engine/sequence.py",
+        "SequenceState = Union[Waiting, RunningPrompt, RunningCompletion, Swapped, Done, Error, FinishedAborted,\n"
+        "                      FinishedIgnored]\n",
+        "@dataclass(frozen=True)\n"
+        "class Paused:\n"
+        "    \"\"\"A new state that no arm of set_state decides for.\"\"\"\n"
+        "\n\n"
+        "SequenceState = Union[Waiting, RunningPrompt, RunningCompletion, Swapped, Done, Error, FinishedAborted,\n"
+        "                      FinishedIgnored, Paused]\n",
+        type_error='Argument 1 to "assert_never" has incompatible type "Paused"',
+    ),
 )
+
+TEST_MUTANTS = tuple(m for m in MUTANTS if m.tests)
+TYPE_MUTANTS = tuple(m for m in MUTANTS if m.type_error)

@@ -1,8 +1,11 @@
-"""Mutation check of the leak tests (GUIDE section 3): each mutant must make its named tests fail.
+"""Mutation check of the leak tests (GUIDE section 3): each mutant must make its named tests fail, or
+the type check report its error.
 
-Each mutant is applied to a scratch copy of engine/ and tests/, and the named tests run there in a
+A test mutant is applied to a scratch copy of engine/ and tests/, and the named tests run there in a
 fresh interpreter. A control run of the same tests on an unmutated copy must pass, so a failure under
-a mutant means the mechanism was missed, not that the scratch setup is broken.
+a mutant means the mechanism was missed, not that the scratch setup is broken. A type mutant is
+applied to a copy of what `make typecheck` reads, where mypy runs as that target runs it, first on
+the unmutated copy (which must pass), then on the mutated one.
 """
 
 from __future__ import annotations
@@ -16,9 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.mutation.mutants import MUTANTS, Mutant
+from tests.mutation.mutants import TEST_MUTANTS, TYPE_MUTANTS, Mutant
 
 ROOT = Path(__file__).resolve().parents[2]
+# [tool.mypy]'s files; workbench/ is also where the django-stubs plugin finds the settings it loads.
+TYPE_CHECKED = ("engine", "kernels", "workbench")
 
 
 def scratch_copy(destination: Path) -> Path:
@@ -27,6 +32,24 @@ def scratch_copy(destination: Path) -> Path:
                         ignore=shutil.ignore_patterns("__pycache__", ".pytest_cache", "mutation"))
     (destination / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text())
     return destination
+
+
+def type_check_copy(destination: Path) -> Path:
+    """The type check's inputs, and its cache where one exists (`make test` runs `make typecheck`
+    first): mypy then re-analyses only what a mutant touched, not torch and Django's stubs again."""
+    for part in TYPE_CHECKED:
+        shutil.copytree(ROOT / part, destination / part, ignore=shutil.ignore_patterns("__pycache__"))
+    (destination / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text())
+    if (ROOT / ".mypy_cache").is_dir():
+        shutil.copytree(ROOT / ".mypy_cache", destination / ".mypy_cache")
+    return destination
+
+
+def mutate(copy: Path, mutant: Mutant) -> None:
+    target = copy / mutant.path
+    source = target.read_text()
+    assert source.count(mutant.original) == 1, f"{mutant.path}: the text this mutant edits moved or changed"
+    target.write_text(source.replace(mutant.original, mutant.replacement))
 
 
 def run_tests(copy: Path, tests: tuple[str, ...]) -> subprocess.CompletedProcess:
@@ -39,20 +62,37 @@ def run_tests(copy: Path, tests: tuple[str, ...]) -> subprocess.CompletedProcess
                           cwd=copy, env=env, capture_output=True, text=True, timeout=600)
 
 
+def run_type_check(copy: Path) -> subprocess.CompletedProcess:
+    """`make typecheck` in the copy: mypy with the copy's pyproject.toml, over its files."""
+    env = {**os.environ, "PYTHONPATH": str(copy)}
+    return subprocess.run([sys.executable, "-m", "mypy"], cwd=copy, env=env, capture_output=True, text=True,
+                          timeout=900)
+
+
 def test_unmutated_copy_passes_every_named_test(tmp_path):
-    tests = tuple(sorted({t for mutant in MUTANTS for t in mutant.tests}))
+    tests = tuple(sorted({t for mutant in TEST_MUTANTS for t in mutant.tests}))
     done = run_tests(scratch_copy(tmp_path), tests)
     assert done.returncode == 0, done.stdout[-3000:]
 
 
-@pytest.mark.parametrize("mutant", MUTANTS, ids=[m.name for m in MUTANTS])
+@pytest.mark.parametrize("mutant", TEST_MUTANTS, ids=[m.name for m in TEST_MUTANTS])
 def test_mutant_is_caught_by_its_named_tests(tmp_path, mutant: Mutant):
     copy = scratch_copy(tmp_path)
-    target = copy / mutant.path
-    source = target.read_text()
-    assert source.count(mutant.original) == 1, f"{mutant.path}: the text this mutant edits moved or changed"
-    target.write_text(source.replace(mutant.original, mutant.replacement))
+    mutate(copy, mutant)
     done = run_tests(copy, mutant.tests)
     caught = re.findall(r"^FAILED (\S+)", done.stdout, flags=re.MULTILINE)
     print(f"\nmutant '{mutant.name}' caught by: {', '.join(caught) or 'NOTHING'}")
     assert done.returncode != 0 and caught, f"mutant '{mutant.name}' survived:\n{done.stdout[-3000:]}"
+
+
+@pytest.mark.parametrize("mutant", TYPE_MUTANTS, ids=[m.name for m in TYPE_MUTANTS])
+def test_mutant_is_caught_by_the_type_check(tmp_path, mutant: Mutant):
+    copy = type_check_copy(tmp_path)
+    control = run_type_check(copy)
+    assert control.returncode == 0, f"the unmutated copy fails the type check:\n{control.stdout[-3000:]}"
+    mutate(copy, mutant)
+    done = run_type_check(copy)
+    caught = [line for line in done.stdout.splitlines()
+              if line.startswith(f"{mutant.path}:") and ": error: " in line and mutant.type_error in line]
+    print(f"\nmutant '{mutant.name}' caught by: {' | '.join(caught) or 'NOTHING'}")
+    assert done.returncode != 0 and caught, f"mutant '{mutant.name}' passed the type check:\n{done.stdout[-3000:]}"

@@ -54,7 +54,9 @@ class GenerateConsumer(JsonSocketConsumer):
         prompt, params = frames.generation(frame, transport.tokenizer, request_id)
         self.submitted += 1
         engine_id = self.engine_ids[request_id] = f"ws-{self.socket_id}-{self.submitted}-{request_id}"
-        stream = transport.submit(engine_id, prompt, params, user=self.scope["user"].username)
+        user = self.scope["user"]
+        assert user is not None  # connect refused a socket without a signed-in user
+        stream = transport.submit(engine_id, prompt, params, user=user.username)
         self.active[request_id] = asyncio.create_task(self._relay(request_id, stream))
         await self.send_json({"type": "accepted", "request_id": request_id})
 

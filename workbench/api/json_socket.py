@@ -39,7 +39,7 @@ class JsonSocketConsumer(AsyncJsonWebsocketConsumer):
     # invalid_request): each socket keeps the codes its clients already handle.
     bad_json_code: ClassVar[str | None] = None
 
-    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: object) -> None:
         try:
             await self.receive_json(self._frame(text_data, bytes_data))
         except FrameError as exc:

@@ -164,6 +164,7 @@ async def _whole(kind: str, stream, transport, meta: dict) -> HttpResponse:
     except asyncio.CancelledError:
         transport.cancel(meta["id"])
         raise
+    assert event is not None  # a stream ends with its finished event
     if event.error_code:
         status = ERROR_STATUS.get(event.error_code, 500)
         return ApiError(status, event.error or "", code=event.error_code,

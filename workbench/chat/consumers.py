@@ -117,7 +117,9 @@ class ChatConsumer(JsonSocketConsumer):
             return
         await self.send_json({"type": "started"})
         text, event = "", StreamEvent()
-        stream = transport.submit(engine_id, prompt, params, user=self.scope["user"].username)
+        user = self.scope["user"]
+        assert user is not None  # connect refused a socket without one
+        stream = transport.submit(engine_id, prompt, params, user=user.username)
         if self.stop_asked:
             transport.cancel(engine_id)
         async for event in stream:
@@ -141,7 +143,7 @@ class ChatConsumer(JsonSocketConsumer):
         a session key was not opened by a session.)"""
         session = self.scope.get("session")
         key = getattr(session, "session_key", None)
-        return key is None or bool(session.exists(key))
+        return session is None or key is None or bool(session.exists(key))
 
     @database_sync_to_async
     def _exists(self) -> bool:

@@ -3,7 +3,7 @@ who may, what a change looks like, and the change itself: logged first, sent, ev
 
 from __future__ import annotations
 
-from engine.capabilities import REGISTRY, checked_value
+from engine.capabilities import REGISTRY, capability, checked_value
 from workbench.ops.models import FlagChange
 
 FLIP_PERMISSION = "ops.flip_flags"
@@ -22,7 +22,8 @@ def parse(change: object) -> tuple[str, bool | int, str | None]:
     """(name, value, worker or None for all) from a JSON object; ValueError/UnknownFlag name what is wrong."""
     if not isinstance(change, dict):
         raise ValueError("a flag change is a JSON object: {\"name\", \"value\", \"worker\" (optional: all)}")
-    name, value = change.get("name"), checked_value(change.get("name"), change.get("value"))
+    name = capability(change.get("name")).name  # the registered name; UnknownFlag for any other
+    value = checked_value(name, change.get("value"))
     worker = change.get("worker")
     if worker is not None and (not isinstance(worker, str) or not worker):
         raise ValueError("worker must be a worker id (or left out for every worker)")

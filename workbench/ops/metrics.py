@@ -39,10 +39,10 @@ class WorkersCollector:
                 family.add_metric([worker], metrics.get(key, 0))
             yield family
         for key, (name, doc) in COUNTERS.items():
-            family = CounterMetricFamily(name, doc, labels=["worker"])
+            counter = CounterMetricFamily(name, doc, labels=["worker"])
             for worker, metrics in self.by_worker.items():
-                family.add_metric([worker], metrics.get(key, 0))
-            yield family
+                counter.add_metric([worker], metrics.get(key, 0))
+            yield counter
         finished = CounterMetricFamily("workbench_requests_finished", "Finished requests by finish_reason",
                                        labels=["worker", "finish_reason"])
         for worker, metrics in self.by_worker.items():
@@ -50,12 +50,12 @@ class WorkersCollector:
                 finished.add_metric([worker, reason], count)
         yield finished
         for key, (name, doc) in HISTOGRAMS.items():
-            family = HistogramMetricFamily(name, doc, labels=["worker"])
+            histograms = HistogramMetricFamily(name, doc, labels=["worker"])
             for worker, metrics in self.by_worker.items():
                 histogram = metrics.get(key)
                 if histogram:
-                    family.add_metric([worker], _cumulative(histogram), histogram["sum"])
-            yield family
+                    histograms.add_metric([worker], _cumulative(histogram), histogram["sum"])
+            yield histograms
 
 
 def _cumulative(histogram: dict) -> list[tuple[str, int]]:

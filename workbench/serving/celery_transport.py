@@ -266,7 +266,10 @@ class CeleryTransport:
         return answers
 
     def _flag_answered(self, message: dict) -> None:
-        answer = self._flag_answers.get(message.get("change_id"), {}).get(message.get("worker_id"))
+        change_id, worker_id = message.get("change_id"), message.get("worker_id")
+        if not isinstance(change_id, str) or not isinstance(worker_id, str):
+            return  # not an answer to a change asked from here
+        answer = self._flag_answers.get(change_id, {}).get(worker_id)
         if answer is not None and not answer.done():
             in_force, error = message.get("in_force"), message.get("error")
             answer.set_result({"in_force": in_force} if error is None else {"error": error})
@@ -309,7 +312,7 @@ class CeleryTransport:
                 log.warning("reply channel: %s: %s; retrying", type(exc).__name__, exc)
                 await asyncio.sleep(0.5)
                 continue
-            deliveries = []
+            deliveries: list[tuple[RequestStream, StreamEvent]] = []
             for message in messages:
                 try:
                     if message.get("type") == wire.FLAG_DONE:

@@ -16,7 +16,7 @@ from workbench.serving.streams import StreamEvent
 
 
 class Outbox:
-    def __init__(self, wake: Callable[[], None]) -> None:
+    def __init__(self, wake: Callable[[], object]) -> None:
         self._wake = wake  # called (from any thread) when a reply channel gets something to send
         self._lock = threading.Lock()
         self._pending: dict[str, dict[str, StreamEvent]] = {}  # reply channel -> request id -> delta

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Iterable, Protocol
+from typing import Iterable, Protocol, cast
 
 
 @dataclass
@@ -73,7 +73,7 @@ def deliver(deliveries: Iterable[tuple[Sink, StreamEvent]]) -> None:
         if group is None:
             sink.push_threadsafe(event)
         else:
-            groups[group].append((sink, event))
+            groups[group].append((cast(GroupedSink, sink), event))  # a sink with a group is one
     for batch in groups.values():
         batch[0][0].push_group(batch)
 
@@ -117,6 +117,7 @@ class RequestStream:
         """Everything that arrived since the last call, as one event."""
         await self._ready.wait()
         event, self._pending = self._pending, None
+        assert event is not None  # _ready is set only with an event pending
         self._ready.clear()
         if event.finished:
             self.closed = True

@@ -61,5 +61,6 @@ def set_flag_message(change_id: str, name: str, value: bool | int, reply_channel
     return {"type": SET_FLAG, "change_id": change_id, "name": name, "value": value, "reply_channel": reply_channel}
 
 
-def flag_done_message(change_id: str, worker_id: str, in_force: dict | None, error: str | None) -> dict:
+def flag_done_message(change_id: object, worker_id: str, in_force: dict | None, error: str | None) -> dict:
+    """`change_id`: the asking message's, echoed as it came (a garbled one is answered too)."""
     return {"type": FLAG_DONE, "change_id": change_id, "worker_id": worker_id, "in_force": in_force, "error": error}

@@ -23,6 +23,7 @@ import socket
 import threading
 import time
 import uuid
+from typing import cast
 
 import redis
 from django.conf import settings
@@ -91,7 +92,8 @@ class WorkerHost:
         stored = self._redis.hgetall(wire.flags_key())
         for name, raw in sorted(stored.items()):
             applied = threading.Event()
-            self.engine_host.set_flag(name.decode(), json.loads(raw), lambda in_force, error: applied.set())
+            self.engine_host.set_flag(name.decode() if isinstance(name, bytes) else name, json.loads(raw),
+                                      lambda in_force, error: applied.set())
             applied.wait(timeout=10)
 
     def begin_drain(self) -> None:
@@ -161,7 +163,8 @@ class WorkerHost:
             with self._reply_lock:
                 self._reply_of[request_id] = reply_channel
             user = request.get("user")
-            self.engine_host.add(request_id, request.get("prompt"), sampling, sink,
+            prompt = cast("str | list[int]", request.get("prompt"))  # unchecked: the engine refuses a garbled one
+            self.engine_host.add(request_id, prompt, sampling, sink,
                                    user if isinstance(user, str) else "")
 
     # -- the link loop ---------------------------------------------------------------------------
@@ -213,14 +216,17 @@ class WorkerHost:
 
     def _set_flag(self, message: dict) -> None:
         log.info("flag %r = %r (change %s)", message.get("name"), message.get("value"), message.get("change_id"))
-        if not isinstance(message.get("reply_channel"), str):
+        reply_channel = message.get("reply_channel")
+        if not isinstance(reply_channel, str):
             return  # nobody to answer: a garbled message
 
         def done(in_force: dict | None, error: str | None) -> None:  # on the engine thread
             answer = wire.flag_done_message(message.get("change_id"), self.worker_id, in_force, error)
-            asyncio.run_coroutine_threadsafe(self._answer(message.get("reply_channel"), answer), self._loop)
+            asyncio.run_coroutine_threadsafe(self._answer(reply_channel, answer), self._loop)
 
-        self.engine_host.set_flag(message.get("name"), message.get("value"), done)
+        # Unchecked here on purpose: the engine refuses a garbled name or value, and done() answers why.
+        name, value = cast(str, message.get("name")), cast("bool | int", message.get("value"))
+        self.engine_host.set_flag(name, value, done)
 
     async def _answer(self, reply_channel: str, answer: dict) -> None:
         self._beat_now.set()  # the heartbeat shows the flags in force at once
