@@ -16,6 +16,9 @@ replay is the step recomputed from the static buffers alone), so a replay whose 
 in diverges here exactly as it would on a GPU.
 
 Padding rows of a bucket point at the KV cache's pad block, which no sequence ever owns.
+
+(Just over 300 lines, for a reason: replay verification runs the eager step on the very batch and
+static buffers a replay read; apart from its two small records it is methods of the graphs object.)
 """
 
 from __future__ import annotations
