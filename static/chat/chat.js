@@ -1,7 +1,9 @@
-// The chat page: streams a reply over /ws/chat/<id>, token by token; stop, regenerate, edit.
+// The chat page: streams a reply over /ws/chat/<id>, token by token; stop, regenerate, edit; the
+// composer's keys (Enter sends, Shift+Enter is a newline, Esc stops).
 "use strict";
 
 const chat = document.getElementById("chat");
+const composer = document.getElementById("composer");
 const messages = document.getElementById("messages");
 const input = document.getElementById("input");
 const sendButton = document.getElementById("send");
@@ -107,36 +109,51 @@ function renderReply() {
   reply.article.scrollIntoView({block: "end"});
 }
 
+// Whether the frame went out: the callers change the page (clear the input, drop a reply) only when it
+// did, so a refused send leaves everything as the user had it. No frame can arrive between the send
+// and the caller's change: the "started" frame is handled on a later turn of the event loop.
 function send(frame) {
-  if (!socket || socket.readyState !== WebSocket.OPEN) { statusLine.textContent = "Not connected."; return; }
+  if (!socket || socket.readyState !== WebSocket.OPEN) { statusLine.textContent = "Not connected."; return false; }
   setBusy(true);
   sentAt = performance.now();
   socket.send(JSON.stringify({...frame, params: params()}));
+  return true;
 }
 
-document.getElementById("composer").addEventListener("submit", (event) => {
+composer.addEventListener("submit", (event) => {
   event.preventDefault();
   const text = input.value;
   if (!text.trim()) return;
+  if (!send({type: "send", content: text})) return;
   pending = addMessage("user", text);  // shown at once; taken back if the server refuses it
   input.value = "";
-  send({type: "send", content: text});
+});
+composer.addEventListener("keydown", (event) => {
+  // An Enter or Esc that ends an IME composition belongs to the IME, not to the page. Safari reports
+  // the composition's last Enter with isComposing false but keyCode 229, hence both checks.
+  if (event.isComposing || event.keyCode === 229) return;
+  if (event.key === "Enter" && !event.shiftKey && event.target === input) {
+    event.preventDefault();  // Enter never types a newline; Shift+Enter does, by the default action
+    // As the Send button: nothing happens while it is disabled (a reply under way), the text stays.
+    if (!sendButton.disabled) composer.requestSubmit();
+  } else if (event.key === "Escape" && !stopButton.disabled) {
+    event.preventDefault();
+    stopButton.click();
+  }
 });
 stopButton.addEventListener("click", () => socket.send(JSON.stringify({type: "stop"})));
 document.getElementById("regenerate").addEventListener("click", () => {
   const last = messages.lastElementChild;
-  if (last && last.dataset.role === "assistant") last.remove();
-  send({type: "regenerate"});
+  if (send({type: "regenerate"}) && last && last.dataset.role === "assistant") last.remove();
 });
 document.getElementById("edit-last").addEventListener("click", () => {
   const users = messages.querySelectorAll("[data-role=user]");
   if (!users.length) return;
   const lastUser = users[users.length - 1];
   const text = prompt("Edit your last message", lastUser.textContent.trim());
-  if (text === null || !text.trim()) return;
+  if (text === null || !text.trim() || !send({type: "edit", content: text})) return;
   while (lastUser.nextElementSibling) lastUser.nextElementSibling.remove();
   renderMarkdown(lastUser.querySelector(".content"), text);
-  send({type: "edit", content: text});
 });
 
 setBusy(true);

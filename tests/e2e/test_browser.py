@@ -1,6 +1,6 @@
 """A real headless Chromium (Debian's, driven by Playwright) against a real Daphne: sign up, chat,
 watch tokens stream, stop, reload; a second user can open the first user's conversation neither by
-URL nor over the socket."""
+URL nor over the socket; the composer's keys."""
 
 from __future__ import annotations
 
@@ -129,3 +129,60 @@ def test_a_fast_reply_is_rendered_once_per_painted_frame_not_once_per_delta(brow
     assert len(stored) > len(rendered["text"])
     page.reload()
     assert page.locator("article.assistant .content").inner_text() == stored, "the whole reply was rendered at the end"
+
+
+def test_the_composer_keys_and_a_refused_send_keeping_its_text(browser, daphne_server):
+    """Enter sends, Shift+Enter is a newline, an IME's Enter and Enter during a reply send nothing, Esc
+    stops a streaming reply as the Stop button does, and a send while the socket is closed leaves the
+    text in the input (it used to be cleared before the socket was checked)."""
+    page = signed_up_in_a_new_conversation(browser, f"http://{daphne_server[0]}", "keys")
+    assert page.get_by_label("Message", exact=True).evaluate("el => el.id") == "input"
+    page.wait_for_function("socket && socket.readyState === WebSocket.OPEN")
+    page.click("details summary")
+    page.fill("#temperature", "0")
+    page.fill("#max_tokens", "8")
+    users = page.locator("article.user")
+
+    page.type("#input", "first line")
+    page.press("#input", "Shift+Enter")
+    page.type("#input", "second line")
+    assert users.count() == 0 and page.input_value("#input") == "first line\nsecond line"
+    page.press("#input", "Enter")
+    page.locator("article.assistant .meta").wait_for()
+    assert page.input_value("#input") == "" and users.count() == 1
+
+    page.fill("#input", "composing")
+    page.evaluate("""() => document.getElementById("input").dispatchEvent(new KeyboardEvent(
+        "keydown", {key: "Enter", isComposing: true, bubbles: true, cancelable: true}))""")
+    assert users.count() == 1 and page.input_value("#input") == "composing"
+
+    page.fill("#max_tokens", "400")
+    page.fill("#input", "Tell me about lists")  # greedy, this runs long (as in the Stop button test)
+    page.press("#input", "Enter")
+    page.wait_for_function("document.querySelector('article.assistant[data-streaming] .content')?.textContent.length > 0")
+    page.fill("#input", "not while busy")
+    page.press("#input", "Enter")
+    assert users.count() == 2 and page.input_value("#input") == "not while busy"
+    page.press("#input", "Escape")
+    meta = page.locator("article.assistant").nth(1).locator(".meta")
+    meta.wait_for()
+    assert "canceled" in meta.inner_text()
+
+    page.reload()
+    assert users.first.locator(".content").inner_text() == "first line\nsecond line"
+
+    page.wait_for_function("socket && socket.readyState === WebSocket.OPEN")
+    page.evaluate("socket.close()")
+    page.wait_for_function("socket.readyState === 3 && !document.getElementById('send').disabled")
+    page.fill("#input", "typed while offline")
+    page.click("#send")
+    assert page.locator("#status").inner_text() == "Not connected."
+    page.press("#input", "Enter")
+    assert users.count() == 2 and page.input_value("#input") == "typed while offline"
+
+    page.keyboard.press("Tab")  # from the input: the sampling summary, then the Send button
+    page.keyboard.press("Tab")
+    focused = page.evaluate("""() => ({id: document.activeElement.id,
+        visible: document.activeElement.matches(":focus-visible"),
+        outline: getComputedStyle(document.activeElement).outlineStyle})""")
+    assert focused == {"id": "send", "visible": True, "outline": "solid"}, focused
