@@ -17,7 +17,7 @@ special tokens, as vLLM's does, so a /tokenize result comes back whole.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -83,9 +83,10 @@ def _flag(body: Mapping[str, object], name: str, default: bool) -> bool:
 
 
 Answer = Callable[[Tokenizer, Mapping[str, object]], dict[str, object]]
+AsyncView = Callable[[HttpRequest], Coroutine[object, None, HttpResponse]]  # what path() takes of an async view
 
 
-def _view(answer: Answer) -> Callable[[HttpRequest], Awaitable[HttpResponse]]:
+def _view(answer: Answer) -> AsyncView:
     """A POST view: authenticate, read the body, check the model, answer with the transport's tokenizer."""
 
     async def view(request: HttpRequest) -> HttpResponse:
