@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from workbench.api import openai_views
+from workbench.api import openai_views, server_views, tokenize_views
 from workbench.chat import views as chat
 from workbench.ops import metrics as ops_metrics
 from workbench.ops import views as ops
@@ -19,6 +19,10 @@ urlpatterns = [
     path("v1/models", openai_views.models),
     path("v1/completions", openai_views.completions),
     path("v1/chat/completions", openai_views.chat_completions),
+    path("health", server_views.health, name="health"),
+    path("version", server_views.version, name="version"),
+    path("tokenize", tokenize_views.tokenize, name="tokenize"),
+    path("detokenize", tokenize_views.detokenize, name="detokenize"),
     path("ops/flags", ops.flags, name="ops_flags"),
     path("ops/dashboard", ops.dashboard, name="ops_dashboard"),
     path("metrics", ops_metrics.metrics, name="metrics"),

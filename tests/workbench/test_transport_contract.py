@@ -28,8 +28,8 @@ def inprocess():
 
 
 def test_the_protocol_names_what_the_web_side_calls():
-    assert MEMBERS == ["cancel", "change_flag", "flags_in_force", "metrics_by_worker", "running_request_ids",
-                       "start", "stop", "submit", "tokenizer", "watch_state", "workers_view"]
+    assert MEMBERS == ["answering", "cancel", "change_flag", "flags_in_force", "metrics_by_worker",
+                       "running_request_ids", "start", "stop", "submit", "tokenizer", "watch_state", "workers_view"]
 
 
 @pytest.mark.parametrize("kind", [InProcessTransport, CeleryTransport])

@@ -15,18 +15,14 @@ import json
 import time
 import uuid
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from engine import SamplingParams
 from engine.sampling_params import is_integer
 from workbench.api import request_input
-from workbench.api.auth import bearer_token
-from workbench.api.json_input import JsonInputError, parse_object
-from workbench.api.models import ApiToken
+from workbench.api.http_api import ApiError, authenticate, check_model, json_body, refuse_unless_off
 from workbench.serving import bridge
 from workbench.serving.streams import StreamEvent
 
@@ -36,49 +32,16 @@ FIELD_MAP = {"max_tokens": "max_tokens", "max_completion_tokens": "max_tokens", 
              "top_p": "top_p", "top_k": "top_k", "min_p": "min_p", "seed": "seed", "stop": "stop",
              "frequency_penalty": "frequency_penalty", "presence_penalty": "presence_penalty",
              "repetition_penalty": "repetition_penalty", "ignore_eos": "ignore_eos"}
-IGNORED = {"model", "user", "n", "stream", "stream_options", "prompt", "messages", "logit_bias", "echo", "suffix"}
+IGNORED = {"model", "user", "n", "stream", "stream_options", "prompt", "messages"}
+# Served by OpenAI, not here: each accepted only when off (LangChain sends logit_bias: {} on every request).
+OFF_ONLY: dict[str, object] = {"logit_bias": {}, "echo": False, "suffix": ""}
 FINISH_REASONS = {"stop": "stop", "length": "length", "tool_calls": "tool_calls", "canceled": "stop"}
 # A failed generation's HTTP status; anything else is 500. OpenAI's clients retry 429 and 503 by themselves.
 ERROR_STATUS = {"invalid_request": 400, "invalid_params": 400, "overloaded": 429, "unavailable": 503}
 
 
-class ApiError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 kind: str = "invalid_request_error") -> None:
-        super().__init__(message)
-        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
-
-    @classmethod
-    def refused(cls, exc: request_input.InvalidInput) -> "ApiError":
-        """A 400 for what the shared rules refused, with their code, as every API answers it."""
-        return cls(400, exc.message, param=exc.param, code=exc.code)
-
-    def response(self) -> JsonResponse:
-        return JsonResponse({"error": {"message": self.message, "type": self.kind, "param": self.param,
-                                       "code": self.code}}, status=self.status)
-
-
-async def _authenticate(request: HttpRequest):
-    token = bearer_token(request.headers)
-    user = await sync_to_async(ApiToken.user_for)(token) if token else None
-    if user is None:
-        raise ApiError(401, "a valid API token is required: Authorization: Bearer <token>",
-                       code="invalid_api_key", kind="authentication_error")
-    return user
-
-
 def _body(request: HttpRequest) -> dict:
-    too_large = ApiError(413, f"request bodies are limited to {settings.WORKBENCH_MAX_FRAME_BYTES} bytes")
-    try:
-        raw = request.body
-    except RequestDataTooBig:  # past Django's own limit, which is higher than ours
-        raise too_large from None
-    if len(raw) > settings.WORKBENCH_MAX_FRAME_BYTES:
-        raise too_large
-    try:
-        body = parse_object(raw, "the body")
-    except JsonInputError as exc:
-        raise ApiError(400, exc.message) from None
+    body = json_body(request)
     # Checked here, before any is used: a wrong type would otherwise fail after the stream started.
     if body.get("stream") is not None and not isinstance(body["stream"], bool):
         raise ApiError(400, "stream must be true or false", param="stream")
@@ -86,11 +49,7 @@ def _body(request: HttpRequest) -> dict:
     if options is not None and (not isinstance(options, dict)
                                 or not isinstance(options.get("include_usage", False), bool)):
         raise ApiError(400, "stream_options must be an object like {\"include_usage\": true}", param="stream_options")
-    if body.get("model") is not None and not isinstance(body["model"], str):
-        raise ApiError(400, "model must be a string", param="model")
-    if body.get("model") is not None and body["model"] != settings.WORKBENCH_MODEL:
-        raise ApiError(404, f"the model {body['model']!r} does not exist here; this server serves "
-                       f"{settings.WORKBENCH_MODEL!r} (GET /v1/models)", param="model", code="model_not_found")
+    check_model(body)
     return body
 
 
@@ -105,8 +64,9 @@ def _params(kind: str, body: dict) -> SamplingParams:
         if key in FIELD_MAP:
             if value is not None:
                 values[FIELD_MAP[key]] = value
-        elif key not in IGNORED:
-            raise ApiError(400, f"unsupported parameter {key!r}", param=key, code="unsupported_parameter")
+        elif key not in IGNORED and key not in OFF_ONLY:
+            raise ApiError.unsupported(key)
+    refuse_unless_off(body, OFF_ONLY)
     n = body.get("n", 1)
     if n is not None and (not is_integer(n) or n != 1):
         raise ApiError(400, "only n=1 is supported", param="n")
@@ -123,7 +83,7 @@ def _handler(kind: str):
         try:
             if request.method != "POST":
                 raise ApiError(405, "use POST")
-            user = await _authenticate(request)
+            user = await authenticate(request)
             body = _body(request)
             params = _params(kind, body)
             transport = await bridge.transport_from_loop()
@@ -131,7 +91,7 @@ def _handler(kind: str):
         except ApiError as exc:
             return exc.response()
         request_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
-        stream = transport.submit(request_id, prompt, params, user=user.username)
+        stream = transport.submit(request_id, prompt, params, user=user.get_username())
         meta = {"id": request_id, "created": int(time.time()), "model": settings.WORKBENCH_MODEL}
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
@@ -219,7 +179,7 @@ async def _sse(kind: str, stream, transport, meta: dict, include_usage: bool):
 @csrf_exempt
 async def models(request: HttpRequest) -> HttpResponse:
     try:
-        await _authenticate(request)
+        await authenticate(request)
     except ApiError as exc:
         return exc.response()
     return JsonResponse({"object": "list", "data": [{"id": settings.WORKBENCH_MODEL, "object": "model",

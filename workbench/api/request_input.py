@@ -51,12 +51,27 @@ def prompt(value: object) -> str | list[int]:
     raise InvalidInput(BAD_PROMPT, "prompt must be a string or a list of token ids", "prompt")
 
 
-def chat_prompt(tokenizer: Tokenizer, messages: object) -> list[int]:
+def chat_prompt(tokenizer: Tokenizer, messages: object, add_generation_prompt: bool = True,
+                add_special_tokens: bool = False) -> list[int]:
     """The token ids of OpenAI-shaped `messages` under the model's chat template (the tokenizer checks
-    each message and says which one is wrong)."""
+    each message and says which one is wrong). `add_special_tokens`: the tokenizer's own (a BOS) on top
+    of what the template writes, as vLLM's /tokenize offers; generation never asks for it."""
     if not isinstance(messages, list):
         raise InvalidInput(BAD_PROMPT, "messages must be a non-empty list of {role, content} objects", "messages")
     try:
-        return tokenizer.encode_chat(messages)
+        if add_special_tokens:
+            return tokenizer.encode(tokenizer.apply_chat_template(messages, add_generation_prompt))
+        return tokenizer.encode_chat(messages, add_generation_prompt)
     except TokenizerError as exc:
         raise InvalidInput(BAD_PROMPT, str(exc), "messages") from None
+
+
+def known_token_ids(tokenizer: Tokenizer, value: object, param: str) -> list[int]:
+    """A list of the model's token ids (JSON integers, each within its vocabulary), as `param`."""
+    if not isinstance(value, list) or not all(is_integer(token) for token in value):
+        raise InvalidInput(BAD_PROMPT, f"{param} must be a list of token ids (integers)", param)
+    for at, token in enumerate(value):
+        if not 0 <= token < tokenizer.vocab_size:
+            raise InvalidInput(BAD_PROMPT, f"{param}[{at}]: {token} is not a token id of this model "
+                                           f"(0 to {tokenizer.vocab_size - 1})", param)
+    return value

@@ -123,6 +123,10 @@ class CeleryTransport:
         held = {wire_id for beat in list(self._workers.values()) for wire_id in beat.requests}
         return {pending[w].request_id if w in pending else w for w in held}
 
+    def answering(self) -> bool:
+        # From the web side's loop, like running_request_ids: it only reads the link loop's tables.
+        return bool(self._routable())
+
     def workers(self) -> dict[str, Heartbeat]:
         return dict(self._workers)
 

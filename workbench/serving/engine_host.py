@@ -133,6 +133,11 @@ class EngineHost:
     def tokenizer(self) -> Tokenizer:
         return self.engine.tokenizer
 
+    @property
+    def serving(self) -> bool:
+        """The engine loaded and its thread still running: not stopped, not failed at start or since."""
+        return self._engine is not None and self._thread.is_alive()
+
     # -- called from other threads --------------------------------------------------------------
 
     def add(self, request_id: str, prompt: str | list[int], params: SamplingParams, sink: Sink,

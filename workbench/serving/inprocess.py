@@ -46,6 +46,9 @@ class InProcessTransport:
     def running_request_ids(self) -> set[str]:
         return set(self.host.load.request_ids)
 
+    def answering(self) -> bool:
+        return self.host.serving
+
     async def change_flag(self, name: str, value: bool | int,
                           workers: list[str] | None = None) -> dict[str, FlagAnswer]:
         """This process's engine is the one worker, LOCAL_WORKER; any other named is no such worker."""

@@ -68,6 +68,11 @@ class Transport(Protocol):
         """The requests the engines hold now (this process's by their request id)."""
         ...
 
+    def answering(self) -> bool:
+        """Whether an engine takes requests now, read without waiting (GET /health): the in-process
+        engine loaded and its thread running; for Celery, a live worker that is not draining."""
+        ...
+
     async def change_flag(self, name: str, value: bool | int,
                           workers: list[str] | None = None) -> dict[str, FlagAnswer]:
         """Change a runtime flag on `workers` (None: every one); each one's answer by worker id."""

@@ -1,0 +1,91 @@
+"""What every authenticated HTTP API view shares: OpenAI's error shape, the bearer token, the JSON body.
+
+The OpenAI views (/v1, openai_views.py) and vLLM's tokenizer endpoints (/tokenize, /detokenize,
+tokenize_views.py) answer errors alike, {"error": {message, type, param, code}} with a 4xx status,
+read the body within WORKBENCH_MAX_FRAME_BYTES, and refuse a `model` other than the served one (404)
+and, by name, every field they do not serve.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.contrib.auth.base_user import AbstractBaseUser
+from django.core.exceptions import RequestDataTooBig
+from django.http import HttpRequest, JsonResponse
+
+from workbench.api import request_input
+from workbench.api.auth import bearer_token
+from workbench.api.json_input import JsonInputError, parse_object
+from workbench.api.models import ApiToken
+
+UNSUPPORTED = "unsupported_parameter"  # the code of a field this server does not serve
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 kind: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+
+    @classmethod
+    def refused(cls, exc: request_input.InvalidInput) -> "ApiError":
+        """A 400 for what the shared rules refused, with their code, as every API answers it."""
+        return cls(400, exc.message, param=exc.param, code=exc.code)
+
+    @classmethod
+    def unsupported(cls, param: str, message: str | None = None) -> "ApiError":
+        return cls(400, message or f"unsupported parameter {param!r}", param=param, code=UNSUPPORTED)
+
+    def response(self) -> JsonResponse:
+        return JsonResponse({"error": {"message": self.message, "type": self.kind, "param": self.param,
+                                       "code": self.code}}, status=self.status)
+
+
+async def authenticate(request: HttpRequest) -> AbstractBaseUser:
+    """The user of the request's `Authorization: Bearer <token>`; a 401 ApiError without a valid one."""
+    token = bearer_token(request.headers)
+    user = await sync_to_async(ApiToken.user_for)(token) if token else None
+    if user is None:
+        raise ApiError(401, "a valid API token is required: Authorization: Bearer <token>",
+                       code="invalid_api_key", kind="authentication_error")
+    return user
+
+
+def json_body(request: HttpRequest) -> dict[str, object]:
+    """The request's JSON object, within the size limit (a 413 over it, a 400 for what is not one)."""
+    too_large = ApiError(413, f"request bodies are limited to {settings.WORKBENCH_MAX_FRAME_BYTES} bytes")
+    try:
+        raw = request.body
+    except RequestDataTooBig:  # past Django's own limit, which is higher than ours
+        raise too_large from None
+    if len(raw) > settings.WORKBENCH_MAX_FRAME_BYTES:
+        raise too_large
+    try:
+        body = parse_object(raw, "the body")
+    except JsonInputError as exc:
+        raise ApiError(400, exc.message) from None
+    return body
+
+
+def check_model(body: Mapping[str, object]) -> None:
+    """A `model` sent must name the served one: another is a 404, as OpenAI answers an unknown model."""
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise ApiError(400, "model must be a string", param="model")
+    if model is not None and model != settings.WORKBENCH_MODEL:
+        raise ApiError(404, f"the model {model!r} does not exist here; this server serves "
+                       f"{settings.WORKBENCH_MODEL!r} (GET /v1/models)", param="model", code="model_not_found")
+
+
+def refuse_unless_off(body: Mapping[str, object], off: Mapping[str, object]) -> None:
+    """Fields clients send that this server does not serve, each accepted only as its "off" value (of
+    that JSON type: `false` is not `0`) or null, and refused by name otherwise, never silently ignored."""
+    for name, value in off.items():
+        sent = body.get(name)
+        if sent is not None and not (type(sent) is type(value) and sent == value):
+            raise ApiError.unsupported(name, f"{name} is not supported here; leave it out or send "
+                                             f"{json.dumps(value)}")
