@@ -134,7 +134,8 @@ class ChatConsumer(JsonSocketConsumer):
             await self._gone()  # deleted while it was answered
             return
         await self.send_json({"type": "done", "message_id": message.pk, "finish_reason": event.finish_reason,
-                              "error": event.error, "usage": event.usage, "timings": event.timings})
+                              "error": event.error, "usage": event.usage, "timings": event.timings,
+                              "title": self.conversation.title})
 
     @database_sync_to_async
     def _still_signed_in(self) -> bool:
@@ -156,8 +157,8 @@ class ChatConsumer(JsonSocketConsumer):
     @database_sync_to_async
     def _store_reply(self, text: str, event: StreamEvent) -> Message:
         usage, timings = event.usage or {}, event.timings or {}
-        return Message.objects.create(
-            conversation=self.conversation, role="assistant", content=text, finish_reason=event.finish_reason or "",
+        return self.conversation.add_reply(
+            content=text, finish_reason=event.finish_reason or "",
             error=event.error or "", prompt_tokens=usage.get("prompt_tokens"),
             completion_tokens=usage.get("completion_tokens"), time_to_first_token=timings.get("time_to_first_token"),
             decode_tokens_per_s=timings.get("decode_tokens_per_s"))
