@@ -164,3 +164,49 @@ def test_the_title_is_set_when_the_first_reply_is_stored_and_a_rename_wins(djang
     # Renamed in another tab while the first reply was generated.
     exchange(renamed, "hello", "hi", lambda: Conversation.objects.filter(pk=renamed.pk).update(title="Mine"))
     assert Conversation.objects.get(pk=renamed.pk).title == "Mine"
+
+
+def contains(ids: list[int], part: list[int]) -> bool:
+    return any(ids[n:n + len(part)] == part for n in range(len(ids) - len(part) + 1))
+
+
+@pytest.mark.asyncio
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("serving_transport")
+async def test_the_system_prompt_reaches_the_engine_through_the_chat_template(owned, monkeypatch):
+    """Saved after the socket opened (as the page saves it), the system prompt leads the prompt the
+    engine is given, as the template's system message; cleared, it is gone from the next one."""
+    from asgiref.sync import sync_to_async
+    from channels.testing import WebsocketCommunicator
+
+    from tests.workbench.test_chat import as_user, talk
+    from workbench.serving import bridge
+
+    alice, _, conversation = owned
+    transport = await bridge.transport_from_loop()
+    submitted: list[list[int]] = []
+    real_submit = transport.submit
+
+    def spy(request_id, prompt, params, **kwargs):
+        submitted.append(list(prompt))
+        return real_submit(request_id, prompt, params, **kwargs)
+
+    monkeypatch.setattr(transport, "submit", spy)
+    fresh = await sync_to_async(Conversation.start)(alice)
+    ws = WebsocketCommunicator(as_user(alice), f"/ws/chat/{fresh.pk}")
+    assert (await ws.connect())[0]
+    system = "You are a pirate captain."
+    await sync_to_async(Conversation.objects.filter(pk=fresh.pk).update)(system_prompt=system)
+    params = {"temperature": 0, "max_tokens": 2, "ignore_eos": True}
+    done = (await talk(ws, {"type": "send", "content": "Hi", "params": params}))[-1]
+    assert done["type"] == "done", done
+
+    tokenizer = transport.tokenizer
+    expected = tokenizer.encode_chat([{"role": "system", "content": system}, {"role": "user", "content": "Hi"}])
+    assert submitted == [expected] and done["usage"]["prompt_tokens"] == len(expected)
+    assert contains(submitted[0], tokenizer.encode(system, add_special_tokens=False))
+
+    await sync_to_async(Conversation.objects.filter(pk=fresh.pk).update)(system_prompt="")
+    assert (await talk(ws, {"type": "regenerate", "params": params}))[-1]["type"] == "done"
+    assert submitted[1] == tokenizer.encode_chat([{"role": "user", "content": "Hi"}])
+    await ws.disconnect()
