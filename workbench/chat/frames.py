@@ -6,6 +6,7 @@ rules every API shares (workbench/api/request_input.py).
     <- {"type": "regenerate", "params": {...}}               the last message answered again
     <- {"type": "edit", "content": "...", "params": {...}}   the last message reworded, answered again
     <- {"type": "stop"}
+    -> started, delta {index, text}, done {message_id, finish_reason, error, usage, timings, title}, error
 """
 
 from __future__ import annotations
