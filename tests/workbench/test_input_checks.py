@@ -103,6 +103,7 @@ def turns(conversation: Conversation) -> list[tuple[str, str]]:
 def test_send_stores_the_message_titles_the_conversation_and_keeps_the_claim(conversation):
     history, claim = conversation.take_turn("send", "What is a list?\nAnd a tuple?")
     assert history == [{"role": "user", "content": "What is a list?\nAnd a tuple?"}]
+    conversation.add_reply(content="A sequence.", finish_reason="stop")  # the first reply titles it
     assert Conversation.objects.get(pk=conversation.pk).title == "What is a list?"
     with pytest.raises(ReplyUnderWay):  # one reply at a time, until the claim is released
         conversation.take_turn("send", "again")

@@ -14,8 +14,8 @@ MAX_RENAME_CHARS = 200  # Conversation.title's column
 
 
 def title_from(message: str) -> str:
-    """The message's first words that fit in MAX_TITLE_CHARS, cut at a word boundary with an ellipsis
-    when words were left out; its first line only (a pasted block after it is not a title)."""
+    """The first words of the message's first line that fit in MAX_TITLE_CHARS, cut at a word boundary
+    with an ellipsis when words of it were left out (a pasted block after the first line is no title)."""
     lines = [line for line in message.strip().splitlines() if line.strip()]
     words = lines[0].split() if lines else []
     title = ""
@@ -25,6 +25,4 @@ def title_from(message: str) -> str:
             # A single word longer than the limit is cut inside it rather than giving no title.
             return (title or word[:MAX_TITLE_CHARS - 1]) + "…"
         title = candidate
-    if len(lines) > 1 and title:
-        return title + "…"
     return title or DEFAULT_TITLE
