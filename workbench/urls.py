@@ -15,6 +15,7 @@ urlpatterns = [
     path("c/<int:conversation_id>/delete", chat_manage.delete, name="delete_conversation"),
     path("c/<int:conversation_id>/export.md", chat_manage.export_markdown, name="export_markdown"),
     path("c/<int:conversation_id>/export.json", chat_manage.export_json, name="export_json"),
+    path("c/<int:conversation_id>/versions/<int:message_id>", chat_manage.show_version, name="show_version"),
     path("c/<int:conversation_id>/settings", chat_manage.save_settings, name="conversation_settings"),
     path("settings/chat-defaults", chat_manage.save_defaults, name="chat_defaults"),
     path("tokens", chat.tokens, name="tokens"),

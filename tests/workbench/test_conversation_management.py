@@ -210,3 +210,45 @@ async def test_the_system_prompt_reaches_the_engine_through_the_chat_template(ow
     assert (await talk(ws, {"type": "regenerate", "params": params}))[-1]["type"] == "done"
     assert submitted[1] == tokenizer.encode_chat([{"role": "user", "content": "Hi"}])
     await ws.disconnect()
+
+
+@pytest.mark.django_db
+def test_regenerate_keeps_versions_the_page_steps_through_and_the_model_follows(client, owned):
+    from workbench.chat import versions
+
+    alice, bob, other = owned
+    chat = Conversation.start(alice)
+
+    def answer(turn: str, content: str | None, reply: str) -> list[dict[str, str]]:
+        history, claim = chat.take_turn(turn, content) or pytest.fail("nothing to answer")
+        chat.add_reply(content=reply, finish_reason="stop")
+        chat.release_reply(claim)
+        return history
+
+    answer("send", "Name a colour", "red")
+    answer("regenerate", None, "green")
+    answer("regenerate", None, "blue")
+    last = versions.shown(chat)[-1]
+    assert (last.message.content, last.version, len(last.versions)) == ("blue", 3, 3)
+    red, green, blue = last.versions
+    assert (last.previous_id, last.next_id) == (green, None)
+
+    client.force_login(bob)
+    assert client.post(f"/c/{chat.pk}/versions/{red}").status_code == 404
+    client.force_login(alice)
+    foreign = other.messages.get(role="assistant").pk  # Alice's, but another conversation's reply
+    refused = client.post(f"/c/{chat.pk}/versions/{foreign}")
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "message"
+    assert client.post(f"/c/{chat.pk}/versions/{green}").status_code == 302
+    page = client.get(f"/c/{chat.pk}").content.decode()
+    assert ">green</div>" in page and ">blue</div>" not in page and ">2/3<" in page, "stored: a reload shows it"
+    # The model continues from the version shown.
+    assert answer("send", "Another", "yellow")[-3:] == [
+        {"role": "user", "content": "Name a colour"}, {"role": "assistant", "content": "green"},
+        {"role": "user", "content": "Another"}]
+
+    _, claim = chat.take_turn("send", "While answering") or pytest.fail("nothing to answer")
+    busy = client.post(f"/c/{chat.pk}/versions/{blue}")
+    assert busy.status_code == 409 and busy.json()["error"]["code"] == "busy"
+    chat.release_reply(claim)
+    assert [m.content for m in chat.shown_messages() if m.role == "assistant"] == ["green", "yellow"]

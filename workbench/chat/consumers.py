@@ -19,7 +19,7 @@ from django.db import DatabaseError
 from engine import SamplingParams
 from engine.tokenizer import TokenizerError
 from workbench.api.json_socket import FrameError, JsonSocketConsumer
-from workbench.chat import frames
+from workbench.chat import frames, versions
 from workbench.chat.fitting import fitted_prompt
 from workbench.chat.models import Conversation, Message, ReplyUnderWay, Turn
 from workbench.serving import bridge
@@ -135,7 +135,7 @@ class ChatConsumer(JsonSocketConsumer):
             return
         await self.send_json({"type": "done", "message_id": message.pk, "finish_reason": event.finish_reason,
                               "error": event.error, "usage": event.usage, "timings": event.timings,
-                              "title": self.conversation.title})
+                              "title": self.conversation.title, "versions": await self._versions(message)})
 
     @database_sync_to_async
     def _still_signed_in(self) -> bool:
@@ -145,6 +145,12 @@ class ChatConsumer(JsonSocketConsumer):
         session = self.scope.get("session")
         key = getattr(session, "session_key", None)
         return session is None or key is None or bool(session.exists(key))
+
+    @database_sync_to_async
+    def _versions(self, reply: Message) -> dict[str, object] | None:
+        """Where the reply stands among its versions, for the page's < n/m > (None: no longer shown)."""
+        found = versions.of(self.conversation, reply.pk)
+        return None if found is None else found.as_frame()
 
     @database_sync_to_async
     def _exists(self) -> bool:

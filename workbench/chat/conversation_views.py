@@ -1,5 +1,5 @@
-"""Managing a conversation from the page: rename, delete, export (Markdown, JSON), and its settings
-(system prompt, sampling) saved for it or as the user's default.
+"""Managing a conversation from the page: rename, delete, export (Markdown, JSON), which version of a
+reply is shown, and its settings (system prompt, sampling) saved for it or as the user's default.
 
 Each is reached only by the conversation's owner: anyone else gets 404, as for the conversation page
 (its existence is private too). The changes are POSTs under Django's CSRF check: forms carry the
@@ -18,8 +18,8 @@ from django.shortcuts import get_object_or_404, redirect
 from django.views.decorators.http import require_GET, require_POST
 
 from workbench.api.request_input import InvalidInput
-from workbench.chat import export, preferences
-from workbench.chat.models import ChatDefaults, Conversation
+from workbench.chat import export, preferences, versions
+from workbench.chat.models import ChatDefaults, Conversation, Message, ReplyUnderWay
 from workbench.chat.titles import MAX_RENAME_CHARS
 
 
@@ -107,3 +107,18 @@ def save_defaults(request: HttpRequest) -> HttpResponse:
     ChatDefaults.objects.update_or_create(user=request.user,
                                           defaults={"system_prompt": system_prompt, "sampling": sampling})
     return JsonResponse({"system_prompt": system_prompt, "sampling": sampling})
+
+
+@login_required
+@require_POST
+def show_version(request: HttpRequest, conversation_id: int, message_id: int) -> HttpResponse:
+    """Show this version of its reply (the page's < and > buttons), then the conversation again."""
+    conversation = _owned(request, conversation_id)
+    try:
+        versions.show(conversation, message_id)
+    except Message.DoesNotExist:
+        return _refused(InvalidInput("invalid_request", "message: no reply of this conversation", "message"))
+    except ReplyUnderWay:
+        return JsonResponse({"error": {"code": "busy", "message": "a reply is being generated; wait for it or stop it",
+                                       "param": None}}, status=409)
+    return redirect("conversation", conversation.pk)

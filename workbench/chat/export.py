@@ -1,7 +1,8 @@
 """A conversation as a download: Markdown to read or paste elsewhere, JSON to keep or process.
 
-Both hold the whole conversation as the page shows it (every stored message, the system prompt and the
-sampling settings), not the part that fits the model (workbench/chat/fitting.py).
+Both hold the whole conversation as the page shows it (every message shown, of a reply's versions the
+one chosen; the system prompt and the sampling settings), not the part that fits the model
+(workbench/chat/fitting.py).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ def as_json(conversation: Conversation) -> str:
         "id": conversation.pk, "title": conversation.title, "model": settings.WORKBENCH_MODEL,
         "created_at": conversation.created_at.isoformat(), "updated_at": conversation.updated_at.isoformat(),
         "system_prompt": conversation.system_prompt, "sampling": conversation.sampling,
-        "messages": [_message(m) for m in conversation.messages.all()],
+        "messages": [_message(m) for m in conversation.shown_messages()],
     }, ensure_ascii=False, indent=2)
 
 
@@ -42,7 +43,7 @@ def as_markdown(conversation: Conversation) -> str:
     parts = [f"# {conversation.title}", ""]
     if conversation.system_prompt:
         parts += ["## System", "", conversation.system_prompt, ""]
-    for message in conversation.messages.all():
+    for message in conversation.shown_messages():
         parts += [f"## {ROLE_HEADINGS.get(message.role, message.role)}", "", message.content, ""]
         if message.role == "assistant" and message.finish_reason not in ("", "stop"):
             parts += [f"*({message.finish_reason}{': ' + message.error if message.error else ''})*", ""]

@@ -104,7 +104,7 @@ class Conversation(models.Model):
         """Store a reply; the first one titles a conversation still untitled, from the first user message
         (workbench/chat/titles.py). The title is written only if it is still the default when the
         reply is stored, so a rename in another tab meanwhile is kept."""
-        reply = self.messages.create(role="assistant", **fields)
+        reply = self.messages.create(role="assistant", reply_to=self.messages.filter(role="user").last(), **fields)
         first = self.messages.filter(role="user").first()
         if first is not None and self.title == DEFAULT_TITLE:
             title = title_from(first.content)
@@ -113,24 +113,34 @@ class Conversation(models.Model):
         return reply
 
     def _rewind(self, new_content: str | None) -> bool:
-        """Drop the replies to the last user message, and reword it if `new_content` is given; False
-        (and nothing changed) if there is no user message."""
+        """Set the replies to the last user message aside for another: a regenerate keeps them as
+        earlier versions (workbench/chat/versions.py), not shown; an edit (`new_content`) rewords the
+        message and drops them, as they answered other words. False (and nothing changed) if there is
+        no user message."""
         last_user = self.messages.filter(role="user").last()
         if last_user is None:
             return False
-        self.messages.filter(created_at__gte=last_user.created_at, role="assistant").delete()
-        if new_content is not None:
-            last_user.content = new_content
-            last_user.save(update_fields=["content"])
+        replies = self.messages.filter(created_at__gte=last_user.created_at, role="assistant")
+        if new_content is None:
+            replies.update(shown=False)
+            return True
+        replies.delete()
+        last_user.content = new_content
+        last_user.save(update_fields=["content"])
         return True
 
     def history(self) -> list[dict[str, str]]:
         """The conversation as chat-template messages, oldest first. A reply that failed before any
         text (stored so the page shows the error) is not part of what the model is asked to continue.
-        The system prompt, if any, leads as the template's system message (fitting keeps it)."""
+        The system prompt, if any, leads as the template's system message (fitting keeps it). Of a
+        reply's versions, the one shown on the page is the one the model continues from."""
         system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt.strip() else []
-        return system + [{"role": m.role, "content": m.content} for m in self.messages.order_by("created_at", "id")
+        return system + [{"role": m.role, "content": m.content} for m in self.shown_messages()
                          if not (m.role == "assistant" and m.finish_reason == "error" and not m.content)]
+
+    def shown_messages(self) -> models.QuerySet[Message]:
+        """The messages as the page shows them: of each reply's versions, the one chosen."""
+        return self.messages.filter(shown=True).order_by("created_at", "id")
 
 
 class Message(models.Model):
@@ -139,6 +149,10 @@ class Message(models.Model):
     role = models.CharField(max_length=16, choices=ROLES)
     content = models.TextField()
     created_at = models.DateTimeField(default=timezone.now)
+    # A reply's versions (each regenerate adds one) share the user message they answer; one of them is
+    # shown, and only it is part of the history the model continues (workbench/chat/versions.py).
+    reply_to = models.ForeignKey("self", null=True, blank=True, on_delete=models.CASCADE, related_name="replies")
+    shown = models.BooleanField(default=True)
     # Assistant replies only: how the generation ended, and what it cost.
     finish_reason = models.CharField(max_length=16, blank=True)
     error = models.TextField(blank=True)

@@ -14,6 +14,7 @@ from django.views.decorators.http import require_POST
 from workbench.api.models import ApiToken
 from workbench.chat.models import Conversation
 from workbench.chat.preferences import form_values
+from workbench.chat import versions
 from workbench.chat.search import search
 
 
@@ -40,7 +41,7 @@ def conversation(request, conversation_id: int):
     # Someone else's conversation is "not found", not "forbidden": its existence is private too.
     chat = get_object_or_404(Conversation.owned_by(request.user), pk=conversation_id)
     return render(request, "chat/conversation.html", {
-        "conversation": chat, "messages": chat.messages.all(), "conversations": Conversation.owned_by(request.user),
+        "conversation": chat, "messages": versions.shown(chat), "conversations": Conversation.owned_by(request.user),
         "model": settings.WORKBENCH_MODEL, "sampling": form_values(chat.sampling)})
 
 
