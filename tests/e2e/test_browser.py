@@ -1,7 +1,7 @@
 """A real headless Chromium (Debian's, driven by Playwright) against a real Daphne: sign up, chat,
 watch tokens stream, stop, reload; a second user can open the first user's conversation neither by
 URL nor over the socket; the composer's keys; managing a conversation (settings, system prompt,
-title, export, rename, defaults, search, delete)."""
+title, reply versions, export, rename, defaults, search, delete)."""
 
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ def downloaded(page, selector: str) -> str:
 def test_settings_system_prompt_title_export_rename_defaults_search_and_delete(browser, daphne_server):
     """Settings and a system prompt saved as they change and still there after a reload, the system
     prompt reaching the chat template (the engine was given its tokens), the title made from the first
-    exchange, export as JSON and Markdown (the downloaded files' contents), rename, the user's default
+    exchange, three versions of a regenerated reply navigable after a reload, export as JSON and Markdown (the downloaded files' contents), rename, the user's default
     for a new conversation, search, and delete after a confirmation: one walk, as page loads cost
     seconds here. The 404s for another user are tests/workbench/test_conversation_management.py's."""
     address, api_token = daphne_server
@@ -103,16 +103,35 @@ def test_settings_system_prompt_title_export_rename_defaults_search_and_delete(b
     assert page.locator("#title").inner_text() == QUESTION
     assert page.locator("aside li.current a").inner_text() == QUESTION
 
+    # Regenerate twice: three versions of the reply, stepped through with < n/m >, kept over a reload.
+    reply_article = page.locator("article.assistant").last
+    ids, texts = [reply_article.get_attribute("data-message-id")], [reply_article.locator(".content").inner_text()]
+    for count in (2, 3):
+        page.click("#regenerate")
+        page.wait_for_function(f"""document.querySelector('article.assistant:last-of-type .version-count')
+                                   ?.textContent === '{count}/{count}'""")
+        ids.append(reply_article.get_attribute("data-message-id"))
+        texts.append(reply_article.locator(".content").inner_text())
+    assert len(set(ids)) == 3 and page.locator("article.assistant").count() == 1
+
     page.reload()
     page.click("#settings summary")
     assert (page.input_value("#system_prompt"), page.input_value("#temperature"), page.input_value("#max_tokens"),
             refused.input_value()) == (SYSTEM, "0", "6", "1"), "the settings survive a reload"
+    assert reply_article.locator(".version-count").inner_text() == "3/3"
+    assert reply_article.get_attribute("data-message-id") == ids[2]
+    assert reply_article.get_by_role("button", name="Next version").is_disabled()
+    with page.expect_navigation():
+        reply_article.get_by_role("button", name="Previous version").click()
+    assert reply_article.locator(".version-count").inner_text() == "2/3"
+    assert (reply_article.get_attribute("data-message-id"), reply_article.locator(".content").inner_text()) == \
+        (ids[1], texts[1])
 
     exported = json.loads(downloaded(page, "#export-json"))
     assert (exported["title"], exported["system_prompt"], exported["model"]) == (QUESTION, SYSTEM, "demo")
     assert exported["sampling"] == {"temperature": 0, "top_p": 1, "top_k": 0, "max_tokens": 6}
-    user, reply = exported["messages"]
-    assert user["content"] == QUESTION and reply["usage"]["completion_tokens"] == 6
+    user, reply = exported["messages"]  # as the page shows it: the second version
+    assert user["content"] == QUESTION and reply["usage"]["completion_tokens"] == 6 and reply["content"] == texts[1]
     # The engine was given the system prompt through the template: its prompt is the templated
     # [system, user] pair, token for token as /tokenize renders it, not the user message alone.
     def tokens(messages):
