@@ -74,9 +74,10 @@ def downloaded(page, selector: str) -> str:
 def test_settings_system_prompt_title_export_rename_defaults_search_and_delete(browser, daphne_server):
     """Settings and a system prompt saved as they change and still there after a reload, the system
     prompt reaching the chat template (the engine was given its tokens), the title made from the first
-    exchange, three versions of a regenerated reply navigable after a reload, export as JSON and Markdown (the downloaded files' contents), rename, the user's default
-    for a new conversation, search, and delete after a confirmation: one walk, as page loads cost
-    seconds here. The 404s for another user are tests/workbench/test_conversation_management.py's."""
+    exchange, three versions of a regenerated reply navigable after a reload, export as JSON and
+    Markdown (the downloaded files' contents), rename, the user's default for a new conversation,
+    search, and delete after a confirmation: one walk, as page loads cost seconds here. The 404s for
+    another user are tests/workbench/test_conversation_management.py's."""
     address, api_token = daphne_server
     base = f"http://{address}"
     page = signed_up_in_a_new_conversation(browser, base, "captain")
