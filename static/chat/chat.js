@@ -90,6 +90,7 @@ function handle(frame) {
     reply = null;
     setBusy(false);
     statusLine.textContent = "";
+    chat.dispatchEvent(new CustomEvent("chat:done", {detail: frame}));  // for conversations.js
   } else if (frame.type === "error") {
     if (reply) renderReply();
     statusLine.textContent = `Error: ${frame.message}`;
