@@ -42,10 +42,10 @@ PACKAGES = [
     # The sanitizer between marked's HTML and the page; dual-licensed, both texts kept.
     Package("dompurify", "3.5.0", Path("static/vendor/dompurify"),
             {"dist/purify.min.js": "purify.min.js", "LICENSE": "LICENSE", "LICENSE-MPL": "LICENSE-MPL"}),
-    # highlight.js's own prebuilt browser bundle (the "common" languages) and two themes.
+    # highlight.js's own prebuilt browser bundle (its "common" languages). Its themes are not taken:
+    # style.css colours the tokens for light and dark from one set of rules (light-dark()).
     Package("@highlightjs/cdn-assets", "11.12.0", Path("static/vendor/highlight.js"),
-            {"highlight.min.js": "highlight.min.js", "styles/github.min.css": "github.min.css",
-             "styles/github-dark.min.css": "github-dark.min.css", "LICENSE": "LICENSE"}),
+            {"highlight.min.js": "highlight.min.js", "LICENSE": "LICENSE"}),
     # Accessibility checks in the browser tests only; the app never serves it.
     Package("axe-core", "4.14.1", Path("tests/e2e/vendor/axe-core"),
             {"axe.min.js": "axe.min.js", "LICENSE": "LICENSE"}),
