@@ -152,7 +152,7 @@ document.getElementById("edit-last").addEventListener("click", () => {
   const users = messages.querySelectorAll("[data-role=user]");
   if (!users.length) return;
   const lastUser = users[users.length - 1];
-  const text = prompt("Edit your last message", lastUser.textContent.trim());
+  const text = prompt("Edit your last message", lastUser.querySelector(".content").textContent.trim());
   if (text === null || !text.trim() || !send({type: "edit", content: text})) return;
   while (lastUser.nextElementSibling) lastUser.nextElementSibling.remove();
   lastUser.querySelector(".content").textContent = text;

@@ -161,6 +161,13 @@ def test_a_reply_renders_as_markdown_inert_copyable_and_streams_only_what_change
     page.get_by_role("button", name="Copy your message").click()
     page.wait_for_function("() => document.querySelector('article.user .actions button').textContent === 'Copied'")
     assert page.evaluate(clipboard) == "Show me"
+    # The message's own text, not the copy button's label beside it, is what "Edit last message" offers.
+    offered: list[str] = []
+    page.once("dialog", lambda dialog: (offered.append(dialog.default_value), dialog.dismiss()))
+    page.wait_for_selector("#edit-last:not([disabled])")
+    page.click("#edit-last")
+    page.wait_for_function("() => true")  # the dialog's handler has run once the page answers again
+    assert offered == ["Show me"]
 
     # Streaming: rendered after every character, each render is exactly what a whole render of the same
     # text gives, while the first block keeps its node throughout (only the tail is rendered again).
