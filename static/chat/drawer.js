@@ -1,5 +1,5 @@
 // The conversation list as a drawer on narrow screens (style.css shows the toggle below 700 px): the
-// toggle opens and closes it, and Esc, the drawer's Close button or a click on a conversation closes it.
+// toggle opens and closes it, and so do Esc and the drawer's Close button (a conversation's link leaves the page).
 // Focus goes into the drawer when it opens and back to the toggle when it closes, as a keyboard user
 // would expect of a panel that covers the page.
 "use strict";

@@ -3,7 +3,7 @@
 inert; the copy buttons putting the right text on the clipboard; streaming renders only what changed
 and ends where a whole render would; dark mode (the system's, and the toggle, remembered); the phone
 layout's drawer; and axe-core finding no serious or critical violation on the chat page (light, dark,
-375 px wide), the conversation list, log in, sign up and the dashboard."""
+375 px wide), the conversation list, the API-token page, log in, sign up and the dashboard."""
 
 from __future__ import annotations
 
@@ -197,6 +197,7 @@ def test_dark_mode_phone_drawer_and_no_serious_accessibility_violation(browser, 
         found[name] = serious_violations(visitor)
 
     page = open_stored_reply(browser, render_server, "viewer", RICH)
+    chat_url = page.url
     found["chat, light"] = serious_violations(page)
     background = "getComputedStyle(document.body).backgroundColor"
     light = page.evaluate(background)
@@ -212,6 +213,8 @@ def test_dark_mode_phone_drawer_and_no_serious_accessibility_violation(browser, 
     page.get_by_role("button", name="Dark mode").click()
     found["conversation list, light"] = serious_violations(page)
     assert page.evaluate(background) == light
+    page.goto(f"{base}/tokens")
+    found["API tokens"] = serious_violations(page)
 
     # A system in dark mode gets dark pages without touching the toggle, and the toggle still wins.
     system_dark = browser.new_context(color_scheme="dark")
@@ -224,7 +227,7 @@ def test_dark_mode_phone_drawer_and_no_serious_accessibility_violation(browser, 
     system_dark.close()
 
     # A phone: nothing wider than the screen, the conversation list a drawer behind a labelled toggle.
-    page.go_back()
+    page.goto(chat_url)
     page.set_viewport_size({"width": 375, "height": 740})
     drawer, drawer_toggle = page.locator("#conversation-list"), page.get_by_role("button", name="Conversations")
     assert not drawer.is_visible() and drawer_toggle.get_attribute("aria-expanded") == "false"
