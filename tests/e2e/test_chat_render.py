@@ -74,7 +74,8 @@ Title after all
 
 
 # A whole render per character costs the square of the length: the streamed text is kept short.
-STREAMED = RICH + REWRITES_EARLIER_BLOCKS + "Then `code` and <b>html</b>.\n"
+STREAMED = ("## Plan\n\n| a | b |\n|---|--:|\n| 1 | 2 |\n\n" + REWRITES_EARLIER_BLOCKS
+            + "```python\ndef f():\n    return 1  # one\n```\nThen `code` and <b>html</b>.\n")
 
 
 @pytest.fixture(scope="module")
