@@ -106,13 +106,16 @@ def test_settings_system_prompt_title_export_rename_defaults_search_and_delete(b
 
     # Regenerate twice: three versions of the reply, stepped through with < n/m >, kept over a reload.
     reply_article = page.locator("article.assistant").last
-    ids, texts = [reply_article.get_attribute("data-message-id")], [reply_article.locator(".content").inner_text()]
+    # The reply as written (markdown.js keeps the source it rendered), not as rendered: the export holds that.
+    def reply_source(article):
+        return article.locator(".content").evaluate("el => markdownSource(el) ?? el.textContent")
+    ids, texts = [reply_article.get_attribute("data-message-id")], [reply_source(reply_article)]
     for count in (2, 3):
         page.click("#regenerate")
         page.wait_for_function(f"""document.querySelector('article.assistant:last-of-type .version-count')
                                    ?.textContent === '{count}/{count}'""")
         ids.append(reply_article.get_attribute("data-message-id"))
-        texts.append(reply_article.locator(".content").inner_text())
+        texts.append(reply_source(reply_article))
     assert len(set(ids)) == 3 and page.locator("article.assistant").count() == 1
 
     page.reload()
@@ -125,7 +128,7 @@ def test_settings_system_prompt_title_export_rename_defaults_search_and_delete(b
     with page.expect_navigation():
         reply_article.get_by_role("button", name="Previous version").click()
     assert reply_article.locator(".version-count").inner_text() == "2/3"
-    assert (reply_article.get_attribute("data-message-id"), reply_article.locator(".content").inner_text()) == \
+    assert (reply_article.get_attribute("data-message-id"), reply_source(reply_article)) == \
         (ids[1], texts[1])
 
     exported = json.loads(downloaded(page, "#export-json"))
