@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import mean
 
@@ -31,12 +32,18 @@ QUESTIONS = ["What does the list type do in Python?", "How would I sort it in re
              "Give a dataclass with a default list field."]
 
 
-def conversation_turns(engine: Engine, users: int, turns: int, max_tokens: int) -> dict[str, list[float]]:
-    """Runs every user's conversation; returns per turn the users' TTFTs, and the prefill counts."""
-    tokenizer = engine.tokenizer
+@dataclass
+class Run:
+    ttft: list[list[float]] = field(default_factory=list)  # per turn, each user's time to first token
+    prompt_tokens: int = 0
+    prefilled: int = 0  # prompt tokens computed: those not found in the prefix cache
+
+
+def conversations(engine: Engine, users: int, turns: int, max_tokens: int) -> Run:
+    """Every user's conversation, the users' turns arriving together."""
+    tokenizer, run = engine.tokenizer, Run()
     histories = [[{"role": "system", "content": f"You are assistant number {u}. Answer briefly."}]
                  for u in range(users)]
-    ttft: dict[str, list[float]] = {"prefilled": [0.0], "prompt": [0.0]}
     params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
     for turn in range(turns):
         deltas: dict[str, list] = {}
@@ -51,10 +58,10 @@ def conversation_turns(engine: Engine, users: int, turns: int, max_tokens: int) 
         results = [GenerationResult.from_deltas(deltas[f"u{user}-t{turn}"]) for user in range(users)]
         for history, result in zip(histories, results):
             history.append({"role": "assistant", "content": result.text})
-        ttft[f"turn {turn + 1}"] = [r.timings["time_to_first_token"] or 0.0 for r in results]
-        ttft["prefilled"][0] += sum(r.usage.prompt_tokens - r.usage.cached_tokens for r in results)
-        ttft["prompt"][0] += sum(r.usage.prompt_tokens for r in results)
-    return ttft
+        run.ttft.append([r.timings["time_to_first_token"] or 0.0 for r in results])
+        run.prompt_tokens += sum(r.usage.prompt_tokens for r in results)
+        run.prefilled += sum(r.usage.prompt_tokens - r.usage.cached_tokens for r in results)
+    return run
 
 
 def main() -> None:
@@ -65,23 +72,23 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
-    rows = {}
+    runs, walls = {}, {}
     for name, on in (("cache off", False), ("cache on", True)):
         engine = Engine(EngineConfig.from_env(model=args.model, device=args.device, prefix_caching=on))
         engine.generate(["warm up"], SamplingParams(max_tokens=2, temperature=0))
         started = time.perf_counter()
-        figures = conversation_turns(engine, args.users, args.turns, args.max_tokens)
-        first, last = mean(figures["turn 1"]), mean(figures[f"turn {args.turns}"])
-        rows[name] = (first, last, figures["prefilled"][0], figures["prompt"][0], time.perf_counter() - started)
+        runs[name] = conversations(engine, args.users, args.turns, args.max_tokens)
+        walls[name] = time.perf_counter() - started
     print(f"{args.users} users x {args.turns} turns, {args.max_tokens} tokens a reply, model {args.model}, "
           f"device {args.device}")
     print(f"{'mode':10} {'TTFT turn 1':>12} {f'TTFT turn {args.turns}':>13} {'ratio':>6} {'prefilled':>10} "
           f"{'of prompt':>10} {'wall s':>7}")
-    for name, (first, last, prefilled, prompt, wall) in rows.items():
-        print(f"{name:10} {first * 1000:10.1f}ms {last * 1000:11.1f}ms {last / first:6.2f} {prefilled:10.0f} "
-              f"{prompt:10.0f} {wall:7.1f}")
-    off, on = rows["cache off"], rows["cache on"]
-    print(f"prefill tokens computed, off / on: {off[2] / on[2]:.1f}x fewer with the cache")
+    for name, run in runs.items():
+        first, last = mean(run.ttft[0]), mean(run.ttft[-1])
+        print(f"{name:10} {first * 1000:10.1f}ms {last * 1000:11.1f}ms {last / first:6.2f} {run.prefilled:10d} "
+              f"{run.prompt_tokens:10d} {walls[name]:7.1f}")
+    print(f"prefill tokens computed, off / on: {runs['cache off'].prefilled / runs['cache on'].prefilled:.1f}x "
+          "fewer with the cache")
 
 
 if __name__ == "__main__":
