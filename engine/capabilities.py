@@ -50,6 +50,9 @@ REGISTRY: tuple[Capability, ...] = (
     Capability("ARC_LAYER_BISECT", "engine.graphs:VerifySettings.bisect", "engine/graphs", "Live",
                "With verification, record per-layer checksums and name the first divergent layer.",
                config_field="layer_bisect"),
+    Capability("ARC_PREFIX_CACHING", "engine.scheduler.base:SchedulerBase.prefix_caching", "engine/prefix_cache", "Live",
+               "Reuse cached KV blocks of a prompt prefix computed before for the same cache scope (the user, "
+               "unless widened); off forgets every cached prefix.", default=True, config_field="prefix_caching"),
 )
 
 BY_NAME = {capability.name: capability for capability in REGISTRY}

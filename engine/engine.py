@@ -86,7 +86,8 @@ class Engine:
                                  max_num_batched_tokens=config.max_num_batched_tokens,
                                  max_model_len=self.max_model_len)
         self.scheduler = make_scheduler(config.scheduler, self.kv_cache, limits, config.swap_blocks,
-                                        lookahead=self.device_loop.lookahead)  # grants each burst's KV room
+                                        lookahead=self.device_loop.lookahead,  # grants each burst's KV room
+                                        prefix_caching=config.prefix_caching)
         graphs = DecodeGraphs(self.loaded.model, self.kv_cache, blocks_needed(self.length_limit, config.block_size),
                               self.loaded.dtype, self.loaded.device, config.capture_stream,
                               verify_every=config.verify_replays, verify_always=config.verify_always,
@@ -97,7 +98,7 @@ class Engine:
         self.stand_down_listeners: list[Callable[[Sequence], None]] = []
         self._requests: dict[str, _Request] = {}
         self._seq_ids = itertools.count()
-        self.runtime_flags = RuntimeFlags(self.device_loop, self.runner)
+        self.runtime_flags = RuntimeFlags(self.device_loop, self.runner, self.scheduler)
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -106,10 +107,14 @@ class Engine:
     # -- requests -------------------------------------------------------------------------------
 
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-                    arrival: float | None = None) -> None:
+                    arrival: float | None = None, cache_scope: str = "") -> None:
         """Queue a request. Raises (PromptError, RequestError) before anything changes if it is bad.
         `arrival` (time.monotonic) is when the request reached whoever hands it to the engine, if
-        earlier than now: its queue time and time to first token count from then."""
+        earlier than now: its queue time and time to first token count from then. `cache_scope`: whom
+        the request serves (the serving layer passes its user); it finds only prefixes cached for the
+        same scope, unless the config's prefix_cache_scope is "deployment"."""
+        if not isinstance(cache_scope, str):
+            raise RequestError("cache_scope must be a string")
         if not isinstance(request_id, str) or not request_id:
             raise RequestError("request_id must be a non-empty string")
         if request_id in self._requests:
@@ -119,7 +124,8 @@ class Engine:
         prompt_ids = self._prompt_ids(prompt)
         if params.max_tokens is None:  # resolved once, so schedulers and the device loop see a number
             params = dataclasses.replace(params, max_tokens=self.max_model_len - len(prompt_ids))
-        seq = Sequence(next(self._seq_ids), request_id, prompt_ids, params, self._stand_down)
+        scope = cache_scope if self.config.prefix_cache_scope == "user" else ""
+        seq = Sequence(next(self._seq_ids), request_id, prompt_ids, params, self._stand_down, scope)
         if arrival is not None:
             seq.timings.arrival = min(arrival, seq.timings.arrival)
         generator = torch.Generator(device=self.loaded.device)
@@ -209,6 +215,7 @@ class Engine:
     def _postprocess(self, request: _Request, token: int, logprob: TokenLogprob | None) -> RequestOutput:
         seq = request.seq
         seq.num_cached = seq.num_tokens
+        self.scheduler.cache_computed(seq)  # before a finish releases its blocks: they stay cached
         if isinstance(seq.state, RunningPrompt):
             seq.set_state(RunningCompletion())
         seq.output_ids.append(token)
@@ -274,7 +281,7 @@ class Engine:
         finish_reason = state.reason.finish_reason if isinstance(state, Done) else \
             "canceled" if isinstance(state, FinishedAborted) else "error"
         return self._delta(request, text, finished=True, finish_reason=finish_reason, error=error,
-                           usage=Usage(len(seq.prompt_ids), len(seq.output_ids)), timings=timings_of(seq.timings, len(seq.output_ids)))
+                           usage=Usage(len(seq.prompt_ids), len(seq.output_ids), seq.cached_tokens or 0), timings=timings_of(seq.timings, len(seq.output_ids)))
 
     def _stand_down(self, seq: Sequence) -> None:
         self.device_loop.stand_down(seq)
@@ -312,9 +319,11 @@ class Engine:
 
     def stats(self) -> EngineStats:
         """The counts a host reports (load, heartbeat, metrics), as of now; call on the engine's thread."""
-        allocator, records = self.kv_cache.allocator, self.runner.graphs.verify.records
-        return EngineStats(running=len(self.scheduler.running), waiting=len(self.scheduler.waiting),
+        allocator, records, scheduler = self.kv_cache.allocator, self.runner.graphs.verify.records, self.scheduler
+        return EngineStats(running=len(scheduler.running), waiting=len(scheduler.waiting),
                            kv_cache_usage=1 - allocator.num_free / allocator.num_blocks,
+                           prefix_cache_usage=allocator.num_cached / allocator.num_blocks,
+                           prefix_cache_queries=scheduler.prefix_queries, prefix_cache_hits=scheduler.prefix_hits,
                            preemptions=self.scheduler.num_preemptions, device_loop_bursts=self.device_loop.bursts,
                            parked_tokens_dropped=self.device_loop.parked.foreign_dropped,
                            replay_max_delta=records[-1].max_abs_delta if records else 0.0)

@@ -17,6 +17,8 @@ from engine.kv_cache import blocks_needed
 from engine.model import ModelConfig
 from engine.scheduler import SCHEDULERS
 
+PREFIX_CACHE_SCOPES = ("user", "deployment")
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -37,8 +39,13 @@ class EngineConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 4096
     max_model_len: int | None = None  # at most the model's max_position_embeddings
+    # Whose cached prefixes a request may find (engine/prefix_cache.py): "user", its own user's only
+    # (the requester's `cache_scope`); "deployment", every request's of this engine. Wider sharing is a
+    # timing side channel between users (docs/OPERATIONS.md, "Prefix caching").
+    prefix_cache_scope: str = "user"
     # The start-time runtime flags (engine/capabilities.py names the ARC_* variable of each; their
     # defaults there are these): off unless asked for, here or through from_env.
+    prefix_caching: bool = True
     device_loop: bool = False
     burst_length: int = 8           # decode steps per device-loop burst
     graphs: bool = False
@@ -68,6 +75,9 @@ class EngineConfig:
                 raise ValueError(f"{name} must be >= 1 or None, got {getattr(self, name)}")
         if self.weights not in (None, "quantized", "dequantized"):
             raise ValueError(f"weights must be 'quantized', 'dequantized' or None, got {self.weights!r}")
+        if self.prefix_cache_scope not in PREFIX_CACHE_SCOPES:
+            raise ValueError(f"prefix_cache_scope must be one of {', '.join(PREFIX_CACHE_SCOPES)}, "
+                             f"got {self.prefix_cache_scope!r}")
         if self.swap_blocks < 0:
             raise ValueError(f"swap_blocks must be >= 0, got {self.swap_blocks}")
         try:

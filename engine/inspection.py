@@ -1,5 +1,6 @@
 """An engine's inner state as plain data, for operators: the device loop, capture, every live sequence
-with the parked tokens at its row and their owner, the leak-prevention events and the replay checks.
+with the parked tokens at its row and their owner, the prefix cache's usage and hit rate, the
+leak-prevention events and the replay checks.
 
 `engine_state` is called on the engine's own thread (it reads the engine without locks) and returns
 only JSON-ready values, so the serving layer can hand it to another thread, a heartbeat or a socket.
@@ -63,8 +64,18 @@ def engine_state(engine: Engine, users: Mapping[str, str] | None = None, with_se
         "sequences": sequences if with_sequences else None,
         "sequence_count": len(live),
         "leak_events": [event.as_dict() for event in engine.leak_events.recent(RECENT)],
+        "prefix_cache": _prefix_cache(engine),
         "replay_checks": [_check(record) for record in checks],
     }
+
+
+def _prefix_cache(engine: Engine) -> dict[str, object]:
+    """Whether it is on and for whom, the share of the pool's blocks it holds, and its hit rate in tokens."""
+    stats = engine.stats()
+    queries, hits = stats.prefix_cache_queries, stats.prefix_cache_hits
+    return {"enabled": engine.scheduler.prefix_caching, "scope": engine.config.prefix_cache_scope,
+            "usage": stats.prefix_cache_usage, "queries": queries, "hits": hits,
+            "hit_rate": hits / queries if queries else None}
 
 
 def _finite(value: float) -> float | None:

@@ -4,7 +4,8 @@ A sequence owns a list of block ids (its block table); its token at position p l
 `block_table[p // block_size] * block_size + p % block_size`. Attention writes new keys/values by slot
 and reads a sequence's history through its block table, so sequences of any length share one
 preallocated pool and a finished sequence's blocks are reused at once. The schedulers decide who gets
-blocks; this module only keeps the memory and the free list.
+blocks; this module only keeps the memory, and the pool of block ids (engine/prefix_cache.py: reference
+counts, and full blocks kept cached for reuse by a later prompt with the same prefix).
 """
 
 from __future__ import annotations
@@ -12,14 +13,13 @@ from __future__ import annotations
 import torch
 
 from engine.model.config import ModelConfig
-
-
-class OutOfBlocks(RuntimeError):
-    """The pool has fewer free blocks than asked for; nothing was allocated."""
+from engine.prefix_cache import BlockPool, OutOfBlocks
 
 
 class BlockAllocator:
-    """Free list over block ids 0..num_blocks-1. Allocation is all-or-nothing."""
+    """Free list over block ids 0..num_blocks-1. Allocation is all-or-nothing. (The device pool is a
+    BlockPool, engine/prefix_cache.py, which adds reference counts and cached prefixes; host swap
+    space keeps this plain list.)"""
 
     def __init__(self, num_blocks: int) -> None:
         if num_blocks <= 0:
@@ -67,7 +67,7 @@ class PagedKVCache:
         shape = (config.num_hidden_layers, (num_blocks + 1) * block_size, config.num_key_value_heads, config.head_dim)
         self.keys = torch.zeros(shape, dtype=dtype, device=device)
         self.values = torch.zeros(shape, dtype=dtype, device=device)
-        self.allocator = BlockAllocator(num_blocks)
+        self.allocator = BlockPool(num_blocks)
 
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.keys[index], self.values[index]

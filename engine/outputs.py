@@ -13,14 +13,16 @@ from engine.sequence import Timings
 class Usage:
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = 0  # prompt tokens whose keys/values came from the prefix cache
 
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
 
     def as_dict(self) -> dict[str, int]:
+        """The websocket API's `done.usage` (OpenAI's endpoints nest cached_tokens: workbench/api)."""
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-                "total_tokens": self.total_tokens}
+                "total_tokens": self.total_tokens, "cached_tokens": self.cached_tokens}
 
 
 @dataclass(frozen=True)

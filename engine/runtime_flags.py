@@ -10,12 +10,14 @@ from engine.capabilities import capability, checked_value
 from engine.device_loop import KILL_SWITCH, DeviceLoop
 from engine.graphs import GraphMode
 from engine.runner import ModelRunner
+from engine.scheduler import SchedulerBase
 
 
 class RuntimeFlags:
-    def __init__(self, device_loop: DeviceLoop, runner: ModelRunner) -> None:
+    def __init__(self, device_loop: DeviceLoop, runner: ModelRunner, scheduler: SchedulerBase) -> None:
         self._device_loop = device_loop
         self._runner = runner
+        self._scheduler = scheduler
         self._pending: dict[str, bool | int] = {}
 
     def request(self, name: str, value: bool | int) -> None:
@@ -33,7 +35,7 @@ class RuntimeFlags:
         return {"ARC_GRAPH_DEVICE_LOOP": self._device_loop.enabled, "ARC_DEVICE_LOOP_KILLED": KILL_SWITCH.killed,
                 "ARC_GRAPHS": self._runner.use_graphs, "ARC_CAPTURE_STREAM": graphs.mode is GraphMode.CUDA_GRAPHS,
                 "ARC_GRAPH_VERIFY_REPLAYS": graphs.verify.every, "ARC_GRAPH_VERIFY_ALWAYS": graphs.verify.always,
-                "ARC_LAYER_BISECT": graphs.verify.bisect}
+                "ARC_LAYER_BISECT": graphs.verify.bisect, "ARC_PREFIX_CACHING": self._scheduler.prefix_caching}
 
     def apply(self) -> None:
         """At a step boundary: apply every change asked for since the last one, in order."""
@@ -52,4 +54,6 @@ class RuntimeFlags:
                     graphs.set_verification(always=bool(value))
                 case "ARC_LAYER_BISECT":
                     graphs.set_verification(bisect=bool(value))
+                case "ARC_PREFIX_CACHING":
+                    self._scheduler.set_prefix_caching(bool(value))
         self._pending.clear()

@@ -99,7 +99,7 @@ class Timings:
 
 class Sequence:
     def __init__(self, seq_id: int, request_id: str, prompt_ids: list[int], params: SamplingParams,
-                 stand_down: StandDown) -> None:
+                 stand_down: StandDown, cache_scope: str = "") -> None:
         self.seq_id = seq_id
         self.request_id = request_id
         self.prompt_ids = list(prompt_ids)
@@ -108,6 +108,13 @@ class Sequence:
         self.params = params
         self.block_table: list[int] = []
         self.num_cached = 0  # tokens whose keys/values are in this sequence's blocks
+        # Prefix caching (engine/prefix_cache.py): whose cached blocks this sequence may find and add to,
+        # the chained hashes of its full blocks so far, how many of its blocks are already named by
+        # theirs, and the prompt tokens its first admission found cached (None until admitted).
+        self.cache_scope = cache_scope
+        self.block_hashes: list[bytes] = []
+        self.num_registered = 0
+        self.cached_tokens: int | None = None
         self.timings = Timings()
         self._stand_down = stand_down
         self._state: SequenceState = Waiting()

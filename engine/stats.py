@@ -17,4 +17,7 @@ class EngineStats:
     preemptions: int  # since the engine started
     device_loop_bursts: int  # since the engine started
     parked_tokens_dropped: int  # foreign parked tokens the owner tag dropped, since the engine started
+    prefix_cache_usage: float  # fraction of the KV pool's blocks holding a cached prefix (held or idle), 0..1
+    prefix_cache_queries: int  # prompt tokens looked up at admission, since the engine started (as vLLM counts)
+    prefix_cache_hits: int  # of those, tokens found cached
     replay_max_delta: float  # the latest replay check's max |delta| (0.0 before any; NaN for non-finite logits)

@@ -2,7 +2,8 @@
 
 WORKBENCH_SECRET_KEY, WORKBENCH_DEBUG (off unless set), WORKBENCH_ALLOWED_HOSTS (comma-separated),
 DATABASE_URL (any database dj-database-url reads, e.g. postgres://...; unset: SQLite at WORKBENCH_DB_PATH),
-WORKBENCH_MODEL ("demo" or a model directory), WORKBENCH_DEVICE, WORKBENCH_DTYPE, WORKBENCH_MAX_FRAME_BYTES,
+WORKBENCH_MODEL ("demo" or a model directory), WORKBENCH_DEVICE, WORKBENCH_DTYPE, WORKBENCH_PREFIX_CACHE_SCOPE,
+WORKBENCH_MAX_FRAME_BYTES,
 WORKBENCH_STATIC_ROOT; the transport: WORKBENCH_TRANSPORT ("inprocess" or "celery"), REDIS_URL,
 WORKBENCH_QUEUE_PREFIX, WORKBENCH_WORKER_CAPACITY, WORKBENCH_HEARTBEAT_S, WORKBENCH_WORKER_LOST_S,
 WORKBENCH_DRAIN_S.
@@ -107,6 +108,10 @@ WORKBENCH_DEVICE = env_str("WORKBENCH_DEVICE", "cpu")
 WORKBENCH_DTYPE = env_str("WORKBENCH_DTYPE", "float32", choices=("float32", "bfloat16", "float16"))
 # GGUF models: "quantized" or "dequantized" weights; unset, the engine's default for the device.
 WORKBENCH_WEIGHTS = env_str("WORKBENCH_WEIGHTS", choices=("quantized", "dequantized")) or None
+# Whose cached prompt prefixes a request may reuse (engine/prefix_cache.py): "user" (its own user's
+# only, the default) or "deployment" (everyone's: shares a system prompt's KV, but lets one user time
+# whether another's prompt began with a guessed text; docs/OPERATIONS.md, "Prefix caching").
+WORKBENCH_PREFIX_CACHE_SCOPE = env_str("WORKBENCH_PREFIX_CACHE_SCOPE", "user", choices=("user", "deployment"))
 # Tokens a request's deltas gather before they go out (workbench/serving/stream_interval.py): 1 sends
 # every step's tokens; N sends N times fewer messages, for servers where per-message cost dominates.
 # The first tokens and the last event always go at once. Read by the process that runs the engine.

@@ -14,12 +14,13 @@ SCHEDULERS = ("paged", "default")
 
 
 def make_scheduler(name: str, kv_cache: PagedKVCache, limits: SchedulerLimits, swap_blocks: int = 0,
-                   lookahead: Lookahead | None = None) -> SchedulerBase:
-    """`lookahead`: the burst a batch would run (the device loop's), which the scheduler grants KV room for."""
+                   lookahead: Lookahead | None = None, prefix_caching: bool = True) -> SchedulerBase:
+    """`lookahead`: the burst a batch would run (the device loop's), which the scheduler grants KV room for.
+    `prefix_caching`: admissions take cached prefix blocks, and full blocks are kept cached."""
     if name == "paged":
-        return PagedScheduler(kv_cache, limits, swap_blocks, lookahead)
+        return PagedScheduler(kv_cache, limits, swap_blocks, lookahead, prefix_caching)
     if name == "default":
-        return DefaultScheduler(kv_cache, limits, lookahead)
+        return DefaultScheduler(kv_cache, limits, lookahead, prefix_caching)
     raise ValueError(f"unknown scheduler {name!r}; choose one of {', '.join(SCHEDULERS)}")
 
 

@@ -7,7 +7,7 @@ scheduler of the design notes, whose waitlist moves a running sequence aside whe
 it: the owner-tagged parked queue exists for exactly that shape.
 
 Blocks are reserved whole at admission (every token that will be fed: prompt plus max_tokens minus
-one, capped by the model length), so this
+one, capped by the model length; the cached prefix blocks it takes count towards it), so this
 scheduler never preempts; a sequence whose reservation exceeds the whole pool is FinishedIgnored.
 """
 
@@ -22,8 +22,9 @@ from engine.step_data import ScheduledBatch
 
 
 class DefaultScheduler(SchedulerBase):
-    def __init__(self, kv_cache: PagedKVCache, limits: SchedulerLimits, lookahead: Lookahead | None = None) -> None:
-        super().__init__(kv_cache, limits, lookahead)
+    def __init__(self, kv_cache: PagedKVCache, limits: SchedulerLimits, lookahead: Lookahead | None = None,
+                 prefix_caching: bool = True) -> None:
+        super().__init__(kv_cache, limits, lookahead, prefix_caching)
         self._urgency: dict[int, int] = {}  # seq_id -> steps waited since it last ran
 
     def release(self, seq: Sequence) -> None:
@@ -55,11 +56,16 @@ class DefaultScheduler(SchedulerBase):
             if self._ignore_if_never_fits(seq, reserve):
                 ignored.append(seq)
                 continue
-            needed = blocks_needed(reserve, self.block_size)
-            if len(self.running) >= self.limits.max_num_seqs or needed > self.kv_cache.allocator.num_free:
+            if len(self.running) >= self.limits.max_num_seqs:
                 break
-            seq.block_table = self.kv_cache.allocator.allocate(needed)
+            self._take_cached_prefix(seq)
+            missing = blocks_needed(reserve, self.block_size) - len(seq.block_table)
+            if missing > self.kv_cache.allocator.num_free:
+                self._free_blocks(seq)  # the cached blocks it took go back, still cached
+                break
+            seq.block_table += self.kv_cache.allocator.allocate(missing)
             self.waiting.remove(seq)
             seq.set_state(RunningPrompt())
             self.running.append(seq)
+            self._admitted(seq)
         return ignored

@@ -3,7 +3,8 @@
 Each step, running sequences come first, oldest first: each gets room for the token it feeds. When
 the pool is empty the youngest running sequence is preempted: swapped to host memory when a swap
 pool is configured and has room, otherwise dropped for recompute (its blocks freed, its prompt and
-the tokens it already generated prefilled again later). Then waiting sequences are admitted, oldest
+the tokens it already generated prefilled again later; with prefix caching its own full blocks stay
+cached, so only what was evicted meanwhile is computed again). Then waiting sequences are admitted, oldest
 first, while blocks, the sequence limit and the token budget allow. A prompt that needs more blocks
 than the whole pool has is finished as FinishedIgnored with the reason.
 """
@@ -61,8 +62,8 @@ class SwapSpace:
 
 class PagedScheduler(SchedulerBase):
     def __init__(self, kv_cache: PagedKVCache, limits: SchedulerLimits, swap_blocks: int = 0,
-                 lookahead: Lookahead | None = None) -> None:
-        super().__init__(kv_cache, limits, lookahead)
+                 lookahead: Lookahead | None = None, prefix_caching: bool = True) -> None:
+        super().__init__(kv_cache, limits, lookahead, prefix_caching)
         self.swapped: deque[Sequence] = deque()
         self.swap_space = SwapSpace(kv_cache, swap_blocks) if swap_blocks else None
 
@@ -104,8 +105,11 @@ class PagedScheduler(SchedulerBase):
     def _preempt(self, seq: Sequence) -> None:
         self.num_preemptions += 1
         if self.swap_space is not None and self.swap_space.swap_out(seq):
+            # Shared blocks were only read by the copy: dropping this sequence's reference leaves them
+            # to their other holders, and its own full blocks stay cached. It comes back in private blocks.
             self.kv_cache.allocator.free(seq.block_table)
             seq.block_table = []  # num_cached stays: the host copy holds those tokens
+            seq.num_registered = 0  # its new blocks are named again as cache_computed sees them
             seq.set_state(Swapped())
             self.swapped.append(seq)
             return
@@ -137,13 +141,16 @@ class PagedScheduler(SchedulerBase):
             if self._ignore_if_never_fits(seq, tokens):
                 ignored.append(seq)
                 continue
-            # A prompt over the token budget still runs when it would be alone, or it would never run.
-            if len(self.running) >= self.limits.max_num_seqs or (tokens > budget and self.running):
+            if len(self.running) >= self.limits.max_num_seqs:
                 break
-            if not self.reserve(seq, tokens):
+            self._take_cached_prefix(seq)  # what it finds cached costs neither budget nor new blocks
+            # A prompt over the token budget still runs when it would be alone, or it would never run.
+            if (seq.num_uncached > budget and self.running) or not self.reserve(seq, tokens):
+                self._free_blocks(seq)  # the cached blocks it took go back, still cached
                 break
             self.waiting.remove(seq)
             seq.set_state(RunningPrompt())
             self.running.append(seq)
-            budget -= tokens
+            self._admitted(seq)
+            budget -= seq.num_uncached
         return ignored

@@ -37,6 +37,14 @@
     return `${engaged}; ${armed}; burst ${loop.burst_length}, generation ${loop.generation}, ${loop.bursts} bursts`;
   }
 
+  function prefixCacheText(cache) {
+    if (!cache) return "unknown";
+    if (!cache.enabled) return "off";
+    const rate = cache.hit_rate === null ? "no prompts yet" :
+      `hit rate ${Math.round(cache.hit_rate * 100)}% (${cache.hits} of ${cache.queries} prompt tokens)`;
+    return `on, scope ${cache.scope}; ${Math.round(cache.usage * 100)}% of KV blocks cached; ${rate}`;
+  }
+
   function renderWorkers(workers) {
     const cards = Object.entries(workers).map(([id, w]) => {
       const state = w.state || {};
@@ -48,6 +56,7 @@
           el("dt", {text: "requests"}), el("dd", {text: `${w.running} running, ${w.waiting} waiting${w.draining ? ", draining" : ""}`}),
           el("dt", {text: "device loop"}), el("dd", {class: "device-loop", "data-engaged": String(!!(loop && loop.engaged)), text: deviceLoopText(loop)}),
           el("dt", {text: "parked / dropped"}), el("dd", {text: loop ? `${loop.parked} parked, ${loop.foreign_dropped} foreign dropped` : "-"}),
+          el("dt", {text: "prefix cache"}), el("dd", {class: "prefix-cache", text: prefixCacheText(state.prefix_cache)}),
           el("dt", {text: "capture"}), el("dd", {class: "capture", "data-mode": capture.mode || "", text: `${capture.mode || "?"}: ${capture.reason || ""}`}),
           el("dt", {text: "graphs"}), el("dd", {text: `${capture.graphs ? "on" : "off"}, ${capture.replays || 0} replays`}),
           ...(w.heartbeat_age_s === undefined ? [] : [el("dt", {text: "heartbeat"}), el("dd", {text: `${w.heartbeat_age_s} s ago`})]),

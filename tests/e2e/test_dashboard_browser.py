@@ -59,6 +59,9 @@ def test_an_operator_watches_a_chat_and_flips_one_worker(browser, cluster_server
     assert row.get_attribute("data-worker") in workers
     chat.locator("article.assistant .meta").wait_for(timeout=60_000)  # the reply finished
     row.wait_for(state="detached", timeout=20_000)
+    # The worker that ran it shows its prefix cache: on, for each user alone, with a hit rate.
+    operator.wait_for_function("() => [...document.querySelectorAll('#workers .prefix-cache')]"
+                               ".some(d => d.textContent.startsWith('on, scope user') && d.textContent.includes('hit rate'))")
 
     # Device loop on everywhere, then off for the first worker only.
     operator.click('#flags tr[data-flag="ARC_GRAPH_DEVICE_LOOP"] button.flip[data-worker=""][data-value="true"]')

@@ -15,8 +15,9 @@ from engine.capabilities import REGISTRY
 
 ROOT = Path(__file__).resolve().parents[2]
 START_FLAGS = [entry for entry in REGISTRY if entry.config_field]
-# A value for each flag that differs from its default: on for a bool, 3 for an int.
-SET = {entry.name: ("1", True) if entry.kind == "bool" else ("3", 3) for entry in START_FLAGS}
+# A value for each flag that differs from its default: the other one for a bool, 3 for an int.
+SET = {entry.name: (("0", False) if entry.default else ("1", True)) if entry.kind == "bool" else ("3", 3)
+       for entry in START_FLAGS}
 
 
 @pytest.fixture
@@ -27,7 +28,8 @@ def every_flag_set(monkeypatch) -> None:
 
 def test_the_registry_names_config_fields_whose_defaults_are_its_own():
     fields = {f.name: f for f in dataclasses.fields(EngineConfig)}
-    assert {"device_loop", "graphs", "capture_stream", "verify_replays", "verify_always", "layer_bisect"} == \
+    assert {"device_loop", "graphs", "capture_stream", "verify_replays", "verify_always", "layer_bisect",
+            "prefix_caching"} == \
         {entry.config_field for entry in START_FLAGS}, "liveness: the flags read at start"
     for entry in START_FLAGS:
         assert entry.config_field in fields, f"{entry.name}: EngineConfig has no field {entry.config_field}"

@@ -23,7 +23,7 @@ def test_max_tokens_ends_with_length_and_usage_counts_tokens(engine):
     prompt_ids = engine.tokenizer.encode("def main():")
     assert len(result.token_ids) == 9 and result.finish_reason == "length"
     assert result.usage.as_dict() == {"prompt_tokens": len(prompt_ids), "completion_tokens": 9,
-                                      "total_tokens": len(prompt_ids) + 9}
+                                      "total_tokens": len(prompt_ids) + 9, "cached_tokens": 0}
     assert result.text == engine.tokenizer.decode(result.token_ids)
 
 

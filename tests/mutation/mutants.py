@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 LEAKS = "tests/engine/test_device_loop_leaks.py"
+PREFIX = "tests/engine/test_prefix_cache.py"
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,28 @@ MUTANTS = (
         "        check_identity(logits, seqs)\n",
         "",
         (f"{LEAKS}::test_an_aliased_step_fails_instead_of_sampling_another_sequences_logits",),
+    ),
+    Mutant(
+        "prefix-cache scope dropped from the block hash",
+        "engine/prefix_cache.py",
+        "    digest.update(len(encoded_scope).to_bytes(4, \"little\") + encoded_scope)\n",
+        "",
+        (f"{PREFIX}::test_another_scope_never_hits_while_the_same_scope_does",),
+    ),
+    Mutant(
+        "a cached block freed while another sequence still holds it",
+        "engine/prefix_cache.py",
+        "            if refs > 1:\n",
+        "            if refs > 1 and False:\n",
+        (f"{PREFIX}::test_a_block_another_sequence_holds_is_not_freed_when_one_holder_finishes",),
+    ),
+    Mutant(
+        "a burst granted room in a shared block",
+        "engine/scheduler/base.py",
+        "        if any(self._writes_shared(seq, seq.num_tokens - 1, tokens) for seq, tokens in rows):\n"
+        "            return False\n",
+        "",
+        (f"{PREFIX}::test_a_burst_is_never_granted_room_in_a_block_another_sequence_holds",),
     ),
     Mutant(
         "a SequenceState variant added without a funnel arm",

@@ -23,6 +23,7 @@ from engine import SamplingParams
 from engine.sampling_params import is_integer
 from workbench.api import request_input
 from workbench.api.http_api import ApiError, authenticate, check_model, json_body, refuse_unless_off
+from workbench.api.openai_usage import openai_usage
 from workbench.serving import bridge
 from workbench.serving.streams import StreamEvent
 
@@ -137,7 +138,7 @@ async def _whole(kind: str, stream, transport, meta: dict) -> HttpResponse:
     else:
         choice["text"] = text
         obj = "text_completion"
-    return JsonResponse({**meta, "object": obj, "choices": [choice], "usage": event.usage})
+    return JsonResponse({**meta, "object": obj, "choices": [choice], "usage": openai_usage(event.usage)})
 
 
 async def _sse(kind: str, stream, transport, meta: dict, include_usage: bool):
@@ -169,7 +170,7 @@ async def _sse(kind: str, stream, transport, meta: dict, include_usage: bool):
             if event.finished:
                 finished = True
                 if include_usage:
-                    yield chunk([], event.usage)
+                    yield chunk([], openai_usage(event.usage))
         yield "data: [DONE]\n\n"
     finally:
         if not finished:  # the client went away mid-stream: stop the sequence in the engine

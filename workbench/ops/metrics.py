@@ -16,12 +16,17 @@ from workbench.serving import bridge
 GAUGES = {"running": ("workbench_requests_running", "Requests the engine is running"),
           "waiting": ("workbench_requests_waiting", "Requests waiting for the engine"),
           "kv_cache_usage": ("workbench_kv_cache_usage_ratio", "Share of the KV cache's blocks in use"),
+          "prefix_cache_usage": ("workbench_prefix_cache_usage_ratio",
+                                 "Share of the KV cache's blocks holding a cached prompt prefix"),
           "replay_max_delta": ("workbench_replay_verification_max_delta",
                                "Max |replay - eager| of the last verified graph replay")}
 COUNTERS = {"preemptions": ("workbench_preemptions", "Sequences preempted for room in the KV cache"),
             "prompt_tokens": ("workbench_prompt_tokens", "Prompt tokens of finished requests"),
             "generation_tokens": ("workbench_generation_tokens", "Tokens generated"),
             "device_loop_bursts": ("workbench_device_loop_bursts", "Device-loop bursts decoded"),
+            # Tokens, as vLLM counts them: prompt tokens looked up at admission, and those found cached.
+            "prefix_cache_queries": ("workbench_prefix_cache_queries", "Prompt tokens looked up in the prefix cache"),
+            "prefix_cache_hits": ("workbench_prefix_cache_hits", "Prompt tokens found in the prefix cache"),
             "parked_tokens_dropped": ("workbench_parked_tokens_dropped",
                                       "Parked tokens dropped because their owner did not match")}
 HISTOGRAMS = {"ttft": ("workbench_time_to_first_token_seconds", "Time to first token"),

@@ -39,7 +39,8 @@ def _inprocess() -> Transport:
     from workbench.serving.inprocess import InProcessTransport
 
     config = EngineConfig.from_env(model=settings.WORKBENCH_MODEL, device=settings.WORKBENCH_DEVICE,
-                                   dtype=settings.WORKBENCH_DTYPE, weights=settings.WORKBENCH_WEIGHTS)
+                                   dtype=settings.WORKBENCH_DTYPE, weights=settings.WORKBENCH_WEIGHTS,
+                                   prefix_cache_scope=settings.WORKBENCH_PREFIX_CACHE_SCOPE)
     return InProcessTransport(EngineHost(lambda: Engine(config), settings.WORKBENCH_STREAM_INTERVAL,
                                          settings.WORKBENCH_STREAM_GAP_S))
 

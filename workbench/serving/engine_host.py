@@ -207,7 +207,8 @@ class EngineHost:
             sink.push_threadsafe(StreamEvent(finished=True, finish_reason="canceled"))
             return
         try:
-            self.engine.add_request(request_id, command.prompt, command.params, command.arrival)
+            self.engine.add_request(request_id, command.prompt, command.params, command.arrival,
+                                    cache_scope=command.user)  # no user finds another user's prefix
         except (PromptError, InvalidSamplingParams, RequestError, TokenizerError) as exc:
             code = "invalid_params" if isinstance(exc, InvalidSamplingParams) else "invalid_request"
             sink.push_threadsafe(StreamEvent.failure(code, str(exc)))

@@ -69,6 +69,8 @@ class EngineMetrics:
         return {
             "running": stats.running, "waiting": stats.waiting,
             "kv_cache_usage": stats.kv_cache_usage,
+            "prefix_cache_usage": stats.prefix_cache_usage,
+            "prefix_cache_queries": stats.prefix_cache_queries, "prefix_cache_hits": stats.prefix_cache_hits,
             "preemptions": stats.preemptions,
             "prompt_tokens": self.prompt_tokens, "generation_tokens": self.generation_tokens,
             "finished": dict(self.finished),

@@ -311,7 +311,8 @@ def prepare_host() -> WorkerHost:
     """Before the worker consumes: its identity and queue (the engine loads later, in start())."""
     global _host
     config = EngineConfig.from_env(model=settings.WORKBENCH_MODEL, device=settings.WORKBENCH_DEVICE,
-                                   dtype=settings.WORKBENCH_DTYPE, weights=settings.WORKBENCH_WEIGHTS)
+                                   dtype=settings.WORKBENCH_DTYPE, weights=settings.WORKBENCH_WEIGHTS,
+                                   prefix_cache_scope=settings.WORKBENCH_PREFIX_CACHE_SCOPE)
     _host = WorkerHost(new_worker_id(), config)
     return _host
 
