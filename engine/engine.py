@@ -240,13 +240,14 @@ class Engine:
             if request.constraint.error is not None:  # a token the mask allowed is always accepted: a bug
                 seq.set_state(Error(f"response_format: {request.constraint.error}"))
                 return self._finish(request)
-            if reason is None and request.constraint.finished:  # nothing more may follow, even with ignore_eos
-                reason = StopReason.EOS
         text, stop_string_hit = request.detokenizer.update(seq.output_ids, final=reason is not None)
         if stop_string_hit:
             reason = StopReason.STOP_STRING
         elif reason is None and seq.params.tool_call_end and seq.params.tool_call_end in request.detokenizer.text:
             reason = StopReason.TOOL_CALLS
+            text += request.detokenizer.update(seq.output_ids, final=True)[0]
+        elif reason is None and request.constraint is not None and request.constraint.finished:
+            reason = StopReason.EOS  # the grammar allows nothing more, even with ignore_eos
             text += request.detokenizer.update(seq.output_ids, final=True)[0]
         if reason is not None:
             seq.set_state(Done(reason))
