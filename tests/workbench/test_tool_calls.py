@@ -91,3 +91,14 @@ def test_bad_tools_are_refused_naming_the_field(body, param):
     with pytest.raises(InvalidInput) as refused:
         tool_calls.tools_of(body)
     assert refused.value.param == param
+
+
+def test_the_websocket_apis_params_take_response_format():
+    """The websocket API and the chat socket read params through request_input: response_format is one."""
+    from workbench.api import request_input
+
+    params = request_input.sampling_params({"response_format": {"type": "json_object"}})
+    assert params.constrained
+    with pytest.raises(InvalidInput) as refused:
+        request_input.sampling_params({"response_format": {"type": "yaml"}})
+    assert (refused.value.code, refused.value.param) == ("invalid_params", "response_format")
