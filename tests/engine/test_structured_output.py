@@ -113,3 +113,10 @@ def test_constrained_and_free_rows_in_one_batch_get_their_solo_tokens(checkpoint
     assert [got[f"r{i}"] for i in range(len(prompts))] == solo
     assert len(constrained) == 3 and sources and set(sources) == {TokenSource.HOST}
     assert mixed.device_loop.bursts > 0, "liveness: the free greedy rows still burst once alone"
+
+
+def test_a_finished_grammar_ends_the_request_even_with_ignore_eos(engine):
+    params = SamplingParams(max_tokens=40, temperature=1.0, seed=9, ignore_eos=True, response_format=REGEX)
+    [result] = engine.generate(["x"], params)
+    assert result.finish_reason == "stop" and re.fullmatch(REGEX["regex"], result.text), result
+    assert len(result.token_ids) < 40, "liveness: it ended on the grammar, not on max_tokens"
