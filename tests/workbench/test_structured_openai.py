@@ -25,7 +25,8 @@ WEATHER = {"type": "function", "function": {
     "parameters": {"type": "object", "additionalProperties": False, "required": ["city"],
                    "properties": {"city": {"type": "string", "maxLength": 30}}}}}
 TIME = {"type": "function", "function": {"name": "get_time", "description": "The time now",
-                                         "parameters": {"type": "object", "properties": {}}}}
+                                         "parameters": {"type": "object", "properties": {},
+                                                        "additionalProperties": False}}}
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
