@@ -29,6 +29,7 @@ import torch
 from engine.detokenizer import IncrementalDetokenizer
 from engine.device_loop import DeviceLoop
 from engine.engine_config import EngineConfig
+from engine.grammar import Constraint, GrammarTokenizer, ResponseFormatError
 from engine.graphs import DecodeGraphs
 from engine.kv_cache import PagedKVCache, blocks_needed
 from engine.leak_events import ALIASED_LOGITS, LeakEvent, LeakEventLog
@@ -37,7 +38,7 @@ from engine.outputs import GenerationResult, RequestOutput, Usage, timings_of
 from engine.runner import AliasedLogitsError, ModelRunner
 from engine.runtime_flags import RuntimeFlags
 from engine.sampler import SampleRequest, TokenLogprob
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import InvalidSamplingParams, SamplingParams
 from engine.tokenizer import Tokenizer
 from engine.scheduler import SchedulerLimits, make_scheduler
 from engine.sequence import (Done, Error, FinishedAborted, FinishedIgnored, RunningCompletion, RunningPrompt,
@@ -63,6 +64,7 @@ class _Request:
     generator: torch.Generator
     sent_tokens: int = 0
     abort_with: Done | FinishedAborted | None = None
+    constraint: Constraint | None = None  # its response_format's grammar state (engine/grammar.py)
 
 
 class Engine:
@@ -99,6 +101,7 @@ class Engine:
         self._requests: dict[str, _Request] = {}
         self._seq_ids = itertools.count()
         self.runtime_flags = RuntimeFlags(self.device_loop, self.runner, self.scheduler)
+        self._grammar_tokenizer: GrammarTokenizer | None = None  # built on the first constrained request
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -122,6 +125,7 @@ class Engine:
         if not isinstance(params, SamplingParams):
             raise RequestError("params must be a SamplingParams")
         prompt_ids = self._prompt_ids(prompt)
+        constraint = self._constraint(params)
         if params.max_tokens is None:  # resolved once, so schedulers and the device loop see a number
             params = dataclasses.replace(params, max_tokens=self.max_model_len - len(prompt_ids))
         scope = cache_scope if self.config.prefix_cache_scope == "user" else ""
@@ -133,8 +137,22 @@ class Engine:
             generator.manual_seed(params.seed)
         else:
             generator.seed()  # fresh entropy for this request only; torch.seed() would reseed the process
-        self._requests[request_id] = _Request(seq, IncrementalDetokenizer(self.tokenizer, params.stop), generator)
+        self._requests[request_id] = _Request(seq, IncrementalDetokenizer(self.tokenizer, params.stop), generator,
+                                              constraint=constraint)
         self.scheduler.add(seq)
+
+    def _constraint(self, params: SamplingParams) -> Constraint | None:
+        """The request's grammar compiled for this model's tokenizer, once per request."""
+        grammar = params.grammar
+        if grammar is None:
+            return None
+        if self._grammar_tokenizer is None:
+            self._grammar_tokenizer = GrammarTokenizer(self.tokenizer, self.loaded.config.vocab_size,
+                                                       self.loaded.eos_token_ids)
+        try:
+            return self._grammar_tokenizer.constraint(grammar)
+        except ResponseFormatError as exc:
+            raise InvalidSamplingParams("response_format", str(exc)) from None
 
     def abort(self, request_id: str, by_operator: bool = False) -> bool:
         """Stop a request at the next step: a client's cancel or disconnect ends it Done(Canceled), an
@@ -200,7 +218,7 @@ class Engine:
         requests = [self._requests[seq.request_id] for seq in seqs]
         try:
             self.last_step = self.runner.run(batch, [SampleRequest(r.seq.params, r.seq.prompt_ids, r.seq.output_ids,
-                                                                   r.generator) for r in requests])
+                                                                   r.generator, r.constraint) for r in requests])
         except Exception as exc:  # one bad step must not take the engine down with it
             log.exception("forward failed for %d sequence(s)", len(seqs))
             if isinstance(exc, AliasedLogitsError):
@@ -224,11 +242,19 @@ class Engine:
         if seq.params.logprobs is not None:
             seq.logprobs.append(logprob)
         reason = self._stop_reason(seq, token, logprob)
+        if request.constraint is not None:
+            request.constraint.advance(token)
+            if request.constraint.error is not None:  # a token the mask allowed is always accepted: a bug
+                seq.set_state(Error(f"response_format: {request.constraint.error}"))
+                return self._finish(request)
         text, stop_string_hit = request.detokenizer.update(seq.output_ids, final=reason is not None)
         if stop_string_hit:
             reason = StopReason.STOP_STRING
         elif reason is None and seq.params.tool_call_end and seq.params.tool_call_end in request.detokenizer.text:
             reason = StopReason.TOOL_CALLS
+            text += request.detokenizer.update(seq.output_ids, final=True)[0]
+        elif reason is None and request.constraint is not None and request.constraint.finished:
+            reason = StopReason.EOS  # the grammar allows nothing more, even with ignore_eos
             text += request.detokenizer.update(seq.output_ids, final=True)[0]
         if reason is not None:
             seq.set_state(Done(reason))

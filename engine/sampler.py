@@ -4,7 +4,8 @@ Each sequence samples from its own row with its own `torch.Generator`, so a seed
 same tokens whatever else shares its batch. Greedy rows without penalties or logprobs take one
 batched argmax, the common case on the hot path.
 
-Order per row: penalties on the raw logits; greedy takes the argmax; otherwise temperature, then
+Order per row: a response_format's grammar mask first (engine/grammar.py; forbidden tokens at -inf,
+so they are never drawn and their logprob is -inf), then penalties on the logits; greedy takes the argmax; otherwise temperature, then
 top-k, top-p and min-p filters, then a draw. Logprobs describe the model's own distribution (raw
 logits, before penalties and temperature), as OpenAI's do.
 """
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.grammar import Constraint
 from engine.sampling_params import SamplingParams
 
 
@@ -34,6 +36,7 @@ class SampleRequest:
     prompt_ids: list[int]
     output_ids: list[int]
     generator: torch.Generator
+    constraint: Constraint | None = None  # the response_format's grammar state, if the request has one
 
 
 def sample(logits: torch.Tensor, rows: list[SampleRequest]) -> tuple[list[int], list[TokenLogprob | None]]:
@@ -41,7 +44,7 @@ def sample(logits: torch.Tensor, rows: list[SampleRequest]) -> tuple[list[int], 
     row asks for logprobs or a confidence floor)."""
     if len(rows) != logits.shape[0]:
         raise ValueError(f"{logits.shape[0]} logit rows for {len(rows)} sequences")
-    logits = logits.float()
+    logits = _constrained(logits.float(), rows)
     plain_greedy = [r.params.greedy and not r.params.has_penalties for r in rows]
     tokens = logits.argmax(dim=-1).tolist() if any(plain_greedy) else [0] * len(rows)
     for index, row in enumerate(rows):
@@ -50,6 +53,19 @@ def sample(logits: torch.Tensor, rows: list[SampleRequest]) -> tuple[list[int], 
     records = [_logprob_record(logits[i], tokens[i], row.params.logprobs or 0) if _wants_logprob(row.params) else None
                for i, row in enumerate(rows)]
     return tokens, records
+
+
+def _constrained(logits: torch.Tensor, rows: list[SampleRequest]) -> torch.Tensor:
+    """The logits with each constrained row's forbidden tokens at -inf, before anything else looks at
+    them (so the EOS is allowed only where the grammar accepts). Rows without a constraint keep their
+    values bit for bit: the mask is the only difference a constrained neighbour makes."""
+    constrained = [(index, row.constraint) for index, row in enumerate(rows) if row.constraint is not None]
+    if not constrained:
+        return logits
+    logits = logits.clone()
+    for index, constraint in constrained:
+        logits[index] = constraint.apply(logits[index])
+    return logits
 
 
 def _wants_logprob(params: SamplingParams) -> bool:

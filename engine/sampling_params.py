@@ -11,6 +11,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
+from engine.grammar import ResponseFormatError, grammar_of
+
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
 MAX_TOP_LOGPROBS = 20
@@ -52,6 +54,9 @@ class SamplingParams:
     # Ends the request with finish_reason "tool_calls" once the output text contains this marker (the
     # model's end-of-tool-call text, set by the API layer when the request offers tools).
     tool_call_end: str | None = None
+    # Constrains the output to a grammar at sampling time (engine/grammar.py: json_object, json_schema,
+    # regex, grammar); None or {"type": "text"}: free text.
+    response_format: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         # Lists are accepted and frozen, so params can be shared between threads safely.
@@ -110,6 +115,10 @@ class SamplingParams:
             refuse("stop_below_prob", "must be null or a number in (0, 1)")
         if self.tool_call_end is not None and (not isinstance(self.tool_call_end, str) or not self.tool_call_end):
             refuse("tool_call_end", "must be null or a non-empty string")
+        try:
+            grammar_of(self.response_format)
+        except ResponseFormatError as exc:
+            raise InvalidSamplingParams("response_format", str(exc)) from None
 
     @classmethod
     def from_dict(cls, values: object) -> "SamplingParams":
@@ -126,6 +135,16 @@ class SamplingParams:
     def greedy(self) -> bool:
         # Below this, dividing logits by the temperature overflows to inf; the draw is the argmax anyway.
         return self.temperature < 1e-5
+
+    @property
+    def constrained(self) -> bool:
+        """Whether the output follows a grammar (cheap: read on the hot path)."""
+        return self.response_format is not None and self.response_format.get("type") != "text"
+
+    @property
+    def grammar(self) -> str | None:
+        """The llguidance grammar the output must follow, or None (checked on construction: never raises)."""
+        return grammar_of(self.response_format)
 
     @property
     def has_penalties(self) -> bool:

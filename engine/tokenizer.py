@@ -84,6 +84,15 @@ class Tokenizer:
     def token_id(self, token: str) -> int | None:
         return self._backend.token_to_id(token)
 
+    def backend_json(self) -> str:
+        """The `tokenizers` backend serialized, for libraries that rebuild it (engine/grammar.py)."""
+        return self._backend.to_str()
+
+    @property
+    def takes_tools(self) -> bool:
+        """Whether the chat template reads a `tools` variable (HF's convention for tool definitions)."""
+        return self.chat_template is not None and "tools" in self.chat_template
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         try:
             text.encode("utf-8")
@@ -98,15 +107,17 @@ class Tokenizer:
                 text = text.replace(before, after)
         return text
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
-        """The prompt text for a conversation, rendered by the checkpoint's chat template."""
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                            tools: list[dict[str, Any]] | None = None) -> str:
+        """The prompt text for a conversation, rendered by the checkpoint's chat template (`tools`: the
+        OpenAI-shaped tool definitions, for a template that takes them)."""
         if self.chat_template is None:
             raise TokenizerError("this model has no chat template; send a plain prompt instead of messages")
         messages = _plain_messages(messages)
         context = {"bos_token": "", "eos_token": "", **self.special_tokens}
         try:
             return self._compiled_template.render(
-                messages=messages, add_generation_prompt=add_generation_prompt, tools=None, documents=None,
+                messages=messages, add_generation_prompt=add_generation_prompt, tools=tools, documents=None,
                 **context,
             )
         except ChatTemplateError:
@@ -114,10 +125,11 @@ class Tokenizer:
         except Exception as exc:  # the template is checkpoint code: any failure is the template's
             raise ChatTemplateError(f"chat template failed: {type(exc).__name__}: {exc}") from exc
 
-    def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
+    def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                    tools: list[dict[str, Any]] | None = None) -> list[int]:
         """Token ids of a conversation. The template writes any BOS itself, so the tokenizer must not
         add special tokens again (a second BOS would change what the model sees)."""
-        return self.encode(self.apply_chat_template(messages, add_generation_prompt), add_special_tokens=False)
+        return self.encode(self.apply_chat_template(messages, add_generation_prompt, tools), add_special_tokens=False)
 
     @cached_property
     def _compiled_template(self) -> jinja2.Template:

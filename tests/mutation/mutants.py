@@ -29,6 +29,15 @@ class Mutant:
 
 MUTANTS = (
     Mutant(
+        # Not a leak of another sequence's tokens, but the same kind of guard: a burst's unmasked argmax
+        # would hand a constrained row tokens its grammar forbids.
+        "constrained row allowed to burst",
+        "engine/device_loop.py",
+        "                and not p.constrained)\n",
+        ")\n",
+        ("tests/engine/test_structured_output.py::test_constrained_and_free_rows_in_one_batch_get_their_solo_tokens",),
+    ),
+    Mutant(
         "funnel arm removed",
         "engine/sequence.py",
         "                    self.timings.finished = time.monotonic()\n                self._stand_down(self)\n",

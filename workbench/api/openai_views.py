@@ -21,7 +21,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from engine import SamplingParams
 from engine.sampling_params import is_integer
-from workbench.api import request_input
+from workbench.api import request_input, tool_calls
 from workbench.api.http_api import ApiError, authenticate, check_model, json_body, refuse_unless_off
 from workbench.api.openai_usage import openai_usage
 from workbench.serving import bridge
@@ -32,7 +32,8 @@ from workbench.serving.streams import StreamEvent
 FIELD_MAP = {"max_tokens": "max_tokens", "max_completion_tokens": "max_tokens", "temperature": "temperature",
              "top_p": "top_p", "top_k": "top_k", "min_p": "min_p", "seed": "seed", "stop": "stop",
              "frequency_penalty": "frequency_penalty", "presence_penalty": "presence_penalty",
-             "repetition_penalty": "repetition_penalty", "ignore_eos": "ignore_eos"}
+             "repetition_penalty": "repetition_penalty", "ignore_eos": "ignore_eos",
+             "response_format": "response_format"}
 IGNORED = {"model", "user", "n", "stream", "stream_options", "prompt", "messages"}
 # Served by OpenAI, not here: each accepted only when off (LangChain sends logit_bias: {} on every request).
 OFF_ONLY: dict[str, object] = {"logit_bias": {}, "echo": False, "suffix": ""}
@@ -54,7 +55,17 @@ def _body(request: HttpRequest) -> dict:
     return body
 
 
-def _params(kind: str, body: dict) -> SamplingParams:
+def _tools(kind: str, body: dict) -> tool_calls.Tools:
+    """The chat request's tools (none for a plain completion, which refuses the fields by name)."""
+    if kind != "chat":
+        return tool_calls.Tools((), "none")
+    try:
+        return tool_calls.tools_of(body)
+    except request_input.InvalidInput as exc:
+        raise ApiError.refused(exc) from None
+
+
+def _params(kind: str, body: dict, tools: tool_calls.Tools) -> SamplingParams:
     both = body.get("max_tokens"), body.get("max_completion_tokens")
     if None not in both and both[0] != both[1]:
         raise ApiError(400, "max_tokens and max_completion_tokens disagree; send one", param="max_completion_tokens")
@@ -65,14 +76,14 @@ def _params(kind: str, body: dict) -> SamplingParams:
         if key in FIELD_MAP:
             if value is not None:
                 values[FIELD_MAP[key]] = value
-        elif key not in IGNORED and key not in OFF_ONLY:
+        elif key not in IGNORED and key not in OFF_ONLY and not (kind == "chat" and key in tool_calls.FIELDS):
             raise ApiError.unsupported(key)
     refuse_unless_off(body, OFF_ONLY)
     n = body.get("n", 1)
     if n is not None and (not is_integer(n) or n != 1):
         raise ApiError(400, "only n=1 is supported", param="n")
     try:
-        return request_input.sampling_params(values)
+        return tools.apply(request_input.sampling_params(values))
     except request_input.InvalidInput as exc:
         raise ApiError.refused(exc) from None
 
@@ -86,9 +97,10 @@ def _handler(kind: str):
                 raise ApiError(405, "use POST")
             user = await authenticate(request)
             body = _body(request)
-            params = _params(kind, body)
+            tools = _tools(kind, body)
+            params = _params(kind, body, tools)
             transport = await bridge.transport_from_loop()
-            prompt = _prompt(kind, body, transport)
+            prompt = _prompt(kind, body, transport, tools)
         except ApiError as exc:
             return exc.response()
         request_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
@@ -96,28 +108,29 @@ def _handler(kind: str):
         meta = {"id": request_id, "created": int(time.time()), "model": settings.WORKBENCH_MODEL}
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            response = StreamingHttpResponse(_sse(kind, stream, transport, meta, include_usage),
+            response = StreamingHttpResponse(_sse(kind, stream, transport, meta, include_usage, tools),
                                              content_type="text/event-stream")
             response["Cache-Control"] = "no-cache"
             return response
-        return await _whole(kind, stream, transport, meta)
+        return await _whole(kind, stream, transport, meta, tools)
 
     return csrf_exempt(view)
 
 
-def _prompt(kind: str, body: dict, transport) -> str | list[int]:
+def _prompt(kind: str, body: dict, transport, tools: tool_calls.Tools) -> str | list[int]:
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]  # OpenAI accepts a list of prompts; one is what n=1 serves
     try:
         if kind == "chat":
-            return request_input.chat_prompt(transport.tokenizer, body.get("messages"))
+            messages, shown = tool_calls.messages_for(body.get("messages"), tools, transport.tokenizer.takes_tools)
+            return request_input.chat_prompt(transport.tokenizer, messages, tools=shown)
         return request_input.prompt(prompt)
     except request_input.InvalidInput as exc:
         raise ApiError.refused(exc) from None
 
 
-async def _whole(kind: str, stream, transport, meta: dict) -> HttpResponse:
+async def _whole(kind: str, stream, transport, meta: dict, tools: tool_calls.Tools) -> HttpResponse:
     text, event = "", StreamEvent()  # a stream always ends with its finished event
     try:
         async for event in stream:
@@ -133,7 +146,9 @@ async def _whole(kind: str, stream, transport, meta: dict) -> HttpResponse:
     finish = FINISH_REASONS.get(event.finish_reason or "", event.finish_reason)
     choice: dict[str, object] = {"index": 0, "finish_reason": finish, "logprobs": None}
     if kind == "chat":
-        choice["message"] = {"role": "assistant", "content": text}
+        content, calls = tool_calls.parse(text, tools)
+        choice["message"] = {"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {})}
+        choice["finish_reason"] = tool_calls.finish_reason(finish, bool(calls))
         obj = "chat.completion"
     else:
         choice["text"] = text
@@ -141,8 +156,9 @@ async def _whole(kind: str, stream, transport, meta: dict) -> HttpResponse:
     return JsonResponse({**meta, "object": obj, "choices": [choice], "usage": openai_usage(event.usage)})
 
 
-async def _sse(kind: str, stream, transport, meta: dict, include_usage: bool):
+async def _sse(kind: str, stream, transport, meta: dict, include_usage: bool, tools: tool_calls.Tools):
     obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
+    calls = tool_calls.CallStream(tools)
 
     def chunk(choices, usage=None) -> str:
         payload = {**meta, "object": obj, "choices": choices}
@@ -164,8 +180,13 @@ async def _sse(kind: str, stream, transport, meta: dict, include_usage: bool):
                 finished = True
                 break
             finish = FINISH_REASONS.get(event.finish_reason, event.finish_reason) if event.finished else None
-            if event.text or finish:
-                body = {"delta": {"content": event.text}} if kind == "chat" else {"text": event.text}
+            text = event.text
+            if tools.active:  # content until a call starts, then the call as tool-call deltas
+                for delta in calls.deltas(text, final=event.finished):
+                    yield chunk([{"index": 0, "delta": delta, "finish_reason": None, "logprobs": None}])
+                text, finish = "", tool_calls.finish_reason(finish, calls.calls > 0)
+            if text or finish:
+                body = {"delta": {"content": text}} if kind == "chat" else {"text": text}
                 yield chunk([{"index": 0, **body, "finish_reason": finish, "logprobs": None}])
             if event.finished:
                 finished = True

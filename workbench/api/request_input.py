@@ -52,16 +52,17 @@ def prompt(value: object) -> str | list[int]:
 
 
 def chat_prompt(tokenizer: Tokenizer, messages: object, add_generation_prompt: bool = True,
-                add_special_tokens: bool = False) -> list[int]:
+                add_special_tokens: bool = False, tools: list[dict] | None = None) -> list[int]:
     """The token ids of OpenAI-shaped `messages` under the model's chat template (the tokenizer checks
     each message and says which one is wrong). `add_special_tokens`: the tokenizer's own (a BOS) on top
-    of what the template writes, as vLLM's /tokenize offers; generation never asks for it."""
+    of what the template writes, as vLLM's /tokenize offers; generation never asks for it. `tools`: the
+    tool definitions, for a template that takes them (workbench/api/tool_calls.py)."""
     if not isinstance(messages, list):
         raise InvalidInput(BAD_PROMPT, "messages must be a non-empty list of {role, content} objects", "messages")
     try:
         if add_special_tokens:
-            return tokenizer.encode(tokenizer.apply_chat_template(messages, add_generation_prompt))
-        return tokenizer.encode_chat(messages, add_generation_prompt)
+            return tokenizer.encode(tokenizer.apply_chat_template(messages, add_generation_prompt, tools))
+        return tokenizer.encode_chat(messages, add_generation_prompt, tools)
     except TokenizerError as exc:
         raise InvalidInput(BAD_PROMPT, str(exc), "messages") from None
 

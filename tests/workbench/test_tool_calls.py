@@ -1,0 +1,104 @@
+"""workbench/api/tool_calls.py without a server: a forced call from a tiny random model is a valid call,
+calls parse out of whole and streamed text alike, messages with tool_calls and tool results render for
+a template without tools, and bad tools are refused naming the field."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+
+from engine import Engine, EngineConfig, SamplingParams
+from workbench.api import tool_calls
+from workbench.api.request_input import InvalidInput
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "parameters": {"type": "object", "additionalProperties": False, "required": ["city", "days"],
+                                          "properties": {"city": {"enum": ["Paris", "Oslo"]},
+                                                         "days": {"type": "integer", "minimum": 1, "maximum": 7}}}}}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {},
+                                                                            "additionalProperties": False}}}
+
+
+def test_a_forced_call_from_a_random_model_is_a_valid_call(tiny_checkpoint):
+    engine = Engine(EngineConfig(model=str(tiny_checkpoint("llama", seed=5)), device_loop=False, graphs=False))
+    free = engine.generate(["weather?"], SamplingParams(max_tokens=20, temperature=1.0, seed=1))[0]
+    assert tool_calls.OPEN not in free.text, "liveness: left alone, the random model calls nothing"
+    for choice in ("required", "get_time"):
+        tools = tool_calls.tools_of({"tools": [WEATHER, TIME], "tool_choice": choice if choice == "required" else
+                                     {"type": "function", "function": {"name": choice}}})
+        params = tools.apply(SamplingParams(max_tokens=60, temperature=1.0, seed=2))
+        results = engine.generate(["weather?"] * 2, [params] * 2)
+        for result in results:
+            content, calls = tool_calls.parse(result.text, tools)
+            assert result.finish_reason == "tool_calls" and content is None and len(calls) == 1, result.text
+            function = calls[0]["function"]
+            assert choice == "required" or function["name"] == choice
+            schema = (WEATHER if function["name"] == "get_weather" else TIME)["function"]["parameters"]
+            jsonschema.validate(json.loads(function["arguments"]), schema)
+
+
+def test_calls_parse_the_same_whole_and_streamed_in_any_pieces():
+    tools = tool_calls.tools_of({"tools": [WEATHER, TIME]})
+    text = ('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}\n'
+            '</tool_call>')
+    content, calls = tool_calls.parse(text, tools)
+    assert content == "Let me check." and [c["function"]["name"] for c in calls] == ["get_weather"]
+    assert json.loads(calls[0]["function"]["arguments"]) == {"city": "Oslo", "days": 2}
+    for size in (1, 3, 7, len(text)):
+        stream = tool_calls.CallStream(tools)
+        deltas = [d for at in range(0, len(text), size) for d in stream.deltas(text[at:at + size], final=False)]
+        deltas += stream.deltas("", final=True)
+        assert "".join(d.get("content", "") for d in deltas) == "Let me check.\n"
+        pieces = [t for d in deltas for t in d.get("tool_calls", [])]
+        assert pieces[0]["function"]["name"] == "get_weather" and pieces[0]["id"].startswith("call_")
+        assert "".join(p["function"]["arguments"] for p in pieces) == calls[0]["function"]["arguments"]
+    unknown = '<tool_call>\n{"name": "rm_rf", "arguments": {}}\n</tool_call>'
+    assert tool_calls.parse(unknown, tools) == (unknown, [])  # not an offered function: stays text
+    assert tool_calls.finish_reason("tool_calls", False) == "stop"
+    assert tool_calls.parse(text, tool_calls.tools_of({"tools": [WEATHER], "tool_choice": "none"}))[1] == []
+
+
+def test_history_with_calls_and_results_renders_for_a_template_without_tools():
+    tools = tool_calls.tools_of({"tools": [WEATHER]})
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather",
+                                                             "arguments": '{"city": "Paris", "days": 1}'}}
+    messages = [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+    rendered, shown = tool_calls.messages_for(messages, tools, template_takes_tools=False)
+    assert shown is None and isinstance(rendered, list)
+    assert rendered[0]["role"] == "system" and '"name": "get_weather"' in rendered[0]["content"]
+    assert rendered[2] == {"role": "assistant", "content": tool_calls.OPEN + '\n{"name": "get_weather", '
+                           '"arguments": {"city": "Paris", "days": 1}}\n' + tool_calls.CLOSE}
+    assert rendered[3] == {"role": "user", "content": "<tool_response>\nsunny\n</tool_response>"}
+    as_hf, shown = tool_calls.messages_for(messages, tools, template_takes_tools=True)
+    assert shown == [WEATHER] and as_hf[1]["tool_calls"][0]["function"]["arguments"] == {"city": "Paris", "days": 1}
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"tools": {"name": "x"}}, "tools"),
+    ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools[0].function.name"),
+    ({"tools": [WEATHER, WEATHER]}, "tools"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": 3}}}]},
+     "tools[0].function.parameters"),
+    ({"tools": [WEATHER], "tool_choice": "sometimes"}, "tool_choice"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "get_time"}}}, "tool_choice"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"tools": [WEATHER], "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
+])
+def test_bad_tools_are_refused_naming_the_field(body, param):
+    with pytest.raises(InvalidInput) as refused:
+        tool_calls.tools_of(body)
+    assert refused.value.param == param
+
+
+def test_the_websocket_apis_params_take_response_format():
+    """The websocket API and the chat socket read params through request_input: response_format is one."""
+    from workbench.api import request_input
+
+    params = request_input.sampling_params({"response_format": {"type": "json_object"}})
+    assert params.constrained
+    with pytest.raises(InvalidInput) as refused:
+        request_input.sampling_params({"response_format": {"type": "yaml"}})
+    assert (refused.value.code, refused.value.param) == ("invalid_params", "response_format")
