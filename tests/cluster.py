@@ -43,7 +43,7 @@ def wait_for_port(port: int, process: subprocess.Popen, what: str, timeout: floa
 
 
 def start_daphne(env: dict, db_path: Path) -> tuple[subprocess.Popen, str, str]:
-    """A real Daphne on 127.0.0.1 over a fresh SQLite database at `db_path` (migrated, with an API token
+    """A real Daphne (started as every deployment starts it, workbench/serve.py) on 127.0.0.1 over a fresh SQLite database at `db_path` (migrated, with an API token
     for user "bob"), logging beside it; returns (process, address, token)."""
     env = {**env, "DJANGO_SETTINGS_MODULE": "workbench.settings", "WORKBENCH_DB_PATH": str(db_path)}
     manage = [sys.executable, str(ROOT / "manage.py")]
@@ -51,9 +51,8 @@ def start_daphne(env: dict, db_path: Path) -> tuple[subprocess.Popen, str, str]:
     token = subprocess.run([*manage, "createapitoken", "bob"], env=env, check=True, cwd=ROOT,
                            capture_output=True, text=True).stdout.strip().splitlines()[-1]
     port, log = free_port(), db_path.with_suffix(".daphne.log")
-    server = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-                               "workbench.asgi:application"], env=env, cwd=ROOT,
-                              stdout=subprocess.DEVNULL, stderr=open(log, "w"))
+    server = subprocess.Popen([sys.executable, "-m", "workbench.serve", "-b", "127.0.0.1", "-p", str(port)],
+                              env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(log, "w"))
     try:
         wait_for_port(port, server, "daphne")
     except RuntimeError:
