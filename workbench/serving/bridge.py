@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Callable
 
 from django.conf import settings
 
+from workbench.serving import limits
 from workbench.serving.transport import Transport
 
 log = logging.getLogger(__name__)
@@ -94,3 +95,4 @@ def shutdown() -> None:
                 stopping.stop()
             except Exception:  # the others must still stop, and the next use must start afresh
                 log.exception("stopping the %s transport failed", kind)
+        limits.LIMITER.reset()  # the requests the counts stood for went with the transports
