@@ -61,6 +61,18 @@ def start_daphne(env: dict, db_path: Path) -> tuple[subprocess.Popen, str, str]:
     return server, f"127.0.0.1:{port}", token
 
 
+def issue_tokens(env: dict, db_path: Path, usernames: list[str]) -> dict[str, str]:
+    """An API token for each of `usernames` (created as needed) in the database at `db_path`, issued in
+    one process: a management command per user would cost seconds each on a loaded machine."""
+    script = ("import sys; from django.contrib.auth import get_user_model; from workbench.api.models import ApiToken\n"
+              "for name in sys.argv[1:]:\n"
+              "    print(name, ApiToken.issue(get_user_model().objects.get_or_create(username=name)[0], 'test')[1])")
+    env = {**env, "DJANGO_SETTINGS_MODULE": "workbench.settings", "WORKBENCH_DB_PATH": str(db_path)}
+    out = subprocess.run([sys.executable, "-c", f"import django; django.setup(); exec({script!r})", *usernames],
+                         env=env, check=True, cwd=ROOT, capture_output=True, text=True).stdout
+    return dict(line.split() for line in out.strip().splitlines())
+
+
 class RedisServer:
     """redis-server on a free port, keeping nothing on disk; stop() and start() keep the port."""
 

@@ -3,7 +3,8 @@
 socket and its other requests go on, or, past what the server takes in at all, a 1009 close naming that
 limit; never a reset with no close frame (what plain `python -m daphne` does past 1 MiB).
 
-The transport plays no part in refusing a frame, so one in-process Daphne serves the module.
+The transport plays no part in refusing a frame, so the session's in-process Daphne with limits
+(tests/workbench/conftest.py) serves the module, as its user "frames".
 """
 
 from __future__ import annotations
@@ -11,12 +12,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-import os
 
 import pytest
 import websockets
 
-from tests.cluster import start_daphne
 from engine import Engine, EngineConfig, SamplingParams
 from tests.workbench.test_hostile_input import tokens, until_done
 from workbench.serve import APPLICATION, command_line
@@ -39,14 +38,10 @@ def _engine() -> Engine:
     return Engine(EngineConfig(model="demo"))
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    env = {k: v for k, v in os.environ.items() if k not in ("WORKBENCH_MAX_FRAME_BYTES", "WORKBENCH_SOCKET_MESSAGE_BYTES")}
-    process, address, token = start_daphne({**env, "WORKBENCH_TRANSPORT": "inprocess"},
-                                           tmp_path_factory.mktemp("frames") / "db.sqlite3")
-    yield address, token
-    process.terminate()
-    process.wait(timeout=10)
+@pytest.fixture
+def server(limited_daphne):
+    address, tokens = limited_daphne
+    return address, tokens["frames"]
 
 
 def connect(address: str, token: str):
