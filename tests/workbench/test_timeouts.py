@@ -13,6 +13,7 @@ from channels.testing import WebsocketCommunicator
 from engine import SamplingParams
 from workbench.asgi import application
 from workbench.serving import bridge, limits
+from workbench.serving.inprocess import LOCAL_WORKER
 from workbench.serving.streams import RequestStream, StreamEvent
 
 pytestmark = pytest.mark.asyncio
@@ -92,16 +93,22 @@ async def test_the_websocket_apis_timeout_reaches_the_engine_and_the_socket_goes
             if frames[-1].get("request_id") == request_id and frames[-1]["type"] in ("done", "error"):
                 return frames[-1]
 
+    transport = bridge.transport()
+
+    def canceled() -> int:
+        return transport.metrics_by_worker()[LOCAL_WORKER]["finished"].get("canceled", 0)
+
+    canceled_before = canceled()
     await ws.send_to(text_data=json.dumps({"type": "generate", "request_id": "long", "prompt": "The list type",
                                            "params": {"max_tokens": None, "temperature": 0, "ignore_eos": True}}))
     ended = await until_end("long")
     assert ended["code"] == "timeout" and "0.5 s" in ended["message"], ended
-    transport = bridge.transport()
     for _ in range(100):
         if not any("-long" in rid for rid in transport.running_request_ids()):
             break
         await asyncio.sleep(0.05)
     assert not any("-long" in rid for rid in transport.running_request_ids()), "the engine let it go"
+    assert canceled() == canceled_before + 1, "canceled there, not run to its end"
     settings.WORKBENCH_REQUEST_TIMEOUT_S = 600
     await ws.send_to(text_data=json.dumps({"type": "generate", "request_id": "next", "prompt": "The list type",
                                            "params": {"max_tokens": 2, "temperature": 0}}))
