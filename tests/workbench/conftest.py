@@ -10,7 +10,7 @@ import pytest
 # The limited Daphne's limits (test_limits.py fills them; test_big_frames.py stays within them).
 LIMITS = {"WORKBENCH_USER_CONCURRENT_REQUESTS": 2, "WORKBENCH_USER_REQUESTS_PER_MINUTE": 6, "WORKBENCH_MAX_IN_FLIGHT": 5}
 # Each test's users are its own, so one test's counts never meet another's.
-LIMITED_USERS = ["frames", "alice", "carol", "dave", "erin", "gina", "hank", "ivan"]
+LIMITED_USERS = ["frames", "alice", "carol", "dave", "erin", "gina", "hank", "ivan", "load0", "load1", "load2", "load3"]
 
 
 @pytest.fixture(scope="session")
