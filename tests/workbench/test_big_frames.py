@@ -20,6 +20,8 @@ from engine import Engine, EngineConfig, SamplingParams
 from tests.workbench.test_hostile_input import tokens, until_done
 from workbench.serve import APPLICATION, command_line
 
+pytestmark = pytest.mark.slow  # a real Daphne (shared by the session) and real clients
+
 MB = 1_000_000
 FRAME_LIMIT = 256 * 1024  # the default WORKBENCH_MAX_FRAME_BYTES, which the error names
 SOCKET_LIMIT = 16 * 1024 * 1024  # the default WORKBENCH_SOCKET_MESSAGE_BYTES, which the 1009 close names

@@ -1,5 +1,5 @@
 """bench/load.py at a small size through the session's real Daphne (tests/workbench/conftest.py): four
-clients, one user each (within that Daphne's limits), on both APIs, greedy and seeded, reading,
+clients, one user each, on both APIs, greedy and seeded, reading,
 canceling, dropping their connections and reading slowly; every answer matches its solo run or is a prefix
 of it, or is a structured refusal by that Daphne's low limits."""
 
@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from bench.load import judge, load, solo, specs
+
+pytestmark = pytest.mark.slow  # a real Daphne (shared by the session) and real clients
 
 USERS = ["load0", "load1", "load2", "load3"]
 SEED = 12  # with MAX_TOKENS, a plan with every behaviour: read, cancel and drop on both APIs, a slow reader
