@@ -48,14 +48,15 @@ def start_daphne(env: dict, db_path: Path) -> tuple[subprocess.Popen, str, str]:
     env = {**env, "DJANGO_SETTINGS_MODULE": "workbench.settings", "WORKBENCH_DB_PATH": str(db_path)}
     manage = [sys.executable, str(ROOT / "manage.py")]
     subprocess.run([*manage, "migrate", "-v0"], env=env, check=True, cwd=ROOT)
-    token = subprocess.run([*manage, "createapitoken", "bob"], env=env, check=True, cwd=ROOT,
-                           capture_output=True, text=True).stdout.strip().splitlines()[-1]
     port, log = free_port(), db_path.with_suffix(".daphne.log")
     server = subprocess.Popen([sys.executable, "-m", "workbench.serve", "-b", "127.0.0.1", "-p", str(port)],
                               env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(log, "w"))
     try:
+        # While Daphne starts (it reads no database until a request comes): seconds on a loaded machine.
+        token = subprocess.run([*manage, "createapitoken", "bob"], env=env, check=True, cwd=ROOT,
+                               capture_output=True, text=True).stdout.strip().splitlines()[-1]
         wait_for_port(port, server, "daphne")
-    except RuntimeError:
+    except (RuntimeError, subprocess.CalledProcessError):
         server.kill()
         raise RuntimeError(f"daphne did not start: {log.read_text()[-2000:]}") from None
     return server, f"127.0.0.1:{port}", token
