@@ -3,8 +3,8 @@
 Both transports implement one interface, `Transport` (transport.py): `submit(request_id, prompt,
 params, user="") -> RequestStream` (from an event loop), `cancel(request_id)`, `tokenizer`,
 `running_request_ids()`, `answering()`, `start()`, `stop()`, and for operators `change_flag`,
-`flags_in_force()`, `metrics_by_worker()`, `watch_state()`, `workers_view()`. WORKBENCH_TRANSPORT
-picks one: "inprocess" (InProcessTransport, the engine on a thread of this process) or "celery"
+`cancel_as_operator`, `flags_in_force()`, `metrics_by_worker()`, `watch_state()`, `workers_view()`.
+WORKBENCH_TRANSPORT picks one: "inprocess" (InProcessTransport, the engine on a thread of this process) or "celery"
 (CeleryTransport, GPU workers over Redis).
 Nothing heavy happens at import or in AppConfig.ready() (which runs for every management command):
 the transport starts the first time a request needs it.
