@@ -3,6 +3,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 
 from workbench.api import openai_views, server_views, tokenize_views
+from workbench.chat import conversation_views as chat_manage
 from workbench.chat import views as chat
 from workbench.ops import metrics as ops_metrics
 from workbench.ops import views as ops
@@ -10,6 +11,13 @@ from workbench.ops import views as ops
 urlpatterns = [
     path("", chat.conversations, name="conversations"),
     path("c/<int:conversation_id>", chat.conversation, name="conversation"),
+    path("c/<int:conversation_id>/rename", chat_manage.rename, name="rename_conversation"),
+    path("c/<int:conversation_id>/delete", chat_manage.delete, name="delete_conversation"),
+    path("c/<int:conversation_id>/export.md", chat_manage.export_markdown, name="export_markdown"),
+    path("c/<int:conversation_id>/export.json", chat_manage.export_json, name="export_json"),
+    path("c/<int:conversation_id>/versions/<int:message_id>", chat_manage.show_version, name="show_version"),
+    path("c/<int:conversation_id>/settings", chat_manage.save_settings, name="conversation_settings"),
+    path("settings/chat-defaults", chat_manage.save_defaults, name="chat_defaults"),
     path("tokens", chat.tokens, name="tokens"),
     path("tokens/<int:token_id>/revoke", chat.revoke_token, name="revoke_token"),
     path("signup", chat.signup, name="signup"),

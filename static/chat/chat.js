@@ -36,8 +36,10 @@ function addMessage(role, text) {
   article.dataset.role = role;
   const content = document.createElement("div");
   content.className = "content";
-  renderMarkdown(content, text);
+  // A reply is markdown; the user's words are shown as typed (style.css keeps their line breaks).
+  if (role === "assistant") renderMarkdown(content, text); else content.textContent = text;
   article.appendChild(content);
+  addCopyMessageButton(article);
   messages.appendChild(article);
   article.scrollIntoView({block: "end"});
   return {article, content, text};
@@ -90,6 +92,7 @@ function handle(frame) {
     reply = null;
     setBusy(false);
     statusLine.textContent = "";
+    chat.dispatchEvent(new CustomEvent("chat:done", {detail: frame}));  // for conversations.js
   } else if (frame.type === "error") {
     if (reply) renderReply();
     statusLine.textContent = `Error: ${frame.message}`;
@@ -150,10 +153,10 @@ document.getElementById("edit-last").addEventListener("click", () => {
   const users = messages.querySelectorAll("[data-role=user]");
   if (!users.length) return;
   const lastUser = users[users.length - 1];
-  const text = prompt("Edit your last message", lastUser.textContent.trim());
+  const text = prompt("Edit your last message", lastUser.querySelector(".content").textContent.trim());
   if (text === null || !text.trim() || !send({type: "edit", content: text})) return;
   while (lastUser.nextElementSibling) lastUser.nextElementSibling.remove();
-  renderMarkdown(lastUser.querySelector(".content"), text);
+  lastUser.querySelector(".content").textContent = text;
 });
 
 setBusy(true);

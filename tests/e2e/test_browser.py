@@ -1,9 +1,12 @@
 """A real headless Chromium (Debian's, driven by Playwright) against a real Daphne: sign up, chat,
 watch tokens stream, stop, reload; a second user can open the first user's conversation neither by
-URL nor over the socket; the composer's keys."""
+URL nor over the socket; the composer's keys; managing a conversation (settings, system prompt,
+title, reply versions, export, rename, defaults, search, delete)."""
 
 from __future__ import annotations
 
+import json
+import re
 
 from tests.e2e.conftest import new_page, sign_up, signed_up_in_a_new_conversation
 
@@ -46,6 +49,137 @@ def test_sign_up_chat_stream_stop_reload_and_privacy(browser, daphne_server):
         ws.onclose = (event) => resolve(event.code);
     })""", conversation_id)
     assert close_code != "opened"
+
+
+SYSTEM = "You are a pirate captain."
+QUESTION = "Where is the hidden treasure buried?"
+
+
+def set_field(page, selector: str, value: str) -> None:
+    """Type a value as a person would: the field saves when it loses focus (its change event)."""
+    page.fill(selector, value)
+    page.locator(selector).blur()
+
+
+def saved(page, what: str = "Saved for this conversation") -> None:
+    page.wait_for_function(f"document.getElementById('settings-status').textContent === {what!r}")
+
+
+def downloaded(page, selector: str) -> str:
+    with page.expect_download() as info:
+        page.click(selector)
+    return open(info.value.path(), encoding="utf-8").read()
+
+
+def test_settings_system_prompt_title_export_rename_defaults_search_and_delete(browser, daphne_server):
+    """Settings and a system prompt saved as they change and still there after a reload, the system
+    prompt reaching the chat template (the engine was given its tokens), the title made from the first
+    exchange, three versions of a regenerated reply navigable after a reload, export as JSON and
+    Markdown (the downloaded files' contents), rename, the user's default for a new conversation,
+    search, and delete after a confirmation: one walk, as page loads cost seconds here. The 404s for
+    another user are tests/workbench/test_conversation_management.py's."""
+    address, api_token = daphne_server
+    base = f"http://{address}"
+    page = signed_up_in_a_new_conversation(browser, base, "captain")
+    conversation_url = page.url
+    assert page.locator("#model-name").inner_text() == "demo"
+    page.click("#settings summary")
+    set_field(page, "#system_prompt", SYSTEM)
+    saved(page)
+    set_field(page, "#temperature", "0")
+    saved(page)
+    set_field(page, "#max_tokens", "6")
+    saved(page)
+    refused = page.locator("#top_p")
+    set_field(page, "#top_p", "7")  # a bad value is refused by name and not saved
+    page.wait_for_function("document.getElementById('settings-status').textContent.startsWith('Not saved: top_p')")
+    set_field(page, "#top_p", "1")
+    saved(page)
+
+    page.wait_for_function("socket && socket.readyState === WebSocket.OPEN")
+    page.fill("#input", QUESTION)
+    page.click("#send")
+    page.locator("article.assistant .meta").wait_for()
+    # The title comes from the first exchange once its reply is stored: on the page without a reload.
+    assert page.locator("#title").inner_text() == QUESTION
+    assert page.locator("aside li.current a").inner_text() == QUESTION
+
+    # Regenerate twice: three versions of the reply, stepped through with < n/m >, kept over a reload.
+    reply_article = page.locator("article.assistant").last
+    ids, texts = [reply_article.get_attribute("data-message-id")], [reply_article.locator(".content").inner_text()]
+    for count in (2, 3):
+        page.click("#regenerate")
+        page.wait_for_function(f"""document.querySelector('article.assistant:last-of-type .version-count')
+                                   ?.textContent === '{count}/{count}'""")
+        ids.append(reply_article.get_attribute("data-message-id"))
+        texts.append(reply_article.locator(".content").inner_text())
+    assert len(set(ids)) == 3 and page.locator("article.assistant").count() == 1
+
+    page.reload()
+    page.click("#settings summary")
+    assert (page.input_value("#system_prompt"), page.input_value("#temperature"), page.input_value("#max_tokens"),
+            refused.input_value()) == (SYSTEM, "0", "6", "1"), "the settings survive a reload"
+    assert reply_article.locator(".version-count").inner_text() == "3/3"
+    assert reply_article.get_attribute("data-message-id") == ids[2]
+    assert reply_article.get_by_role("button", name="Next version").is_disabled()
+    with page.expect_navigation():
+        reply_article.get_by_role("button", name="Previous version").click()
+    assert reply_article.locator(".version-count").inner_text() == "2/3"
+    assert (reply_article.get_attribute("data-message-id"), reply_article.locator(".content").inner_text()) == \
+        (ids[1], texts[1])
+
+    exported = json.loads(downloaded(page, "#export-json"))
+    assert (exported["title"], exported["system_prompt"], exported["model"]) == (QUESTION, SYSTEM, "demo")
+    assert exported["sampling"] == {"temperature": 0, "top_p": 1, "top_k": 0, "max_tokens": 6}
+    user, reply = exported["messages"]  # as the page shows it: the second version
+    assert user["content"] == QUESTION and reply["usage"]["completion_tokens"] == 6 and reply["content"] == texts[1]
+    # The engine was given the system prompt through the template: its prompt is the templated
+    # [system, user] pair, token for token as /tokenize renders it, not the user message alone.
+    def tokens(messages):
+        response = page.request.post(f"{base}/tokenize", data={"messages": messages},
+                                     headers={"Authorization": f"Bearer {api_token}"})
+        return response.json()["count"]
+    question = {"role": "user", "content": QUESTION}
+    assert reply["usage"]["prompt_tokens"] == tokens([{"role": "system", "content": SYSTEM}, question])
+    assert reply["usage"]["prompt_tokens"] > tokens([question])
+    markdown = downloaded(page, "#export-markdown")
+    assert markdown.startswith(f"# {QUESTION}\n\n## System\n\n{SYSTEM}\n\n## User\n\n{QUESTION}\n\n## Assistant\n\n")
+    assert reply["content"] in markdown
+
+    page.click("#rename-button")
+    page.fill("#rename-title", "Treasure hunt")
+    page.click("#rename-save")
+    page.wait_for_function("document.getElementById('title').textContent === 'Treasure hunt'")
+    assert page.locator("aside li.current a").inner_text() == "Treasure hunt"
+
+    page.click("#settings summary")
+    page.click("#save-defaults")
+    saved(page, "Saved as your default for new conversations")
+    page.click("aside button[type=submit]")  # a new conversation starts from the user's default
+    page.wait_for_url(re.compile(r".*/c/\d+$"))
+    assert page.url != conversation_url
+    assert (page.input_value("#system_prompt"), page.input_value("#max_tokens")) == (SYSTEM, "6")
+
+    page.fill("#search-aside", "TREASURE buried")  # message text, any case
+    page.press("#search-aside", "Enter")
+    results = page.locator("#search-results li")
+    results.first.wait_for()
+    assert results.count() == 1 and results.first.locator("a").inner_text() == "Treasure hunt"
+    assert "hidden treasure buried" in results.first.locator(".snippet").inner_text()
+    results.first.locator("a").click()
+    page.wait_for_url(conversation_url)
+
+    page.once("dialog", lambda dialog: dialog.dismiss())
+    page.click("#delete-conversation")  # dismissed: nothing happens
+    assert page.url == conversation_url and page.locator("#title").inner_text() == "Treasure hunt"
+    messages: list[str] = []
+    page.once("dialog", lambda dialog: (messages.append(dialog.message), dialog.accept()))
+    page.click("#delete-conversation")
+    page.wait_for_url(f"{base}/")
+    assert "Treasure hunt" in messages[0]
+    assert page.locator("#conversation-list").inner_text().count("New conversation") == 1
+    assert "Treasure hunt" not in page.locator("#conversation-list").inner_text()
+    assert page.goto(conversation_url).status == 404
 
 
 def test_model_output_cannot_run_script(browser, daphne_server):

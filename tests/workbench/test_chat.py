@@ -102,7 +102,9 @@ async def test_chat_socket_streams_stores_regenerates_and_refuses_strangers(user
 
     again = await talk(ws, {"type": "regenerate", "params": params})
     assert "".join(f["text"] for f in again if f["type"] == "delta") == streamed  # greedy: the same reply
-    assert await sync_to_async(conversation.messages.count)() == 2
+    assert await sync_to_async(conversation.messages.count)() == 3, "the earlier reply kept as a version"
+    assert await sync_to_async(lambda: conversation.shown_messages().count())() == 2
+    assert again[-1]["versions"] == {"version": 2, "count": 2, "previous": frames[-1]["message_id"], "next": None}
 
     # The page may leave max_tokens out: the reply may then run to the end of the model's context.
     unbounded = await talk(ws, {"type": "regenerate", "params": {"temperature": 0, "ignore_eos": True}})

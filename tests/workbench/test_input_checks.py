@@ -96,13 +96,15 @@ def conversation(django_user_model) -> Conversation:
 
 
 def turns(conversation: Conversation) -> list[tuple[str, str]]:
-    return list(conversation.messages.values_list("role", "content"))
+    """The turns the page shows and the model continues (a regenerated reply's earlier versions aside)."""
+    return list(conversation.shown_messages().values_list("role", "content"))
 
 
 @pytest.mark.django_db
 def test_send_stores_the_message_titles_the_conversation_and_keeps_the_claim(conversation):
     history, claim = conversation.take_turn("send", "What is a list?\nAnd a tuple?")
     assert history == [{"role": "user", "content": "What is a list?\nAnd a tuple?"}]
+    conversation.add_reply(content="A sequence.", finish_reason="stop")  # the first reply titles it
     assert Conversation.objects.get(pk=conversation.pk).title == "What is a list?"
     with pytest.raises(ReplyUnderWay):  # one reply at a time, until the claim is released
         conversation.take_turn("send", "again")
@@ -111,7 +113,7 @@ def test_send_stores_the_message_titles_the_conversation_and_keeps_the_claim(con
 
 
 @pytest.mark.django_db
-def test_regenerate_and_edit_drop_the_replies_to_the_last_message(conversation):
+def test_regenerate_sets_the_replies_to_the_last_message_aside_and_edit_drops_them(conversation):
     for role, content in (("user", "one"), ("assistant", "first answer"), ("user", "two"), ("assistant", "a"),
                           ("assistant", "b")):
         Message.objects.create(conversation=conversation, role=role, content=content)
@@ -122,6 +124,7 @@ def test_regenerate_and_edit_drop_the_replies_to_the_last_message(conversation):
     Message.objects.create(conversation=conversation, role="assistant", content="c")
     _, claim = conversation.take_turn("edit", "two, reworded")
     assert turns(conversation) == [("user", "one"), ("assistant", "first answer"), ("user", "two, reworded")]
+    assert conversation.messages.count() == 3, "an edit drops every version of the replies to the old words"
 
 
 @pytest.mark.django_db

@@ -1,12 +1,12 @@
 from django.contrib import admin
 
-from workbench.chat.models import Conversation, Message
+from workbench.chat.models import ChatDefaults, Conversation, Message
 
 
 class MessageInline(admin.TabularInline):
     model = Message
     extra = 0
-    fields = ("role", "content", "finish_reason", "completion_tokens", "created_at")
+    fields = ("role", "content", "shown", "finish_reason", "completion_tokens", "created_at")
 
 
 @admin.register(Conversation)
@@ -26,3 +26,9 @@ class MessageAdmin(admin.ModelAdmin):
     @admin.display(description="content")
     def short_content(self, message: Message) -> str:
         return message.content[:80]
+
+
+@admin.register(ChatDefaults)
+class ChatDefaultsAdmin(admin.ModelAdmin):
+    list_display = ("user",)
+    search_fields = ("user__username", "system_prompt")

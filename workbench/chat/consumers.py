@@ -19,7 +19,7 @@ from django.db import DatabaseError
 from engine import SamplingParams
 from engine.tokenizer import TokenizerError
 from workbench.api.json_socket import FrameError, JsonSocketConsumer
-from workbench.chat import frames
+from workbench.chat import frames, versions
 from workbench.chat.fitting import fitted_prompt
 from workbench.chat.models import Conversation, Message, ReplyUnderWay, Turn
 from workbench.serving import bridge, limits
@@ -146,7 +146,8 @@ class ChatConsumer(JsonSocketConsumer):
             await self._gone()  # deleted while it was answered
             return
         await self.send_json({"type": "done", "message_id": message.pk, "finish_reason": event.finish_reason,
-                              "error": event.error, "usage": event.usage, "timings": event.timings})
+                              "error": event.error, "usage": event.usage, "timings": event.timings,
+                              "title": self.conversation.title, "versions": await self._versions(message)})
 
     @database_sync_to_async
     def _still_signed_in(self) -> bool:
@@ -156,6 +157,12 @@ class ChatConsumer(JsonSocketConsumer):
         session = self.scope.get("session")
         key = getattr(session, "session_key", None)
         return session is None or key is None or bool(session.exists(key))
+
+    @database_sync_to_async
+    def _versions(self, reply: Message) -> dict[str, object] | None:
+        """Where the reply stands among its versions, for the page's < n/m > (None: no longer shown)."""
+        found = versions.of(self.conversation, reply.pk)
+        return None if found is None else found.as_frame()
 
     @database_sync_to_async
     def _exists(self) -> bool:
@@ -168,8 +175,8 @@ class ChatConsumer(JsonSocketConsumer):
     @database_sync_to_async
     def _store_reply(self, text: str, event: StreamEvent) -> Message:
         usage, timings = event.usage or {}, event.timings or {}
-        return Message.objects.create(
-            conversation=self.conversation, role="assistant", content=text, finish_reason=event.finish_reason or "",
+        return self.conversation.add_reply(
+            content=text, finish_reason=event.finish_reason or "",
             error=event.error or "", prompt_tokens=usage.get("prompt_tokens"),
             completion_tokens=usage.get("completion_tokens"), time_to_first_token=timings.get("time_to_first_token"),
             decode_tokens_per_s=timings.get("decode_tokens_per_s"))

@@ -3,9 +3,11 @@ what the page asks for or raises FrameError with the code the page gets. The par
 rules every API shares (workbench/api/request_input.py).
 
     <- {"type": "send", "content": "...", "params": {...}}   a new message, answered
-    <- {"type": "regenerate", "params": {...}}               the last message answered again
+    <- {"type": "regenerate", "params": {...}}               the last message answered again (a new version)
     <- {"type": "edit", "content": "...", "params": {...}}   the last message reworded, answered again
     <- {"type": "stop"}
+    -> started, delta {index, text}, done {message_id, finish_reason, error, usage, timings, title, versions},
+       error {code, message}
 """
 
 from __future__ import annotations

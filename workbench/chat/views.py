@@ -1,7 +1,9 @@
-"""The chat pages: sign up, the conversation list, a conversation, and the API-token page."""
+"""The chat pages: sign up, the conversation list (and its search), a conversation, and the API-token page.
+What the page changes in a conversation is in workbench/chat/conversation_views.py."""
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.contrib.auth import login
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.forms import UserCreationForm
@@ -11,6 +13,9 @@ from django.views.decorators.http import require_POST
 
 from workbench.api.models import ApiToken
 from workbench.chat.models import Conversation
+from workbench.chat.preferences import form_values
+from workbench.chat import versions
+from workbench.chat.search import search
 
 
 def signup(request):
@@ -24,16 +29,20 @@ def signup(request):
 @login_required
 def conversations(request):
     if request.method == "POST":
-        return redirect("conversation", Conversation.objects.create(owner=request.user).pk)
-    return render(request, "chat/conversations.html", {"conversations": Conversation.owned_by(request.user)})
+        return redirect("conversation", Conversation.start(request.user).pk)
+    query = request.GET.get("q", "").strip()
+    return render(request, "chat/conversations.html", {
+        "conversations": Conversation.owned_by(request.user), "query": query,
+        "found": search(request.user, query) if query else None})
 
 
 @login_required
 def conversation(request, conversation_id: int):
     # Someone else's conversation is "not found", not "forbidden": its existence is private too.
     chat = get_object_or_404(Conversation.owned_by(request.user), pk=conversation_id)
-    return render(request, "chat/conversation.html", {"conversation": chat, "messages": chat.messages.all(),
-                                                       "conversations": Conversation.owned_by(request.user)})
+    return render(request, "chat/conversation.html", {
+        "conversation": chat, "messages": versions.shown(chat), "conversations": Conversation.owned_by(request.user),
+        "model": settings.WORKBENCH_MODEL, "sampling": form_values(chat.sampling)})
 
 
 @login_required
