@@ -20,4 +20,4 @@ RUN if [ -n "$EXTRAS" ]; then pip install -e ".[$EXTRAS]"; else pip install -e .
 RUN useradd --create-home --uid 1000 workbench
 USER workbench
 EXPOSE 8000
-CMD ["python", "-m", "daphne", "-b", "0.0.0.0", "-p", "8000", "workbench.asgi:application"]
+CMD ["python", "-m", "workbench.serve", "-b", "0.0.0.0", "-p", "8000"]

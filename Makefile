@@ -22,7 +22,7 @@ run: $(STAMP)
 	fi; \
 	key=$${WORKBENCH_SECRET_KEY:-$$($(PY) -m workbench.secret_key)}; \
 	echo "Workbench on http://127.0.0.1:8000 serving $$model  (admin / admin; sign up for a user account)"; \
-	WORKBENCH_MODEL=$$model WORKBENCH_SECRET_KEY="$$key" exec $(PY) -m daphne -b 127.0.0.1 -p 8000 workbench.asgi:application
+	WORKBENCH_MODEL=$$model WORKBENCH_SECRET_KEY="$$key" exec $(PY) -m workbench.serve -b 127.0.0.1 -p 8000
 
 # The multi-process deployment on this machine: Redis (the one at REDIS_URL, or one it starts), Daphne
 # and WORKBENCH_WORKERS (default 2) Celery GPU workers; docs/OPERATIONS.md.

@@ -74,8 +74,8 @@ def main() -> None:
                                  "--hostname", f"worker{i}@%h"], env=env, cwd=ROOT, start_new_session=True)
                for i in range(args.workers)]
     # Own sessions: a terminal's Ctrl-C reaches only this script, which stops the children in order.
-    web = subprocess.Popen([python, "-m", "daphne", "-b", args.host, "-p", str(args.port),
-                            "workbench.asgi:application"], env=env, cwd=ROOT, start_new_session=True)
+    web = subprocess.Popen([python, "-m", "workbench.serve", "-b", args.host, "-p", str(args.port)],
+                           env=env, cwd=ROOT, start_new_session=True)
     print(f"stack: workbench on http://{args.host}:{args.port} with {args.workers} worker(s); Ctrl-C stops it",
           flush=True)
 

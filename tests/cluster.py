@@ -43,23 +43,35 @@ def wait_for_port(port: int, process: subprocess.Popen, what: str, timeout: floa
 
 
 def start_daphne(env: dict, db_path: Path) -> tuple[subprocess.Popen, str, str]:
-    """A real Daphne on 127.0.0.1 over a fresh SQLite database at `db_path` (migrated, with an API token
+    """A real Daphne (started as every deployment starts it, workbench/serve.py) on 127.0.0.1 over a fresh SQLite database at `db_path` (migrated, with an API token
     for user "bob"), logging beside it; returns (process, address, token)."""
     env = {**env, "DJANGO_SETTINGS_MODULE": "workbench.settings", "WORKBENCH_DB_PATH": str(db_path)}
     manage = [sys.executable, str(ROOT / "manage.py")]
     subprocess.run([*manage, "migrate", "-v0"], env=env, check=True, cwd=ROOT)
-    token = subprocess.run([*manage, "createapitoken", "bob"], env=env, check=True, cwd=ROOT,
-                           capture_output=True, text=True).stdout.strip().splitlines()[-1]
     port, log = free_port(), db_path.with_suffix(".daphne.log")
-    server = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-                               "workbench.asgi:application"], env=env, cwd=ROOT,
-                              stdout=subprocess.DEVNULL, stderr=open(log, "w"))
+    server = subprocess.Popen([sys.executable, "-m", "workbench.serve", "-b", "127.0.0.1", "-p", str(port)],
+                              env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(log, "w"))
     try:
+        # While Daphne starts (it reads no database until a request comes): seconds on a loaded machine.
+        token = subprocess.run([*manage, "createapitoken", "bob"], env=env, check=True, cwd=ROOT,
+                               capture_output=True, text=True).stdout.strip().splitlines()[-1]
         wait_for_port(port, server, "daphne")
-    except RuntimeError:
+    except (RuntimeError, subprocess.CalledProcessError):
         server.kill()
         raise RuntimeError(f"daphne did not start: {log.read_text()[-2000:]}") from None
     return server, f"127.0.0.1:{port}", token
+
+
+def issue_tokens(env: dict, db_path: Path, usernames: list[str]) -> dict[str, str]:
+    """An API token for each of `usernames` (created as needed) in the database at `db_path`, issued in
+    one process: a management command per user would cost seconds each on a loaded machine."""
+    script = ("import sys; from django.contrib.auth import get_user_model; from workbench.api.models import ApiToken\n"
+              "for name in sys.argv[1:]:\n"
+              "    print(name, ApiToken.issue(get_user_model().objects.get_or_create(username=name)[0], 'test')[1])")
+    env = {**env, "DJANGO_SETTINGS_MODULE": "workbench.settings", "WORKBENCH_DB_PATH": str(db_path)}
+    out = subprocess.run([sys.executable, "-c", f"import django; django.setup(); exec({script!r})", *usernames],
+                         env=env, check=True, cwd=ROOT, capture_output=True, text=True).stdout
+    return dict(line.split() for line in out.strip().splitlines())
 
 
 class RedisServer:

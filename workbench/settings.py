@@ -6,7 +6,8 @@ WORKBENCH_MODEL ("demo" or a model directory), WORKBENCH_DEVICE, WORKBENCH_DTYPE
 WORKBENCH_MAX_FRAME_BYTES,
 WORKBENCH_STATIC_ROOT; the transport: WORKBENCH_TRANSPORT ("inprocess" or "celery"), REDIS_URL,
 WORKBENCH_QUEUE_PREFIX, WORKBENCH_WORKER_CAPACITY, WORKBENCH_HEARTBEAT_S, WORKBENCH_WORKER_LOST_S,
-WORKBENCH_DRAIN_S.
+WORKBENCH_DRAIN_S; the limits: WORKBENCH_SOCKET_MESSAGE_BYTES, WORKBENCH_USER_CONCURRENT_REQUESTS,
+WORKBENCH_USER_REQUESTS_PER_MINUTE, WORKBENCH_MAX_IN_FLIGHT, WORKBENCH_QUEUE_TIMEOUT_S, WORKBENCH_REQUEST_TIMEOUT_S.
 docs/OPERATIONS.md says what each is for. Every variable is read through workbench/env.py, which
 refuses a malformed one at start with ImproperlyConfigured naming it. The engine's own ARC_* flags are
 read by the engine (EngineConfig.from_env).
@@ -92,6 +93,14 @@ WORKBENCH_WORKER_CAPACITY = env_int("WORKBENCH_WORKER_CAPACITY", 256, minimum=1,
 # requests end with an error.
 WORKBENCH_HEARTBEAT_S = env_float("WORKBENCH_HEARTBEAT_S", 1.0, positive=True, unit="seconds")
 WORKBENCH_WORKER_LOST_S = env_float("WORKBENCH_WORKER_LOST_S", 4.0, positive=True, unit="seconds")
+# Limits on requests (workbench/serving/limits.py; 0 turns one off), counted per web process: what one
+# user may have under way and start in a minute (beyond: rate_limited), what this process holds in all
+# (beyond: overloaded), how long a request may wait for its first output and run in all (timeout).
+WORKBENCH_USER_CONCURRENT_REQUESTS = env_int("WORKBENCH_USER_CONCURRENT_REQUESTS", 64, minimum=0, unit="requests")
+WORKBENCH_USER_REQUESTS_PER_MINUTE = env_int("WORKBENCH_USER_REQUESTS_PER_MINUTE", 600, minimum=0, unit="requests")
+WORKBENCH_MAX_IN_FLIGHT = env_int("WORKBENCH_MAX_IN_FLIGHT", 1024, minimum=0, unit="requests")
+WORKBENCH_QUEUE_TIMEOUT_S = env_float("WORKBENCH_QUEUE_TIMEOUT_S", 120.0, minimum=0, unit="seconds")
+WORKBENCH_REQUEST_TIMEOUT_S = env_float("WORKBENCH_REQUEST_TIMEOUT_S", 600.0, minimum=0, unit="seconds")
 # On a warm shutdown (SIGTERM) a worker takes nothing new and gives what it holds this long to finish.
 WORKBENCH_DRAIN_S = env_float("WORKBENCH_DRAIN_S", 30.0, minimum=0, unit="seconds")
 
@@ -122,3 +131,8 @@ WORKBENCH_STREAM_GAP_S = env_float("WORKBENCH_STREAM_GAP_MS", 0.0, minimum=0, ma
                                    unit="milliseconds") / 1000
 # Limits on what one websocket frame or HTTP body may carry.
 WORKBENCH_MAX_FRAME_BYTES = env_int("WORKBENCH_MAX_FRAME_BYTES", 256 * 1024, minimum=1, unit="bytes")
+# The largest websocket message Daphne takes in at all (workbench/serve.py): up to it, a message over
+# WORKBENCH_MAX_FRAME_BYTES is refused whole with a frame_too_large error and the socket lives on; over
+# it, the socket is closed with 1009. It bounds what one socket can make the server buffer.
+WORKBENCH_SOCKET_MESSAGE_BYTES = env_int("WORKBENCH_SOCKET_MESSAGE_BYTES", 16 * 1024 * 1024, minimum=1,
+                                         unit="bytes")

@@ -1,5 +1,5 @@
 // The operator dashboard: renders each "state" frame of /ws/ops/dashboard (workbench/ops/consumers.py)
-// and sends flag changes. Everything that comes from users (request ids, user names) is set as text,
+// and sends flag changes and operators' cancels of requests. Everything that comes from users (request ids, user names) is set as text,
 // never as HTML. Leak events and replay checks are kept here across frames, since a frame carries only
 // the latest ones.
 "use strict";
@@ -116,6 +116,15 @@
     return button;
   }
 
+  function cancelButton(worker, requestId) {
+    const button = el("button", {type: "button", class: "cancel-request", "data-worker": worker, "data-request": requestId, text: "cancel"});
+    button.addEventListener("click", () => {
+      if (!socket || socket.readyState !== WebSocket.OPEN) return show({error: "not connected"});
+      socket.send(JSON.stringify({type: "cancel_request", id: nextId++, worker, request_id: requestId}));
+    });
+    return button;
+  }
+
   function send(name, value, worker) {
     if (!socket || socket.readyState !== WebSocket.OPEN) return show({error: "not connected"});
     const frame = {type: "set_flag", id: nextId++, name, value};
@@ -149,7 +158,7 @@
       if (state.sequences === null && state.sequence_count) {
         // A Celery worker sends its list only while a dashboard is open: it arrives with its next heartbeat.
         rows.push(el("tr", {"data-worker": id}, el("td", {text: id}),
-          el("td", {colspan: "9", class: "note", text: `${state.sequence_count} live sequences; their list comes with the worker's next heartbeat`})));
+          el("td", {colspan: "10", class: "note", text: `${state.sequence_count} live sequences; their list comes with the worker's next heartbeat`})));
       }
       for (const s of state.sequences || []) {
         const matches = s.owner_matches;
@@ -160,7 +169,8 @@
           el("td", {class: "tokens", text: `${s.tokens} / ${s.max_tokens}`}),
           el("td", {text: s.row === null ? "-" : String(s.row)}), el("td", {class: "parked", text: String(s.parked)}),
           el("td", {text: s.slot_owner === null ? "-" : String(s.slot_owner)}),
-          el("td", {class: "owner-matches", text: matches ? "yes" : "NO: foreign slot, dropped when taken"})));
+          el("td", {class: "owner-matches", text: matches ? "yes" : "NO: foreign slot, dropped when taken"}),
+          el("td", {}, cancelButton(id, s.request_id))));
       }
       for (const slot of state.parked_slots || []) {
         slots.push(el("tr", {class: slot.owner_live ? "" : "mismatch"},
@@ -168,7 +178,7 @@
           el("td", {text: String(slot.tokens)}), el("td", {text: slot.owner_live ? "yes" : "no"})));
       }
     }
-    fill(document.querySelector("#sequences tbody"), rows.length ? rows : [el("tr", {}, el("td", {colspan: "10", class: "note", text: "no live sequences"}))]);
+    fill(document.querySelector("#sequences tbody"), rows.length ? rows : [el("tr", {}, el("td", {colspan: "11", class: "note", text: "no live sequences"}))]);
     fill(document.querySelector("#parked tbody"), slots.length ? slots : [el("tr", {}, el("td", {colspan: "5", class: "note", text: "nothing parked"}))]);
   }
 
@@ -243,6 +253,8 @@
         renderReplays();
       } else if (frame.type === "flag_result") {
         show(frame.answers);
+      } else if (frame.type === "cancel_result") {
+        show(frame.error ? {error: frame.error} : {canceled: true, audit_log_entry: frame.cancel});
       } else if (frame.type === "error") {
         show({error: frame.message, code: frame.code});
       }

@@ -1,5 +1,5 @@
 """The operator dashboard in a real headless Chromium against a real Daphne over two real Celery workers:
-a staff operator watches a chat's sequence appear and finish, flips the device loop off for one worker
+a staff operator watches a chat's sequence appear and cancels it from the page, flips the device loop off for one worker
 and sees it in force there and nowhere else; a user who is not staff gets no dashboard and no flag
 change, over HTTP or the socket."""
 
@@ -57,7 +57,12 @@ def test_an_operator_watches_a_chat_and_flips_one_worker(browser, cluster_server
     row.wait_for(timeout=20_000)
     assert row.locator(".user").inner_text() == "carol"
     assert row.get_attribute("data-worker") in workers
-    chat.locator("article.assistant .meta").wait_for(timeout=60_000)  # the reply finished
+    # The operator stops carol's reply (the engine's operator abort, in the audit log): it ends canceled.
+    row.locator("button.cancel-request").click()
+    meta = chat.locator("article.assistant .meta")
+    meta.wait_for(timeout=60_000)  # the reply finished
+    assert meta.inner_text().startswith("canceled"), meta.inner_text()
+    assert "audit_log_entry" in operator.locator("#flag-answer").inner_text()
     row.wait_for(state="detached", timeout=20_000)
     # The worker that ran it shows its prefix cache: on, for each user alone, with a hit rate.
     operator.wait_for_function("() => [...document.querySelectorAll('#workers .prefix-cache')]"

@@ -1,8 +1,33 @@
-"""Workbench fixtures: API tokens, an operator, and the in-process engine thread's shutdown."""
+"""Workbench fixtures: API tokens, an operator, a real Daphne with low request limits, and the
+in-process engine thread's shutdown."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+# The limited Daphne's limits (test_limits.py fills them; test_big_frames.py stays within them).
+LIMITS = {"WORKBENCH_USER_CONCURRENT_REQUESTS": 2, "WORKBENCH_USER_REQUESTS_PER_MINUTE": 6, "WORKBENCH_MAX_IN_FLIGHT": 5}
+# Each test's users are its own, so one test's counts never meet another's.
+LIMITED_USERS = ["frames", "alice", "carol", "dave", "erin", "gina", "hank", "ivan", "load0", "load1", "load2", "load3"]
+
+
+@pytest.fixture(scope="session")
+def limited_daphne(tmp_path_factory):
+    """A real in-process Daphne (as deployments start it) with LIMITS and the default frame limits;
+    yields (address, {username: API token}) for LIMITED_USERS."""
+    from tests.cluster import issue_tokens, start_daphne
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WORKBENCH_") or k == "WORKBENCH_SECRET_KEY"}
+    env = {**env, "WORKBENCH_TRANSPORT": "inprocess", **{k: str(v) for k, v in LIMITS.items()}}
+    db_path = tmp_path_factory.mktemp("limited") / "db.sqlite3"
+    process, address, _ = start_daphne(env, db_path)
+    try:
+        yield address, issue_tokens(env, db_path, LIMITED_USERS)
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
 
 
 @pytest.fixture

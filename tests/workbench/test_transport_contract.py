@@ -28,7 +28,7 @@ def inprocess():
 
 
 def test_the_protocol_names_what_the_web_side_calls():
-    assert MEMBERS == ["answering", "cancel", "change_flag", "flags_in_force", "metrics_by_worker",
+    assert MEMBERS == ["answering", "cancel", "cancel_as_operator", "change_flag", "flags_in_force", "metrics_by_worker",
                        "running_request_ids", "start", "stop", "submit", "tokenizer", "watch_state", "workers_view"]
 
 

@@ -12,8 +12,8 @@ import uuid
 from collections.abc import AsyncIterator
 
 from workbench.api import frames
-from workbench.api.json_socket import JsonSocketConsumer
-from workbench.serving import bridge
+from workbench.api.json_socket import FrameError, JsonSocketConsumer
+from workbench.serving import bridge, limits
 from workbench.serving.streams import StreamEvent
 
 
@@ -53,10 +53,15 @@ class GenerateConsumer(JsonSocketConsumer):
         transport = await bridge.transport_from_loop()
         prompt, params = frames.generation(frame, transport.tokenizer, request_id)
         self.submitted += 1
-        engine_id = self.engine_ids[request_id] = f"ws-{self.socket_id}-{self.submitted}-{request_id}"
+        engine_id = f"ws-{self.socket_id}-{self.submitted}-{request_id}"
         user = self.scope["user"]
         assert user is not None  # connect refused a socket without a signed-in user
-        stream = transport.submit(engine_id, prompt, params, user=user.username)
+        try:
+            admission = limits.admit(user.username)
+        except limits.Refused as exc:
+            raise FrameError(exc.code, exc.message, request_id, exc.retry_after) from None
+        stream = admission.submit(transport, engine_id, prompt, params)
+        self.engine_ids[request_id] = engine_id
         self.active[request_id] = asyncio.create_task(self._relay(request_id, stream))
         await self.send_json({"type": "accepted", "request_id": request_id})
 

@@ -27,9 +27,10 @@ UNSUPPORTED = "unsupported_parameter"  # the code of a field this server does no
 
 class ApiError(Exception):
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 kind: str = "invalid_request_error") -> None:
+                 kind: str = "invalid_request_error", retry_after: int | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+        self.retry_after = retry_after  # seconds, sent as Retry-After (a refusal by a limit)
 
     @classmethod
     def refused(cls, exc: request_input.InvalidInput) -> "ApiError":
@@ -41,8 +42,11 @@ class ApiError(Exception):
         return cls(400, message or f"unsupported parameter {param!r}", param=param, code=UNSUPPORTED)
 
     def response(self) -> JsonResponse:
-        return JsonResponse({"error": {"message": self.message, "type": self.kind, "param": self.param,
-                                       "code": self.code}}, status=self.status)
+        response = JsonResponse({"error": {"message": self.message, "type": self.kind, "param": self.param,
+                                           "code": self.code}}, status=self.status)
+        if self.retry_after is not None:
+            response["Retry-After"] = str(self.retry_after)
+        return response
 
 
 async def authenticate(request: HttpRequest) -> AbstractBaseUser:

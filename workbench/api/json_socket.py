@@ -25,11 +25,12 @@ log = logging.getLogger(__name__)
 
 class FrameError(Exception):
     """A refused frame: its error code and message, and `echo`, the client's name for what was refused
-    (a request_id, a change's id) on sockets whose error frames carry one."""
+    (a request_id, a change's id) on sockets whose error frames carry one; `retry_after`, for a
+    refusal by a limit, the seconds after which the client may try again (sent as a field)."""
 
-    def __init__(self, code: str, message: str, echo: object = None) -> None:
+    def __init__(self, code: str, message: str, echo: object = None, retry_after: int | None = None) -> None:
         super().__init__(message)
-        self.code, self.message, self.echo = code, message, echo
+        self.code, self.message, self.echo, self.retry_after = code, message, echo, retry_after
 
 
 class JsonSocketConsumer(AsyncJsonWebsocketConsumer):
@@ -43,7 +44,7 @@ class JsonSocketConsumer(AsyncJsonWebsocketConsumer):
         try:
             await self.receive_json(self._frame(text_data, bytes_data))
         except FrameError as exc:
-            await self.send_error(exc.code, exc.message, exc.echo)
+            await self.send_error(exc.code, exc.message, exc.echo, exc.retry_after)
         except Exception:
             log.exception("a websocket frame failed")
             await self.send_error("internal_error", "the server failed on this frame (it is logged); "
@@ -69,10 +70,11 @@ class JsonSocketConsumer(AsyncJsonWebsocketConsumer):
     async def receive_json(self, content: dict[str, object], **kwargs: object) -> None:
         raise NotImplementedError
 
-    async def send_error(self, code: str, message: str, echo: object = None) -> None:
+    async def send_error(self, code: str, message: str, echo: object = None, retry_after: int | None = None) -> None:
         """The one way an error frame is sent on these sockets."""
         about = {} if self.error_echo is None else {self.error_echo: echo}
-        await self.send_json({"type": "error", **about, "code": code, "message": message})
+        retry = {} if retry_after is None else {"retry_after": retry_after}
+        await self.send_json({"type": "error", **about, "code": code, "message": message, **retry})
 
     @classmethod
     async def encode_json(cls, content: object) -> str:

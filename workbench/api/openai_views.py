@@ -24,7 +24,7 @@ from engine.sampling_params import is_integer
 from workbench.api import request_input, tool_calls
 from workbench.api.http_api import ApiError, authenticate, check_model, json_body, refuse_unless_off
 from workbench.api.openai_usage import openai_usage
-from workbench.serving import bridge
+from workbench.serving import bridge, limits
 from workbench.serving.streams import StreamEvent
 
 # OpenAI request fields -> SamplingParams fields. Others are refused by name, except these, which
@@ -38,8 +38,9 @@ IGNORED = {"model", "user", "n", "stream", "stream_options", "prompt", "messages
 # Served by OpenAI, not here: each accepted only when off (LangChain sends logit_bias: {} on every request).
 OFF_ONLY: dict[str, object] = {"logit_bias": {}, "echo": False, "suffix": ""}
 FINISH_REASONS = {"stop": "stop", "length": "length", "tool_calls": "tool_calls", "canceled": "stop"}
-# A failed generation's HTTP status; anything else is 500. OpenAI's clients retry 429 and 503 by themselves.
-ERROR_STATUS = {"invalid_request": 400, "invalid_params": 400, "overloaded": 429, "unavailable": 503}
+# A failed generation's HTTP status; anything else is 500. OpenAI's clients retry 429 and 5xx by themselves.
+ERROR_STATUS = {"invalid_request": 400, "invalid_params": 400, "rate_limited": 429, "overloaded": 503,
+                "unavailable": 503, "timeout": 504}
 
 
 def _body(request: HttpRequest) -> dict:
@@ -101,10 +102,11 @@ def _handler(kind: str):
             params = _params(kind, body, tools)
             transport = await bridge.transport_from_loop()
             prompt = _prompt(kind, body, transport, tools)
+            admission = _admit(user.get_username())
         except ApiError as exc:
             return exc.response()
         request_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
-        stream = transport.submit(request_id, prompt, params, user=user.get_username())
+        stream = admission.submit(transport, request_id, prompt, params)
         meta = {"id": request_id, "created": int(time.time()), "model": settings.WORKBENCH_MODEL}
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
@@ -115,6 +117,15 @@ def _handler(kind: str):
         return await _whole(kind, stream, transport, meta, tools)
 
     return csrf_exempt(view)
+
+
+def _admit(user: str) -> limits.Admission:
+    try:
+        return limits.admit(user)
+    except limits.Refused as exc:
+        raise ApiError(ERROR_STATUS[exc.code], exc.message, code=exc.code,
+                       kind="rate_limit_error" if exc.code == "rate_limited" else "server_error",
+                       retry_after=exc.retry_after) from None
 
 
 def _prompt(kind: str, body: dict, transport, tools: tool_calls.Tools) -> str | list[int]:

@@ -22,7 +22,7 @@ from workbench.api.json_socket import FrameError, JsonSocketConsumer
 from workbench.chat import frames, versions
 from workbench.chat.fitting import fitted_prompt
 from workbench.chat.models import Conversation, Message, ReplyUnderWay, Turn
-from workbench.serving import bridge
+from workbench.serving import bridge, limits
 from workbench.serving.streams import StreamEvent
 
 
@@ -73,14 +73,26 @@ class ChatConsumer(JsonSocketConsumer):
             await self.close(code=4401)
             return
         text, params = frames.turn_request(kind, content)
-        prepared = await self._take_turn(kind, text)
+        user = self.scope["user"]
+        assert user is not None  # connect refused a socket without one
+        # Admitted before the turn is taken: a refused one stores nothing.
+        try:
+            admission = limits.admit(user.username)
+        except limits.Refused as exc:
+            raise FrameError(exc.code, exc.message, retry_after=exc.retry_after) from None
+        try:
+            prepared = await self._take_turn(kind, text)
+        except BaseException:
+            admission.release()
+            raise
         if prepared is None:
+            admission.release()
             return
         # The id and the stop flag are this request's before the task runs: a stop that comes while the
         # transport is still starting (the first request after a restart) must reach it.
         engine_id = self.engine_id = f"chat-{self.conversation.pk}-{uuid.uuid4().hex}"
         self.stop_asked = False
-        self.generation = asyncio.create_task(self._generate(engine_id, *prepared, params))
+        self.generation = asyncio.create_task(self._generate(engine_id, *prepared, params, admission))
 
     async def _take_turn(self, turn: Turn, text: str | None) -> tuple[list[dict[str, str]], datetime] | None:
         """The history to answer and the conversation's claim; None once the page has been told why not."""
@@ -102,13 +114,15 @@ class ChatConsumer(JsonSocketConsumer):
         return prepared
 
     async def _generate(self, engine_id: str, history: list[dict[str, str]], claim: datetime,
-                        params: SamplingParams) -> None:
+                        params: SamplingParams, admission: limits.Admission) -> None:
         try:
-            await self._answer(engine_id, history, params)
+            await self._answer(engine_id, history, params, admission)
         finally:
+            admission.release()  # its stream's end released it already, unless it never reached the transport
             await database_sync_to_async(self.conversation.release_reply)(claim)
 
-    async def _answer(self, engine_id: str, history: list[dict[str, str]], params: SamplingParams) -> None:
+    async def _answer(self, engine_id: str, history: list[dict[str, str]], params: SamplingParams,
+                      admission: limits.Admission) -> None:
         transport = await bridge.transport_from_loop()
         try:
             prompt = await asyncio.to_thread(fitted_prompt, transport.tokenizer, history)  # long ones take a while
@@ -117,9 +131,7 @@ class ChatConsumer(JsonSocketConsumer):
             return
         await self.send_json({"type": "started"})
         text, event = "", StreamEvent()
-        user = self.scope["user"]
-        assert user is not None  # connect refused a socket without one
-        stream = transport.submit(engine_id, prompt, params, user=user.username)
+        stream = admission.submit(transport, engine_id, prompt, params)
         if self.stop_asked:
             transport.cancel(engine_id)
         async for event in stream:

@@ -2,7 +2,7 @@
 
 from django.contrib import admin
 
-from workbench.ops.models import FlagChange, LeakEvent, ReplayCheck
+from workbench.ops.models import FlagChange, LeakEvent, ReplayCheck, RequestCancel
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -24,6 +24,13 @@ class FlagChangeAdmin(ReadOnlyAdmin):
     list_display = ("created_at", "user", "name", "value", "all_workers", "workers")
     list_filter = ("name", "all_workers", "created_at")
     search_fields = ("name", "user__username", "workers")
+
+
+@admin.register(RequestCancel)
+class RequestCancelAdmin(ReadOnlyAdmin):
+    list_display = ("created_at", "user", "worker", "request_id", "owner", "error")
+    list_filter = ("worker", "created_at")
+    search_fields = ("request_id", "owner", "user__username", "worker")
 
 
 @admin.register(LeakEvent)

@@ -5,13 +5,16 @@ and every RECHECK_S, so an operator who loses staff status or the permission los
 Every PUSH_EVERY_S it sends what changed of the transport's view of every worker (device, model,
 flags, load, and the engine's inspection snapshot, engine/inspection.py) together with the flag
 registry; operators with the `ops.flip_flags` permission may send flag changes, answered with every
-worker's answer and logged like the HTTP ones (workbench/ops/flag_changes.py, which also checks them).
+worker's answer and logged like the HTTP ones (workbench/ops/flag_changes.py, which also checks them);
+staff may cancel any request a worker holds, logged in the audit log (workbench/ops/request_cancels.py).
 Frames are limited and refused like every socket's (workbench/api/json_socket.py).
 
     -> {"type": "state", "workers": {worker: {...}}, "flags": [...], "changes": [latest audit rows]}
     <- {"type": "set_flag", "id": any, "name": "ARC_GRAPH_DEVICE_LOOP", "value": false, "worker": "w1"}
     -> {"type": "flag_result", "id": any, "change": 12, "answers": {"w1": {"in_force": {...}}}}
-    -> {"type": "error", "id": any, "code": "forbidden" | "invalid_change" | "invalid_frame" | "frame_too_large"
+    <- {"type": "cancel_request", "id": any, "worker": "w1", "request_id": "<as the state shows it>"}
+    -> {"type": "cancel_result", "id": any, "cancel": 7, "error": null | "no such request on this worker ..."}
+    -> {"type": "error", "id": any, "code": "forbidden" | "invalid_change" | "invalid_cancel" | "invalid_frame" | "frame_too_large"
         | "internal_error", "message": "..."}
 """
 
@@ -26,7 +29,7 @@ from django.contrib.auth import get_user_model
 
 from engine.capabilities import UnknownFlag
 from workbench.api.json_socket import FrameError, JsonSocketConsumer
-from workbench.ops import flag_changes
+from workbench.ops import flag_changes, request_cancels
 from workbench.serving import bridge
 
 log = logging.getLogger(__name__)
@@ -97,8 +100,12 @@ class DashboardConsumer(JsonSocketConsumer):
             await asyncio.sleep(PUSH_EVERY_S)
 
     async def receive_json(self, content: dict[str, object], **kwargs: object) -> None:
+        if content.get("type") == "cancel_request":
+            await self._cancel_request(content)
+            return
         if content.get("type") != "set_flag":
-            raise FrameError("invalid_frame", "the one frame this socket takes is {\"type\": \"set_flag\", ...}")
+            raise FrameError("invalid_frame", "this socket takes {\"type\": \"set_flag\", ...} and "
+                                              "{\"type\": \"cancel_request\", ...} frames")
         asked = content.get("id")
         user = await _current(self.scope["user"])
         refusal = "your account is gone" if user is None else await database_sync_to_async(flag_changes.refusal)(user)
@@ -111,3 +118,16 @@ class DashboardConsumer(JsonSocketConsumer):
         result = await flag_changes.make(self.transport, user, name, value, worker)
         self.changes_read_at = 0.0  # the next state shows this change in the log
         await self.send_json({"type": "flag_result", "id": asked, **result})
+
+    async def _cancel_request(self, content: dict[str, object]) -> None:
+        asked = content.get("id")
+        user = await _current(self.scope["user"])  # staff status is read afresh: a demoted operator is refused
+        refusal = request_cancels.refusal(user)
+        if refusal is not None:
+            raise FrameError("forbidden", refusal, asked)
+        try:
+            worker, request_id = request_cancels.parse(content)
+        except ValueError as exc:
+            raise FrameError("invalid_cancel", str(exc), asked) from None
+        result = await request_cancels.make(self.transport, user, worker, request_id)
+        await self.send_json({"type": "cancel_result", "id": asked, **result})

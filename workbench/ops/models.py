@@ -1,5 +1,5 @@
-"""What operators look back on: the audit log of runtime flag changes, and the engines' leak-prevention
-events and replay-verification checks (stored by workbench/ops/recorder.py from the workers' snapshots)."""
+"""What operators look back on: the audit logs of runtime flag changes and of requests canceled by an
+operator, and the engines' leak-prevention events and replay-verification checks (stored by workbench/ops/recorder.py from the workers' snapshots)."""
 
 from __future__ import annotations
 
@@ -29,6 +29,23 @@ class FlagChange(models.Model):
     @property
     def refused_by(self) -> list[str]:
         return sorted(worker for worker, answer in self.answers.items() if "error" in answer)
+
+
+class RequestCancel(models.Model):
+    """An operator's cancel of a request from the dashboard (workbench/ops/request_cancels.py)."""
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="request_cancels")
+    worker = models.CharField(max_length=128)
+    request_id = models.CharField(max_length=256)  # the engine's id on that worker, as the dashboard shows it
+    owner = models.CharField(max_length=150, blank=True)  # whom the request served, as the dashboard showed
+    error = models.TextField(blank=True)  # why it was not sent (no such request...); empty: sent
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        outcome = f"refused: {self.error}" if self.error else "sent"
+        return f"cancel {self.request_id} on {self.worker} by {self.user} ({outcome})"
 
 
 class LeakEvent(models.Model):

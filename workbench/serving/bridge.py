@@ -3,8 +3,8 @@
 Both transports implement one interface, `Transport` (transport.py): `submit(request_id, prompt,
 params, user="") -> RequestStream` (from an event loop), `cancel(request_id)`, `tokenizer`,
 `running_request_ids()`, `answering()`, `start()`, `stop()`, and for operators `change_flag`,
-`flags_in_force()`, `metrics_by_worker()`, `watch_state()`, `workers_view()`. WORKBENCH_TRANSPORT
-picks one: "inprocess" (InProcessTransport, the engine on a thread of this process) or "celery"
+`cancel_as_operator`, `flags_in_force()`, `metrics_by_worker()`, `watch_state()`, `workers_view()`.
+WORKBENCH_TRANSPORT picks one: "inprocess" (InProcessTransport, the engine on a thread of this process) or "celery"
 (CeleryTransport, GPU workers over Redis).
 Nothing heavy happens at import or in AppConfig.ready() (which runs for every management command):
 the transport starts the first time a request needs it.
@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Callable
 
 from django.conf import settings
 
+from workbench.serving import limits
 from workbench.serving.transport import Transport
 
 log = logging.getLogger(__name__)
@@ -95,3 +96,4 @@ def shutdown() -> None:
                 stopping.stop()
             except Exception:  # the others must still stop, and the next use must start afresh
                 log.exception("stopping the %s transport failed", kind)
+        limits.LIMITER.reset()  # the requests the counts stood for went with the transports

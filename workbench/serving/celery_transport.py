@@ -117,6 +117,24 @@ class CeleryTransport:
     def cancel(self, request_id: str) -> None:
         self._loop.call_soon_threadsafe(self._cancel_request, request_id)
 
+    async def cancel_as_operator(self, worker: str, request_id: str) -> str | None:
+        """`request_id`: the wire id the worker's heartbeat lists (what the dashboard shows). Sent from
+        the link loop, which owns the channel layer, as flag changes are."""
+        future = asyncio.run_coroutine_threadsafe(self._cancel_as_operator(worker, request_id), self._loop)
+        return await asyncio.wrap_future(future)
+
+    async def _cancel_as_operator(self, worker: str, request_id: str) -> str | None:
+        beat = self._workers.get(worker)
+        if beat is None:
+            return "no such worker"
+        if request_id not in beat.requests:
+            return "no such request on this worker (it may have just finished)"
+        try:
+            await self.layer.send(wire.control_channel(worker), wire.cancel_message(request_id, by_operator=True))
+        except Exception as exc:  # Redis away: the operator hears it, the dashboard lives on
+            return f"the cancel could not reach {worker}: {type(exc).__name__}: {exc}"
+        return None
+
     def running_request_ids(self) -> set[str]:
         """What the live workers hold: this process's requests by their request id, others by wire id."""
         pending = dict(self._pending)

@@ -69,6 +69,7 @@ class _Add:
 @dataclass(frozen=True)
 class _Abort:
     request_id: str
+    by_operator: bool = False
 
 
 @dataclass(frozen=True)
@@ -146,8 +147,9 @@ class EngineHost:
         # queue time and time to first token (up to a whole step under load).
         self._commands.put(_Add(request_id, prompt, params, sink, user, time.monotonic()))
 
-    def cancel(self, request_id: str) -> None:
-        self._commands.put(_Abort(request_id))
+    def cancel(self, request_id: str, by_operator: bool = False) -> None:
+        """A client's cancel, or with `by_operator` an operator's (the engine's FinishedAborted)."""
+        self._commands.put(_Abort(request_id, by_operator))
 
     def set_flag(self, name: str, value: bool | int, done: FlagDone) -> None:
         """Change a runtime flag at the engine's next step boundary; `done` hears when it is in force."""
@@ -192,8 +194,9 @@ class EngineHost:
                 else:
                     self._flags_waiting.append(command.done)
             case _Abort():
-                if not self.engine.abort(command.request_id):
-                    self._remember_early_cancel(command.request_id)
+                if not self.engine.abort(command.request_id, by_operator=command.by_operator):
+                    if not command.by_operator:  # an operator names what the dashboard showed held
+                        self._remember_early_cancel(command.request_id)
             case _Add():
                 self._add(command)
             case _Stop():

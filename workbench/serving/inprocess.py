@@ -43,6 +43,14 @@ class InProcessTransport:
     def cancel(self, request_id: str) -> None:
         self.host.cancel(request_id)
 
+    async def cancel_as_operator(self, worker: str, request_id: str) -> str | None:
+        if worker != LOCAL_WORKER:
+            return "no such worker"
+        if request_id not in self.host.load.request_ids:
+            return "no such request on this worker (it may have just finished)"
+        self.host.cancel(request_id, by_operator=True)
+        return None
+
     def running_request_ids(self) -> set[str]:
         return set(self.host.load.request_ids)
 

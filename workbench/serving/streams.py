@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Iterable, Protocol, cast
+from typing import Callable, Iterable, Protocol, cast
 
 
 @dataclass
@@ -90,6 +90,8 @@ class RequestStream:
         self._pending: StreamEvent | None = None
         self._ready = asyncio.Event()
         self.closed = False
+        # Told of each event the stream takes, on its loop (the request's limits watch it: limits.py).
+        self.on_push: Callable[[StreamEvent], None] | None = None
 
     @property
     def group(self) -> asyncio.AbstractEventLoop:
@@ -107,6 +109,8 @@ class RequestStream:
         """On the stream's own loop."""
         if self.closed or (self._pending is not None and self._pending.finished):
             return  # nothing follows a request's last event (a late duplicate error, say)
+        if self.on_push is not None:
+            self.on_push(event)
         if self._pending is None:
             self._pending = event
         else:

@@ -64,6 +64,12 @@ class Transport(Protocol):
         """Stop a submitted request; its stream ends with finish_reason "canceled" (or whatever came first)."""
         ...
 
+    async def cancel_as_operator(self, worker: str, request_id: str) -> str | None:
+        """An operator's cancel of any request a worker holds, by the ids the dashboard shows (the
+        engine's request id on that worker): None once asked, else why not ("no such worker", ...).
+        The request ends canceled, as if its client had asked."""
+        ...
+
     def running_request_ids(self) -> set[str]:
         """The requests the engines hold now (this process's by their request id)."""
         ...

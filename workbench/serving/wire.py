@@ -49,8 +49,8 @@ def events_of(message: dict) -> list[tuple[str, StreamEvent]]:
     return [(item["request_id"], StreamEvent.from_message(item)) for item in message.get("events", [])]
 
 
-def cancel_message(request_id: str) -> dict:
-    return {"type": CANCEL, "request_id": request_id}
+def cancel_message(request_id: str, by_operator: bool = False) -> dict:
+    return {"type": CANCEL, "request_id": request_id, "by_operator": by_operator}
 
 
 def flags_key() -> str:

@@ -209,8 +209,9 @@ class WorkerHost:
         while True:
             message = await self.layer.receive(self.control_channel)
             if message.get("type") == wire.CANCEL and isinstance(message.get("request_id"), str):
-                log.info("cancel %s", message["request_id"])
-                self.engine_host.cancel(message["request_id"])
+                by_operator = message.get("by_operator") is True
+                log.info("cancel %s%s", message["request_id"], " by an operator" if by_operator else "")
+                self.engine_host.cancel(message["request_id"], by_operator=by_operator)
             elif message.get("type") == wire.SET_FLAG:
                 self._set_flag(message)
 

@@ -1,0 +1,62 @@
+"""`python -m workbench.serve [daphne options]`: Daphne serving the workbench, with its websocket limits.
+
+The one place that builds the web process's command line: `make run`, scripts/stack.py, the Dockerfile,
+docker-compose.yml and the tests' Daphne all start it. Every Daphne option passes through; the
+application defaults to workbench.asgi:application.
+
+Why not plain `python -m daphne`: Daphne's autobahn factory refuses a websocket message over 1 MiB by
+dropping the TCP connection (autobahn's failByDrop), so a client sees a reset with no close frame and
+every request multiplexed on that socket is lost with no word. Here two limits hold instead:
+- up to WORKBENCH_SOCKET_MESSAGE_BYTES a message reaches the application, which refuses one over
+  WORKBENCH_MAX_FRAME_BYTES whole with a `frame_too_large` error frame; the socket and its other
+  requests live on (workbench/api/json_socket.py);
+- over it, the server closes the socket with code 1009 (message too big) and a reason naming the limit,
+  as soon as the frame's header says its length, without buffering the rest.
+The outer limit bounds what one socket can make the server hold in memory.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+APPLICATION = "workbench.asgi:application"
+
+
+def command_line(argv: list[str], message_bytes: int) -> list[str]:
+    """Daphne's arguments: the message and frame limits (unless given), `argv`, and the application
+    unless `argv` names one (its one positional argument comes last)."""
+    limits = [f"--{option}={message_bytes}" for option in ("websocket-max-message-size", "websocket-max-frame-size")
+              if not any(arg.startswith(f"--{option}") for arg in argv)]
+    names_application = bool(argv) and ":" in argv[-1] and not argv[-1].startswith("-")
+    return [*limits, *argv, *([] if names_application else [APPLICATION])]
+
+
+def main(argv: list[str]) -> None:
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "workbench.settings")
+    from daphne.cli import CommandLineInterface
+    from daphne.server import Server
+    from django.conf import settings
+
+    class ClosingServer(Server):
+        """Daphne whose websockets close with 1009 over the size limit instead of dropping the TCP
+        connection. The factory is built inside run(); failByDrop is set once the reactor runs,
+        before it accepts any connection (each protocol copies the factory's options as it connects)."""
+
+        def run(self) -> None:
+            from twisted.internet import reactor
+
+            reactor.callWhenRunning(self._close_instead_of_drop)
+            super().run()
+
+        def _close_instead_of_drop(self) -> None:
+            self.ws_factory.setProtocolOptions(failByDrop=False)
+
+    class Command(CommandLineInterface):
+        server_class = ClosingServer
+
+    Command().run(command_line(argv, settings.WORKBENCH_SOCKET_MESSAGE_BYTES))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
