@@ -190,9 +190,10 @@ class DeviceLoop:
     @staticmethod
     def can_burst(seq: Sequence) -> bool:
         """Greedy rows whose every token the host can check afterwards: no sampling state, no
-        logprobs to report and no confidence floor, which need the logits of each step."""
+        logprobs to report, no confidence floor and no min_tokens mask, which need the logits of each step."""
         p = seq.params
-        return p.greedy and not p.has_penalties and p.logprobs is None and p.stop_below_prob is None
+        return (p.greedy and not p.has_penalties and p.logprobs is None and p.stop_below_prob is None
+                and p.min_tokens == 0)
 
     # -- the burst ------------------------------------------------------------------------------
 

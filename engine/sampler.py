@@ -5,8 +5,10 @@ same tokens whatever else shares its batch. Greedy rows without penalties or log
 batched argmax, the common case on the hot path.
 
 Order per row: penalties on the raw logits; greedy takes the argmax; otherwise temperature, then
-top-k, top-p and min-p filters, then a draw. Logprobs describe the model's own distribution (raw
-logits, before penalties and temperature), as OpenAI's do.
+top-k, top-p and min-p filters, then a draw. Logprobs describe the distribution the token was drawn
+from: after penalties and temperature (a greedy row: after penalties), before the top-k/top-p/min-p
+cut-offs, so that every candidate keeps a finite value (docs/PROTOCOL.md, "Logprobs"). The confidence
+floor (stop_below_prob) reads the model's own probability instead, before any of that.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ class TokenLogprob:
     token_id: int
     logprob: float
     top: tuple[tuple[int, float], ...]  # the N most likely tokens and their logprobs
+    model_logprob: float  # the token's logprob under the raw logits, for the confidence floor
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,7 @@ class SampleRequest:
     prompt_ids: list[int]
     output_ids: list[int]
     generator: torch.Generator
+    suppressed: tuple[int, ...] = ()  # token ids this row may not draw now (min_tokens not reached)
 
 
 def sample(logits: torch.Tensor, rows: list[SampleRequest]) -> tuple[list[int], list[TokenLogprob | None]]:
@@ -42,12 +46,17 @@ def sample(logits: torch.Tensor, rows: list[SampleRequest]) -> tuple[list[int], 
     if len(rows) != logits.shape[0]:
         raise ValueError(f"{logits.shape[0]} logit rows for {len(rows)} sequences")
     logits = logits.float()
+    if any(row.suppressed for row in rows):
+        logits = logits.clone()  # the runner's tensor is not ours to write
+        for index, row in enumerate(rows):
+            if row.suppressed:
+                logits[index, list(row.suppressed)] = float("-inf")
     plain_greedy = [r.params.greedy and not r.params.has_penalties for r in rows]
     tokens = logits.argmax(dim=-1).tolist() if any(plain_greedy) else [0] * len(rows)
     for index, row in enumerate(rows):
         if not plain_greedy[index]:
             tokens[index] = _sample_row(logits[index], row)
-    records = [_logprob_record(logits[i], tokens[i], row.params.logprobs or 0) if _wants_logprob(row.params) else None
+    records = [_logprob_record(logits[i], row, tokens[i]) if _wants_logprob(row.params) else None
                for i, row in enumerate(rows)]
     return tokens, records
 
@@ -107,10 +116,24 @@ def apply_penalties(logits: torch.Tensor, params: SamplingParams, prompt_ids: li
     return logits
 
 
-def _logprob_record(logits: torch.Tensor, token: int, top_n: int) -> TokenLogprob:
-    logprobs = torch.log_softmax(logits, dim=-1)
+def processed_logits(logits: torch.Tensor, row: SampleRequest) -> torch.Tensor:
+    """One row's logits as the draw sees them before its cut-offs: penalties, then temperature (none
+    for a greedy row, whose temperature would divide by ~0)."""
+    params = row.params
+    if params.has_penalties:
+        logits = apply_penalties(logits, params, row.prompt_ids, row.output_ids)
+    return logits if params.greedy else logits / params.temperature
+
+
+def _logprob_record(logits: torch.Tensor, row: SampleRequest, token: int) -> TokenLogprob:
+    top_n = row.params.logprobs or 0
+    raw = torch.log_softmax(logits, dim=-1)
+    logprobs = raw
+    if row.params.logprobs is not None:
+        # In float64: extreme but valid penalties overflow float32 logits to inf (as the draw knows).
+        logprobs = torch.log_softmax(processed_logits(logits.double(), row), dim=-1).float()
     top: tuple[tuple[int, float], ...] = ()
     if top_n:
         values, ids = torch.topk(logprobs, top_n)
         top = tuple(zip(ids.tolist(), values.tolist()))
-    return TokenLogprob(token_id=token, logprob=float(logprobs[token]), top=top)
+    return TokenLogprob(token_id=token, logprob=float(logprobs[token]), top=top, model_logprob=float(raw[token]))

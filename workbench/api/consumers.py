@@ -11,7 +11,9 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator
 
+from engine.tokenizer import Tokenizer
 from workbench.api import frames
+from workbench.api.logprobs_shape import socket_logprobs
 from workbench.api.json_socket import JsonSocketConsumer
 from workbench.serving import bridge
 from workbench.serving.streams import StreamEvent
@@ -57,15 +59,18 @@ class GenerateConsumer(JsonSocketConsumer):
         user = self.scope["user"]
         assert user is not None  # connect refused a socket without a signed-in user
         stream = transport.submit(engine_id, prompt, params, user=user.username)
-        self.active[request_id] = asyncio.create_task(self._relay(request_id, stream))
+        self.active[request_id] = asyncio.create_task(self._relay(request_id, stream, transport.tokenizer))
         await self.send_json({"type": "accepted", "request_id": request_id})
 
-    async def _relay(self, request_id: str, stream: AsyncIterator[StreamEvent]) -> None:
+    async def _relay(self, request_id: str, stream: AsyncIterator[StreamEvent], tokenizer: Tokenizer) -> None:
         try:
             async for event in stream:
                 if event.text or event.token_ids:
-                    await self.send_json({"type": "delta", "request_id": request_id, "index": event.index,
-                                          "text": event.text, "token_ids": event.token_ids})
+                    delta = {"type": "delta", "request_id": request_id, "index": event.index,
+                             "text": event.text, "token_ids": event.token_ids}
+                    if event.logprobs is not None:  # one per token of token_ids, when the request asks
+                        delta["logprobs"] = socket_logprobs(tokenizer, event.logprobs)
+                    await self.send_json(delta)
                 if event.finished and event.error_code:
                     await self.send_error(event.error_code, event.error or "", request_id)
                 elif event.finished:

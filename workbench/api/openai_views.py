@@ -20,8 +20,10 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonRespons
 from django.views.decorators.csrf import csrf_exempt
 
 from engine import SamplingParams
-from engine.sampling_params import is_integer
-from workbench.api import request_input
+from engine.tokenizer import Tokenizer
+from workbench.api import openai_params, request_input
+from workbench.api.choice_streams import merged, summed_usage
+from workbench.api.logprobs_shape import CompletionLogprobs, chat_content
 from workbench.api.http_api import ApiError, authenticate, check_model, json_body, refuse_unless_off
 from workbench.serving import bridge
 from workbench.serving.streams import StreamEvent
@@ -31,8 +33,9 @@ from workbench.serving.streams import StreamEvent
 FIELD_MAP = {"max_tokens": "max_tokens", "max_completion_tokens": "max_tokens", "temperature": "temperature",
              "top_p": "top_p", "top_k": "top_k", "min_p": "min_p", "seed": "seed", "stop": "stop",
              "frequency_penalty": "frequency_penalty", "presence_penalty": "presence_penalty",
-             "repetition_penalty": "repetition_penalty", "ignore_eos": "ignore_eos"}
-IGNORED = {"model", "user", "n", "stream", "stream_options", "prompt", "messages"}
+             "repetition_penalty": "repetition_penalty", "ignore_eos": "ignore_eos",
+             "stop_token_ids": "stop_token_ids", "min_tokens": "min_tokens"}
+IGNORED = {"model", "user", "stream", "stream_options", "prompt", "messages"}
 # Served by OpenAI, not here: each accepted only when off (LangChain sends logit_bias: {} on every request).
 OFF_ONLY: dict[str, object] = {"logit_bias": {}, "echo": False, "suffix": ""}
 FINISH_REASONS = {"stop": "stop", "length": "length", "tool_calls": "tool_calls", "canceled": "stop"}
@@ -59,19 +62,17 @@ def _params(kind: str, body: dict) -> SamplingParams:
         raise ApiError(400, "max_tokens and max_completion_tokens disagree; send one", param="max_completion_tokens")
     # Without max_tokens a chat reply may run to the end of the model's context, as in vLLM; a plain
     # completion keeps OpenAI's default of 16 tokens.
-    values = {"max_tokens": None} if kind == "chat" else {}
+    values: dict[str, object] = {"max_tokens": None} if kind == "chat" else {}
     for key, value in body.items():
         if key in FIELD_MAP:
             if value is not None:
                 values[FIELD_MAP[key]] = value
-        elif key not in IGNORED and key not in OFF_ONLY:
+        elif key not in IGNORED and key not in OFF_ONLY and key not in openai_params.handled(kind):
             raise ApiError.unsupported(key)
     refuse_unless_off(body, OFF_ONLY)
-    n = body.get("n", 1)
-    if n is not None and (not is_integer(n) or n != 1):
-        raise ApiError(400, "only n=1 is supported", param="n")
+    values.update(openai_params.logprob_values(kind, body))
     try:
-        return request_input.sampling_params(values)
+        return request_input.sampling_params(values, logprobs_allowed=True)
     except request_input.InvalidInput as exc:
         raise ApiError.refused(exc) from None
 
@@ -86,20 +87,25 @@ def _handler(kind: str):
             user = await authenticate(request)
             body = _body(request)
             params = _params(kind, body)
+            n = openai_params.choice_count(body)
             transport = await bridge.transport_from_loop()
             prompt = _prompt(kind, body, transport)
         except ApiError as exc:
             return exc.response()
         request_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
-        stream = transport.submit(request_id, prompt, params, user=user.get_username())
+        # One engine sequence per choice; the first keeps the request's id, as with n=1.
+        choices = [_Choice(request_id if i == 0 else f"{request_id}-{i}", transport.tokenizer)
+                   for i in range(n)]
+        streams = [transport.submit(choice.engine_id, prompt, choice_params, user=user.get_username())
+                   for choice, choice_params in zip(choices, openai_params.choice_params(params, n))]
         meta = {"id": request_id, "created": int(time.time()), "model": settings.WORKBENCH_MODEL}
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            response = StreamingHttpResponse(_sse(kind, stream, transport, meta, include_usage),
+            response = StreamingHttpResponse(_sse(kind, streams, choices, transport, meta, include_usage),
                                              content_type="text/event-stream")
             response["Cache-Control"] = "no-cache"
             return response
-        return await _whole(kind, stream, transport, meta)
+        return await _whole(kind, streams, choices, transport, meta)
 
     return csrf_exempt(view)
 
@@ -116,31 +122,66 @@ def _prompt(kind: str, body: dict, transport) -> str | list[int]:
         raise ApiError.refused(exc) from None
 
 
-async def _whole(kind: str, stream, transport, meta: dict) -> HttpResponse:
-    text, event = "", StreamEvent()  # a stream always ends with its finished event
+class _Choice:
+    """One choice of a reply: its engine sequence, and what it has sent so far."""
+
+    def __init__(self, engine_id: str, tokenizer: Tokenizer) -> None:
+        self.engine_id, self.tokenizer = engine_id, tokenizer
+        self.text, self.last = "", StreamEvent()  # a stream always ends with its finished event
+        self.records: list[list] | None = None  # the logprob records, when the request asks for them
+        self.completion_logprobs = CompletionLogprobs(tokenizer)
+
+    def add(self, event: StreamEvent) -> None:
+        self.text += event.text
+        self.last = event
+        if event.logprobs is not None:
+            self.records = (self.records or []) + event.logprobs
+
+    def logprobs(self, kind: str, records: list[list] | None) -> dict | None:
+        """OpenAI's `logprobs` of a choice (or of a chunk's part of it): None when not asked for."""
+        if records is None:
+            return None
+        if kind == "chat":
+            return {"content": chat_content(self.tokenizer, records)}
+        return self.completion_logprobs.part(records)
+
+
+def _cancel_unfinished(transport, choices: list[_Choice]) -> None:
+    for choice in choices:
+        if not choice.last.finished:
+            transport.cancel(choice.engine_id)
+
+
+async def _whole(kind: str, streams, choices: list[_Choice], transport, meta: dict) -> HttpResponse:
     try:
-        async for event in stream:
-            text += event.text
+        async for index, event in merged(streams):
+            choices[index].add(event)
     except asyncio.CancelledError:
-        transport.cancel(meta["id"])
+        _cancel_unfinished(transport, choices)
         raise
-    assert event is not None  # a stream ends with its finished event
-    if event.error_code:
-        status = ERROR_STATUS.get(event.error_code, 500)
-        return ApiError(status, event.error or "", code=event.error_code,
-                        kind="invalid_request_error" if status == 400 else "server_error").response()
-    finish = FINISH_REASONS.get(event.finish_reason or "", event.finish_reason)
-    choice: dict[str, object] = {"index": 0, "finish_reason": finish, "logprobs": None}
-    if kind == "chat":
-        choice["message"] = {"role": "assistant", "content": text}
-        obj = "chat.completion"
-    else:
-        choice["text"] = text
-        obj = "text_completion"
-    return JsonResponse({**meta, "object": obj, "choices": [choice], "usage": event.usage})
+    for choice in choices:
+        event = choice.last
+        if event.error_code:  # one failed choice fails the reply
+            _cancel_unfinished(transport, choices)
+            status = ERROR_STATUS.get(event.error_code, 500)
+            return ApiError(status, event.error or "", code=event.error_code,
+                            kind="invalid_request_error" if status == 400 else "server_error").response()
+    shaped = []
+    for index, choice in enumerate(choices):
+        finish = FINISH_REASONS.get(choice.last.finish_reason or "", choice.last.finish_reason)
+        one: dict[str, object] = {"index": index, "finish_reason": finish,
+                                  "logprobs": choice.logprobs(kind, choice.records)}
+        if kind == "chat":
+            one["message"] = {"role": "assistant", "content": choice.text}
+        else:
+            one["text"] = choice.text
+        shaped.append(one)
+    obj = "chat.completion" if kind == "chat" else "text_completion"
+    usage = summed_usage([choice.last.usage for choice in choices])
+    return JsonResponse({**meta, "object": obj, "choices": shaped, "usage": usage})
 
 
-async def _sse(kind: str, stream, transport, meta: dict, include_usage: bool):
+async def _sse(kind: str, streams, choices: list[_Choice], transport, meta: dict, include_usage: bool):
     obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
 
     def chunk(choices, usage=None) -> str:
@@ -149,31 +190,37 @@ async def _sse(kind: str, stream, transport, meta: dict, include_usage: bool):
             payload["usage"] = usage
         return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
-    finished = False
+    def part(index: int, event: StreamEvent, finish: str | None) -> dict:
+        body = {"delta": {"content": event.text}} if kind == "chat" else {"text": event.text}
+        return {"index": index, **body, "finish_reason": finish,
+                "logprobs": choices[index].logprobs(kind, event.logprobs)}
+
+    events = merged(streams)
     try:
         if kind == "chat":
-            yield chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
-        async for event in stream:
+            for index in range(len(choices)):
+                yield chunk([{"index": index, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
+        async for index, event in events:
+            choices[index].add(event)
             if event.error_code:
-                if event.text:  # what was generated before the failure (a stream interval holds it back)
-                    body = {"delta": {"content": event.text}} if kind == "chat" else {"text": event.text}
-                    yield chunk([{"index": 0, **body, "finish_reason": None, "logprobs": None}])
+                if event.text or event.logprobs:  # what came before the failure (a stream interval holds it back)
+                    yield chunk([part(index, event, None)])
                 error = {"message": event.error, "type": "server_error", "code": event.error_code}
                 yield f"data: {json.dumps({'error': error})}\n\n"
-                finished = True
                 break
-            finish = FINISH_REASONS.get(event.finish_reason, event.finish_reason) if event.finished else None
-            if event.text or finish:
-                body = {"delta": {"content": event.text}} if kind == "chat" else {"text": event.text}
-                yield chunk([{"index": 0, **body, "finish_reason": finish, "logprobs": None}])
-            if event.finished:
-                finished = True
-                if include_usage:
-                    yield chunk([], event.usage)
+            finish = FINISH_REASONS.get(event.finish_reason or "", event.finish_reason) if event.finished else None
+            # A delta whose text is held back (half a character, a stop string's start) still sends
+            # its tokens' logprobs, so that a stream carries every value the whole reply does.
+            if event.text or finish or event.logprobs:
+                yield chunk([part(index, event, finish)])
+        else:
+            if include_usage:
+                yield chunk([], summed_usage([choice.last.usage for choice in choices]))
         yield "data: [DONE]\n\n"
     finally:
-        if not finished:  # the client went away mid-stream: stop the sequence in the engine
-            transport.cancel(meta["id"])
+        await events.aclose()
+        # The client went away mid-stream, or a choice failed: stop the sequences still running.
+        _cancel_unfinished(transport, choices)
 
 
 @csrf_exempt
