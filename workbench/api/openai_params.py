@@ -15,9 +15,9 @@ MAX_N = 8  # choices per request: each is a sequence in the engine, and a reques
 SEED_SPAN = 2**64  # torch.Generator's seed range is [-2**63, 2**64): derived seeds wrap inside it
 
 
-def handled(kind: str) -> set[str]:
-    """The fields this module reads, for the endpoint `kind` ("chat" or "completion")."""
-    return {"logprobs", "top_logprobs", "n"} if kind == "chat" else {"logprobs", "n"}
+def endpoint_fields(kind: str) -> set[str]:
+    """The fields only the endpoint `kind` ("chat" or "completion") takes, and those this module reads."""
+    return {"messages", "logprobs", "top_logprobs", "n"} if kind == "chat" else {"prompt", "logprobs", "n"}
 
 
 def logprob_values(kind: str, body: dict) -> dict[str, object]:

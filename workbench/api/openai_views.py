@@ -35,7 +35,7 @@ FIELD_MAP = {"max_tokens": "max_tokens", "max_completion_tokens": "max_tokens", 
              "frequency_penalty": "frequency_penalty", "presence_penalty": "presence_penalty",
              "repetition_penalty": "repetition_penalty", "ignore_eos": "ignore_eos",
              "stop_token_ids": "stop_token_ids", "min_tokens": "min_tokens"}
-IGNORED = {"model", "user", "stream", "stream_options", "prompt", "messages"}
+IGNORED = {"model", "user", "stream", "stream_options"}
 # Served by OpenAI, not here: each accepted only when off (LangChain sends logit_bias: {} on every request).
 OFF_ONLY: dict[str, object] = {"logit_bias": {}, "echo": False, "suffix": ""}
 FINISH_REASONS = {"stop": "stop", "length": "length", "tool_calls": "tool_calls", "canceled": "stop"}
@@ -56,6 +56,11 @@ def _body(request: HttpRequest) -> dict:
     return body
 
 
+def accepted_fields(kind: str) -> set[str]:
+    """Every field the endpoint `kind` takes (the OpenAPI document lists the same: workbench/api/openapi.py)."""
+    return set(FIELD_MAP) | IGNORED | set(OFF_ONLY) | openai_params.endpoint_fields(kind)
+
+
 def _params(kind: str, body: dict) -> SamplingParams:
     both = body.get("max_tokens"), body.get("max_completion_tokens")
     if None not in both and both[0] != both[1]:
@@ -67,7 +72,7 @@ def _params(kind: str, body: dict) -> SamplingParams:
         if key in FIELD_MAP:
             if value is not None:
                 values[FIELD_MAP[key]] = value
-        elif key not in IGNORED and key not in OFF_ONLY and key not in openai_params.handled(kind):
+        elif key not in accepted_fields(kind):
             raise ApiError.unsupported(key)
     refuse_unless_off(body, OFF_ONLY)
     values.update(openai_params.logprob_values(kind, body))
@@ -164,7 +169,9 @@ async def _whole(kind: str, streams, choices: list[_Choice], transport, meta: di
         if event.error_code:  # one failed choice fails the reply
             _cancel_unfinished(transport, choices)
             status = ERROR_STATUS.get(event.error_code, 500)
-            return ApiError(status, event.error or "", code=event.error_code,
+            # The engine refuses only prompts (empty, too long, a token id past the vocabulary) this way.
+            param = ("messages" if kind == "chat" else "prompt") if event.error_code == "invalid_request" else None
+            return ApiError(status, event.error or "", code=event.error_code, param=param,
                             kind="invalid_request_error" if status == 400 else "server_error").response()
     shaped = []
     for index, choice in enumerate(choices):
