@@ -76,6 +76,10 @@ def test_openai_completions_and_models(daphne_server):
     (dict(logprobs=21), 400, "logprobs"),
     (dict(extra_body={"top_logprobs": 2}), 400, "top_logprobs"),  # a chat field, not a completions one
     (dict(extra_body={"min_tokens": 20}, max_tokens=4), 400, "min_tokens"),
+    (dict(extra_body={"stream_options": {"include_usage": True, "continuous_usage_stats": True}}), 400,
+     "stream_options"),
+    (dict(extra_body={"user": 5}), 400, "user"),
+    (dict(extra_body={"messages": []}), 400, "messages"),  # a chat field, refused on completions
 ])
 def test_openai_client_sees_clear_errors(daphne_server, kwargs, status, param):
     address, token = daphne_server

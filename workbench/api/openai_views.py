@@ -52,6 +52,11 @@ def _body(request: HttpRequest) -> dict:
     if options is not None and (not isinstance(options, dict)
                                 or not isinstance(options.get("include_usage", False), bool)):
         raise ApiError(400, "stream_options must be an object like {\"include_usage\": true}", param="stream_options")
+    if isinstance(options, dict) and set(options) - {"include_usage"}:
+        raise ApiError.unsupported("stream_options", f"stream_options: only include_usage is supported, "
+                                                     f"not {sorted(set(options) - {'include_usage'})}")
+    if body.get("user") is not None and not isinstance(body["user"], str):
+        raise ApiError(400, "user must be a string", param="user")
     check_model(body)
     return body
 
@@ -99,8 +104,8 @@ def _handler(kind: str):
             return exc.response()
         request_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
         # One engine sequence per choice; the first keeps the request's id, as with n=1.
-        choices = [_Choice(request_id if i == 0 else f"{request_id}-{i}", transport.tokenizer)
-                   for i in range(n)]
+        choices = [_Choice(request_id if i == 0 else f"{request_id}-{i}", transport.tokenizer,
+                           params.logprobs is not None) for i in range(n)]
         streams = [transport.submit(choice.engine_id, prompt, choice_params, user=user.get_username())
                    for choice, choice_params in zip(choices, openai_params.choice_params(params, n))]
         meta = {"id": request_id, "created": int(time.time()), "model": settings.WORKBENCH_MODEL}
@@ -130,10 +135,11 @@ def _prompt(kind: str, body: dict, transport) -> str | list[int]:
 class _Choice:
     """One choice of a reply: its engine sequence, and what it has sent so far."""
 
-    def __init__(self, engine_id: str, tokenizer: Tokenizer) -> None:
+    def __init__(self, engine_id: str, tokenizer: Tokenizer, logprobs: bool) -> None:
         self.engine_id, self.tokenizer = engine_id, tokenizer
         self.text, self.last = "", StreamEvent()  # a stream always ends with its finished event
-        self.records: list[list] | None = None  # the logprob records, when the request asks for them
+        # The logprob records, when the request asks for them (empty, not null, for a reply of no tokens)
+        self.records: list[list] | None = [] if logprobs else None
         self.completion_logprobs = CompletionLogprobs(tokenizer)
 
     def add(self, event: StreamEvent) -> None:
