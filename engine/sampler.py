@@ -56,8 +56,7 @@ def sample(logits: torch.Tensor, rows: list[SampleRequest]) -> tuple[list[int], 
     for index, row in enumerate(rows):
         if not plain_greedy[index]:
             tokens[index] = _sample_row(logits[index], row)
-    records = [_logprob_record(logits[i], row, tokens[i]) if _wants_logprob(row.params) else None
-               for i, row in enumerate(rows)]
+    records = _logprob_records(logits, rows, tokens)
     return tokens, records
 
 
@@ -125,15 +124,30 @@ def processed_logits(logits: torch.Tensor, row: SampleRequest) -> torch.Tensor:
     return logits if params.greedy else logits / params.temperature
 
 
-def _logprob_record(logits: torch.Tensor, row: SampleRequest, token: int) -> TokenLogprob:
-    top_n = row.params.logprobs or 0
-    raw = torch.log_softmax(logits, dim=-1)
-    logprobs = raw
-    if row.params.logprobs is not None:
-        # In float64: extreme but valid penalties overflow float32 logits to inf (as the draw knows).
-        logprobs = torch.log_softmax(processed_logits(logits.double(), row), dim=-1).float()
-    top: tuple[tuple[int, float], ...] = ()
-    if top_n:
-        values, ids = torch.topk(logprobs, top_n)
-        top = tuple(zip(ids.tolist(), values.tolist()))
-    return TokenLogprob(token_id=token, logprob=float(logprobs[token]), top=top, model_logprob=float(raw[token]))
+def _logprob_records(logits: torch.Tensor, rows: list[SampleRequest], tokens: list[int]) -> list[TokenLogprob | None]:
+    """The records of the rows that want one, in one batched log-softmax and one top-k: per row, as
+    was first written, they cost more than the step's forward on a small model (bench/logprobs_cost.py)."""
+    wanted = [i for i, row in enumerate(rows) if _wants_logprob(row.params)]
+    records: list[TokenLogprob | None] = [None] * len(rows)
+    if not wanted:
+        return records
+    raw = torch.log_softmax(logits[wanted], dim=-1)  # [W, V]
+    processed = [processed_logits(logits[i], rows[i]) if rows[i].params.logprobs is not None else None
+                 for i in wanted]
+    reported = raw
+    if any(p is not None for p in processed):
+        reported = torch.log_softmax(torch.stack([raw[k] if p is None else p for k, p in enumerate(processed)]), -1)
+        for k in torch.isnan(reported).any(dim=-1).nonzero().flatten().tolist():
+            # Extreme but valid penalties overflow float32 logits to inf (as the draw knows): float64.
+            reported[k] = torch.log_softmax(processed_logits(logits[wanted[k]].double(), rows[wanted[k]]), -1).float()
+    chosen = torch.tensor([tokens[i] for i in wanted], device=logits.device).unsqueeze(1)
+    picked = reported.gather(1, chosen).flatten().tolist()
+    model = raw.gather(1, chosen).flatten().tolist()
+    most = max(rows[i].params.logprobs or 0 for i in wanted)
+    top_values, top_ids = torch.topk(reported, most) if most else (reported[:, :0], reported[:, :0].long())
+    values, ids = top_values.tolist(), top_ids.tolist()
+    for k, i in enumerate(wanted):
+        n = rows[i].params.logprobs or 0
+        records[i] = TokenLogprob(token_id=tokens[i], logprob=picked[k], top=tuple(zip(ids[k][:n], values[k][:n])),
+                                  model_logprob=model[k])
+    return records
