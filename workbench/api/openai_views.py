@@ -146,7 +146,9 @@ class _Choice:
         self.text += event.text
         self.last = event
         if event.logprobs is not None:
-            self.records = (self.records or []) + event.logprobs
+            if self.records is None:
+                self.records = []
+            self.records.extend(event.logprobs)
 
     def logprobs(self, kind: str, records: list[list] | None) -> dict | None:
         """OpenAI's `logprobs` of a choice (or of a chunk's part of it): None when not asked for."""
