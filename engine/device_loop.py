@@ -190,14 +190,15 @@ class DeviceLoop:
     @staticmethod
     def can_burst(seq: Sequence) -> bool:
         """Greedy rows whose every token the host can check afterwards: no sampling state, no
-        logprobs to report and no confidence floor, which need the logits of each step. A row with a
+        logprobs to report, no confidence floor and no min_tokens mask, which need the logits of each
+        step. A row with a
         response_format never bursts either: its grammar mask is computed on the host from the tokens
         committed so far (engine/grammar.py), and a burst's argmax on the device has no mask, so it
         could pick a token the grammar forbids. `lookahead` asks this of every row, so one constrained
         row keeps its whole decode batch on the host forward."""
         p = seq.params
         return (p.greedy and not p.has_penalties and p.logprobs is None and p.stop_below_prob is None
-                and not p.constrained)
+                and p.min_tokens == 0 and not p.constrained)
 
     # -- the burst ------------------------------------------------------------------------------
 

@@ -218,7 +218,9 @@ class Engine:
         requests = [self._requests[seq.request_id] for seq in seqs]
         try:
             self.last_step = self.runner.run(batch, [SampleRequest(r.seq.params, r.seq.prompt_ids, r.seq.output_ids,
-                                                                   r.generator, r.constraint) for r in requests])
+                                                                   r.generator, r.constraint,
+                                                                   self._suppressed(r.seq))
+                                                     for r in requests])
         except Exception as exc:  # one bad step must not take the engine down with it
             log.exception("forward failed for %d sequence(s)", len(seqs))
             if isinstance(exc, AliasedLogitsError):
@@ -261,6 +263,14 @@ class Engine:
             return self._finish(request, text)
         return self._delta(request, text)
 
+    def _suppressed(self, seq: Sequence) -> tuple[int, ...]:
+        """What the sampler must not draw for `seq` now: its ending tokens, until min_tokens are out."""
+        params = seq.params
+        if len(seq.output_ids) >= params.min_tokens:
+            return ()
+        eos = () if params.ignore_eos else tuple(self.loaded.eos_token_ids)
+        return tuple(sorted({*eos, *params.stop_token_ids}))
+
     def _stop_reason(self, seq: Sequence, token: int, logprob: TokenLogprob | None) -> StopReason | None:
         params = seq.params
         if token in params.stop_token_ids:
@@ -269,7 +279,7 @@ class Engine:
             return StopReason.EOS
         if params.stop_below_prob is not None:
             assert logprob is not None  # a confidence floor keeps every token on the host, with its logprob
-            if logprob.logprob < math.log(params.stop_below_prob):
+            if logprob.model_logprob < math.log(params.stop_below_prob):
                 return StopReason.LOW_CONFIDENCE
         if len(seq.output_ids) >= params.resolved_max_tokens:
             return StopReason.LENGTH

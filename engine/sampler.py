@@ -5,9 +5,12 @@ same tokens whatever else shares its batch. Greedy rows without penalties or log
 batched argmax, the common case on the hot path.
 
 Order per row: a response_format's grammar mask first (engine/grammar.py; forbidden tokens at -inf,
-so they are never drawn and their logprob is -inf), then penalties on the logits; greedy takes the argmax; otherwise temperature, then
-top-k, top-p and min-p filters, then a draw. Logprobs describe the model's own distribution (raw
-logits, before penalties and temperature), as OpenAI's do.
+so they are never drawn), then the min_tokens mask (EOS and stop tokens), then penalties on the
+logits; greedy takes the argmax; otherwise temperature, then
+top-k, top-p and min-p filters, then a draw. Logprobs describe the distribution the token was drawn
+from: after penalties and temperature (a greedy row: after penalties), before the top-k/top-p/min-p
+cut-offs, so that every candidate keeps a finite value (docs/PROTOCOL.md, "Logprobs"). The confidence
+floor (stop_below_prob) reads the model's own probability instead, before any of that but the masks.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ class TokenLogprob:
     token_id: int
     logprob: float
     top: tuple[tuple[int, float], ...]  # the N most likely tokens and their logprobs
+    model_logprob: float  # the token's logprob under the raw logits, for the confidence floor
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,7 @@ class SampleRequest:
     output_ids: list[int]
     generator: torch.Generator
     constraint: Constraint | None = None  # the response_format's grammar state, if the request has one
+    suppressed: tuple[int, ...] = ()  # token ids this row may not draw now (min_tokens not reached)
 
 
 def sample(logits: torch.Tensor, rows: list[SampleRequest]) -> tuple[list[int], list[TokenLogprob | None]]:
@@ -45,13 +50,17 @@ def sample(logits: torch.Tensor, rows: list[SampleRequest]) -> tuple[list[int], 
     if len(rows) != logits.shape[0]:
         raise ValueError(f"{logits.shape[0]} logit rows for {len(rows)} sequences")
     logits = _constrained(logits.float(), rows)
+    if any(row.suppressed for row in rows):
+        logits = logits.clone()  # the runner's tensor is not ours to write
+        for index, row in enumerate(rows):
+            if row.suppressed:
+                logits[index, list(row.suppressed)] = float("-inf")
     plain_greedy = [r.params.greedy and not r.params.has_penalties for r in rows]
     tokens = logits.argmax(dim=-1).tolist() if any(plain_greedy) else [0] * len(rows)
     for index, row in enumerate(rows):
         if not plain_greedy[index]:
             tokens[index] = _sample_row(logits[index], row)
-    records = [_logprob_record(logits[i], tokens[i], row.params.logprobs or 0) if _wants_logprob(row.params) else None
-               for i, row in enumerate(rows)]
+    records = _logprob_records(logits, rows, tokens)
     return tokens, records
 
 
@@ -123,10 +132,39 @@ def apply_penalties(logits: torch.Tensor, params: SamplingParams, prompt_ids: li
     return logits
 
 
-def _logprob_record(logits: torch.Tensor, token: int, top_n: int) -> TokenLogprob:
-    logprobs = torch.log_softmax(logits, dim=-1)
-    top: tuple[tuple[int, float], ...] = ()
-    if top_n:
-        values, ids = torch.topk(logprobs, top_n)
-        top = tuple(zip(ids.tolist(), values.tolist()))
-    return TokenLogprob(token_id=token, logprob=float(logprobs[token]), top=top)
+def processed_logits(logits: torch.Tensor, row: SampleRequest) -> torch.Tensor:
+    """One row's logits as the draw sees them before its cut-offs: penalties, then temperature (none
+    for a greedy row, whose temperature would divide by ~0)."""
+    params = row.params
+    if params.has_penalties:
+        logits = apply_penalties(logits, params, row.prompt_ids, row.output_ids)
+    return logits if params.greedy else logits / params.temperature
+
+
+def _logprob_records(logits: torch.Tensor, rows: list[SampleRequest], tokens: list[int]) -> list[TokenLogprob | None]:
+    """The records of the rows that want one, in one batched log-softmax and one top-k: per row, as
+    was first written, they cost more than the step's forward on a small model (bench/logprobs_cost.py)."""
+    wanted = [i for i, row in enumerate(rows) if _wants_logprob(row.params)]
+    records: list[TokenLogprob | None] = [None] * len(rows)
+    if not wanted:
+        return records
+    raw = torch.log_softmax(logits[wanted], dim=-1)  # [W, V]
+    processed = [processed_logits(logits[i], rows[i]) if rows[i].params.logprobs is not None else None
+                 for i in wanted]
+    reported = raw
+    if any(p is not None for p in processed):
+        reported = torch.log_softmax(torch.stack([raw[k] if p is None else p for k, p in enumerate(processed)]), -1)
+        for k in torch.isnan(reported).any(dim=-1).nonzero().flatten().tolist():
+            # Extreme but valid penalties overflow float32 logits to inf (as the draw knows): float64.
+            reported[k] = torch.log_softmax(processed_logits(logits[wanted[k]].double(), rows[wanted[k]]), -1).float()
+    chosen = torch.tensor([tokens[i] for i in wanted], device=logits.device).unsqueeze(1)
+    picked = reported.gather(1, chosen).flatten().tolist()
+    model = raw.gather(1, chosen).flatten().tolist()
+    most = max(rows[i].params.logprobs or 0 for i in wanted)
+    top_values, top_ids = torch.topk(reported, most) if most else (reported[:, :0], reported[:, :0].long())
+    values, ids = top_values.tolist(), top_ids.tolist()
+    for k, i in enumerate(wanted):
+        n = rows[i].params.logprobs or 0
+        records[i] = TokenLogprob(token_id=tokens[i], logprob=picked[k], top=tuple(zip(ids[k][:n], values[k][:n])),
+                                  model_logprob=model[k])
+    return records

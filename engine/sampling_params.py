@@ -47,6 +47,8 @@ class SamplingParams:
     logprobs: int | None = None       # None: none; N: the sampled token's logprob and the top N
     stop: tuple[str, ...] = field(default_factory=tuple)
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    # The first this many tokens are never EOS (unless ignore_eos) or a stop token: the sampler masks them.
+    min_tokens: int = 0
     ignore_eos: bool = False
     # Ends the request with finish_reason "stop" (LowConfidence) when a sampled token's probability
     # under the model is below this: the model is guessing, and the client asked not to be shown more.
@@ -108,6 +110,10 @@ class SamplingParams:
             raise InvalidSamplingParams("stop", f"each stop string must be at most {MAX_STOP_STRING_CHARS} characters")
         if not isinstance(self.stop_token_ids, tuple) or not all(is_integer(t) and t >= 0 for t in self.stop_token_ids):
             refuse("stop_token_ids", "must be a list of non-negative integers")
+        if not is_integer(self.min_tokens) or self.min_tokens < 0:
+            refuse("min_tokens", "must be an integer >= 0")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            refuse("min_tokens", f"must be at most max_tokens ({self.max_tokens})")
         if not isinstance(self.ignore_eos, bool):
             refuse("ignore_eos", "must be true or false")
         if self.stop_below_prob is not None and (not _is_number(self.stop_below_prob)

@@ -21,6 +21,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as BackendTokenizer
 
 from engine.json_files import read_json_object
+from engine.token_bytes import vocabulary_bytes
 
 
 class TokenizerError(ValueError):
@@ -106,6 +107,26 @@ class Tokenizer:
             for before, after in _CLEANUP_PAIRS:
                 text = text.replace(before, after)
         return text
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes `token_id` stands for (engine/token_bytes.py), even where its text alone is a
+        broken character."""
+        piece = self._backend.id_to_token(token_id)
+        if piece is None:
+            return b""
+        if token_id not in self._added_token_ids:
+            known = vocabulary_bytes(piece, self._byte_level)
+            if known is not None:
+                return known
+        return self.decode([token_id], skip_special_tokens=False).encode("utf-8")
+
+    @cached_property
+    def _added_token_ids(self) -> frozenset[int]:
+        return frozenset(self._backend.get_added_tokens_decoder())
+
+    @cached_property
+    def _byte_level(self) -> bool:
+        return "ByteLevel" in str(self._backend.decoder)
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
                             tools: list[dict[str, Any]] | None = None) -> str:

@@ -3,6 +3,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 
 from workbench.api import openai_views, server_views, tokenize_views
+from workbench.api.openapi import openapi_json
 from workbench.chat import conversation_views as chat_manage
 from workbench.chat import views as chat
 from workbench.ops import metrics as ops_metrics
@@ -27,6 +28,7 @@ urlpatterns = [
     path("v1/models", openai_views.models),
     path("v1/completions", openai_views.completions),
     path("v1/chat/completions", openai_views.chat_completions),
+    path("openapi.json", openapi_json, name="openapi"),
     path("health", server_views.health, name="health"),
     path("version", server_views.version, name="version"),
     path("tokenize", tokenize_views.tokenize, name="tokenize"),

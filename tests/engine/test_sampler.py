@@ -262,29 +262,55 @@ def test_different_seeds_give_different_sequences_and_equal_seeds_the_same():
 
 # --- logprobs ----------------------------------------------------------------------------------------
 
-def test_logprob_records_describe_the_raw_distribution():
+def test_logprob_records_describe_the_sampled_distribution():
+    """After penalties and temperature (HF's processors as the reference), before the cut-offs; the
+    confidence floor's value stays the model's own."""
     vocab = 80
     logits = random_logits(6, (5, vocab))
     rows = [
         row(SamplingParams(temperature=0, logprobs=5)),
         row(SamplingParams(temperature=0.8, top_k=10, logprobs=3), seed=1),
-        row(SamplingParams(temperature=1.2, repetition_penalty=2.0, frequency_penalty=1.0, logprobs=20),
+        row(SamplingParams(temperature=1.2, repetition_penalty=2.0, logprobs=20),
             seed=2, prompt_ids=[1, 2], output_ids=[2, 2, 7]),
         row(SamplingParams(temperature=1.0, logprobs=1), seed=3),
-        row(SamplingParams(temperature=0, logprobs=2, presence_penalty=2.0), output_ids=[0]),
+        row(SamplingParams(temperature=0, logprobs=2, repetition_penalty=1.5), output_ids=[0]),
     ]
     tokens, records = sample(logits, rows)
-    reference = torch.log_softmax(logits.float(), dim=-1)
+    raw = torch.log_softmax(logits.float(), dim=-1)
+    input_ids = [[0], [0], [1, 2, 2, 2, 7], [0], [0]]
     for i, (token, record) in enumerate(zip(tokens, records)):
-        n = rows[i].params.logprobs
+        params = rows[i].params
+        scores = logits[i].float().unsqueeze(0)
+        if params.repetition_penalty != 1.0:
+            scores = RepetitionPenaltyLogitsProcessor(params.repetition_penalty)(
+                torch.tensor([input_ids[i]]), scores)
+        if not params.greedy:
+            scores = TemperatureLogitsWarper(params.temperature)(torch.zeros((1, 1), dtype=torch.long), scores)
+        reference = torch.log_softmax(scores[0], dim=-1)
+        n = params.logprobs
         assert isinstance(record, TokenLogprob)
         assert record.token_id == token
-        assert record.logprob == pytest.approx(reference[i, token].item(), abs=1e-5)
-        values, ids = torch.topk(reference[i], n)
+        assert record.logprob == pytest.approx(reference[token].item(), abs=1e-5)
+        assert record.model_logprob == pytest.approx(raw[i, token].item(), abs=1e-5)
+        values, ids = torch.topk(reference, n)
         assert [t for t, _ in record.top] == ids.tolist()
         assert [v for _, v in record.top] == pytest.approx(values.tolist(), abs=1e-5)
         assert len(record.top) == n
         assert all(a[1] >= b[1] for a, b in zip(record.top, record.top[1:]))
+    assert records[1].logprob != pytest.approx(raw[1, tokens[1]].item(), abs=1e-3)  # temperature counted
+
+
+def test_frequency_penalty_changes_the_reported_logprobs():
+    logits = random_logits(8, (1, 40))
+    plain = sample(logits, [row(SamplingParams(temperature=0, logprobs=3))])[1][0]
+    penalized = sample(logits, [row(SamplingParams(temperature=0, logprobs=3, frequency_penalty=2.0),
+                                    output_ids=[plain.token_id] * 3)])[1][0]
+    assert plain is not None and penalized is not None
+    # the token the unpenalized row chose lost 6 nats of logit before the softmax
+    penalized_top = dict(penalized.top)
+    assert plain.token_id not in penalized_top or penalized_top[plain.token_id] < plain.logprob - 1
+    assert penalized.model_logprob == pytest.approx(
+        torch.log_softmax(logits[0], -1)[penalized.token_id].item(), abs=1e-5)
 
 
 def test_logprob_records_only_when_asked():

@@ -72,7 +72,14 @@ def test_openai_completions_and_models(daphne_server):
     (dict(max_tokens=0), 400, "max_tokens"),
     (dict(temperature=-1), 400, "temperature"),
     (dict(extra_body={"best_of": 3}), 400, "best_of"),
-    (dict(n=2), 400, "n"),
+    (dict(n=9), 400, "n"),
+    (dict(logprobs=21), 400, "logprobs"),
+    (dict(extra_body={"top_logprobs": 2}), 400, "top_logprobs"),  # a chat field, not a completions one
+    (dict(extra_body={"min_tokens": 20}, max_tokens=4), 400, "min_tokens"),
+    (dict(extra_body={"stream_options": {"include_usage": True, "continuous_usage_stats": True}}), 400,
+     "stream_options"),
+    (dict(extra_body={"user": 5}), 400, "user"),
+    (dict(extra_body={"messages": []}), 400, "messages"),  # a chat field, refused on completions
 ])
 def test_openai_client_sees_clear_errors(daphne_server, kwargs, status, param):
     address, token = daphne_server
@@ -80,6 +87,82 @@ def test_openai_client_sees_clear_errors(daphne_server, kwargs, status, param):
     with pytest.raises(openai.APIStatusError) as caught:
         client.completions.create(model="demo", prompt="hi", **kwargs)
     assert caught.value.status_code == status and caught.value.body["param"] == param
+
+
+def test_openai_logprobs_are_equal_streamed_and_whole_and_on_the_websocket_api(daphne_server):
+    address, token = daphne_server
+    client = openai.OpenAI(base_url=f"http://{address}/v1", api_key=token, max_retries=0)
+    sampled = dict(max_tokens=10, temperature=0.8, seed=5, extra_body={"ignore_eos": True})
+    chat = dict(model="demo", messages=MESSAGES, logprobs=True, top_logprobs=3, **sampled)
+    whole = client.chat.completions.create(**chat)
+    content = whole.choices[0].logprobs.content
+    streamed = [item for c in client.chat.completions.create(**chat, stream=True)
+                if c.choices and c.choices[0].logprobs for item in c.choices[0].logprobs.content]
+    assert [i.model_dump() for i in streamed] == [i.model_dump() for i in content]
+    assert len(content) == whole.usage.completion_tokens == 10
+    assert bytes(b for item in content for b in item.bytes).decode() == whole.choices[0].message.content
+    assert all(len(item.top_logprobs) == 3 and item.logprob <= 0 for item in content)
+    frames = ws_generate(address, token, [{"type": "generate", "request_id": "lp", "messages": MESSAGES, "params": {
+        "max_tokens": 10, "temperature": 0.8, "seed": 5, "ignore_eos": True, "logprobs": 3}}])
+    socket = [item for f in frames if f["type"] == "delta" for item in f["logprobs"]]
+    def without_ids(item: dict) -> dict:
+        return {k: v if k != "top_logprobs" else [without_ids(t) for t in v] for k, v in item.items() if k != "token_id"}
+
+    assert [without_ids(item) for item in socket] == [i.model_dump() for i in content]
+    assert [item["token_id"] for item in socket] == [t for f in frames if f["type"] == "delta" for t in f["token_ids"]]
+
+    plain = dict(model="demo", prompt="The list type", max_tokens=8, temperature=0, logprobs=2)
+    text = client.completions.create(**plain)
+    logprobs = text.choices[0].logprobs
+    parts = [c.choices[0].logprobs for c in client.completions.create(**plain, stream=True) if c.choices[0].logprobs]
+    for field in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+        assert [v for part in parts for v in getattr(part, field)] == getattr(logprobs, field)
+    assert len(logprobs.tokens) == text.usage.completion_tokens == 8
+    assert "".join(logprobs.tokens) == text.choices[0].text
+    assert logprobs.text_offset == [len("".join(logprobs.tokens[:i])) for i in range(8)]
+    for chosen, value, top in zip(logprobs.tokens, logprobs.token_logprobs, logprobs.top_logprobs):
+        assert len(top) <= 2 and max(top.values()) == pytest.approx(value)  # greedy: the best is chosen
+
+
+def inprocess_only(request) -> None:
+    """For what the web side alone does (n's fan-out, the params' mapping): the Celery run adds time, not cover."""
+    if request.node.callspec.params["daphne_server"] != "inprocess":
+        pytest.skip("web-side only; the in-process run covers it")
+
+
+def test_openai_n_choices_are_their_own_sequences_reproducible_with_a_seed(daphne_server, request):
+    inprocess_only(request)
+    address, token = daphne_server
+    client = openai.OpenAI(base_url=f"http://{address}/v1", api_key=token, max_retries=0)
+    ask = dict(model="demo", messages=MESSAGES, max_tokens=6, temperature=1.5, seed=11,
+               extra_body={"ignore_eos": True})
+    first, again = client.chat.completions.create(n=2, **ask), client.chat.completions.create(n=2, **ask)
+    texts = [c.message.content for c in first.choices]
+    assert [c.index for c in first.choices] == [0, 1] and texts == [c.message.content for c in again.choices]
+    assert texts[0] != texts[1], "each choice draws its own tokens"
+    assert texts[0] == client.chat.completions.create(**ask).choices[0].message.content  # choice 0 is n=1's
+    assert first.usage.completion_tokens == 12 and first.usage.prompt_tokens == again.usage.prompt_tokens
+    chunks = list(client.chat.completions.create(n=2, stream=True, stream_options={"include_usage": True}, **ask))
+    by_index = ["", ""]
+    for chunk in chunks:
+        for choice in chunk.choices:
+            by_index[choice.index] += choice.delta.content or ""
+    assert by_index == texts and chunks[-1].usage.completion_tokens == 12
+
+
+def test_openai_stop_token_ids_end_a_reply_and_min_tokens_hold_them_back(daphne_server, request):
+    inprocess_only(request)
+    address, token = daphne_server
+    client = openai.OpenAI(base_url=f"http://{address}/v1", api_key=token, max_retries=0)
+    frames = ws_generate(address, token, [{"type": "generate", "request_id": "g", "prompt": "The list type",
+                                           "params": {"max_tokens": 8, "temperature": 0, "ignore_eos": True}}])
+    ids = [t for f in frames if f["type"] == "delta" for t in f["token_ids"]]
+    ask = dict(model="demo", prompt="The list type", max_tokens=8, temperature=0)
+    stopped = client.completions.create(**ask, extra_body={"stop_token_ids": [ids[2]], "ignore_eos": True})
+    assert stopped.choices[0].finish_reason == "stop" and stopped.usage.completion_tokens == ids.index(ids[2]) + 1
+    held = client.completions.create(**ask, extra_body={"stop_token_ids": [ids[0]], "min_tokens": 3,
+                                                         "ignore_eos": True})
+    assert held.usage.completion_tokens >= 3
 
 
 def test_a_request_naming_another_model_is_404_model_not_found(daphne_server):

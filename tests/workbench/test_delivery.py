@@ -72,6 +72,23 @@ def test_a_failure_carrying_held_tokens_is_checked_like_a_delta():
     assert (holed.token_ids, holed.text, holed.error_code) == ([], "", "engine_error")
 
 
+def test_logprob_records_go_where_their_tokens_go_when_coalesced_and_trimmed():
+    def with_logprobs(index: int, tokens: list[int], text: str, text_offset: int) -> StreamEvent:
+        return StreamEvent(index=index, token_ids=tokens, text=text, text_offset=text_offset,
+                           logprobs=[[t, -0.5 * t, [[t, -0.5 * t]]] for t in tokens])
+
+    outbox = Outbox(lambda: None)
+    sink = outbox.sink("web-1", "r")
+    sink.push_threadsafe(with_logprobs(0, [1, 2], "ab", 0))
+    sink.push_threadsafe(with_logprobs(2, [3], "c", 0))
+    taken = outbox.take()["web-1"]["r"]
+    assert [record[0] for record in taken.logprobs] == taken.token_ids == [1, 2, 3]
+    order = InOrder()
+    order.accept(with_logprobs(0, [1, 2], "ab", 0))
+    fresh = order.accept(with_logprobs(0, [1, 2, 3, 4], "abcd", 0))  # a resend that overlaps
+    assert fresh.token_ids == [3, 4] and [record[0] for record in fresh.logprobs] == [3, 4]
+
+
 def test_outbox_coalesces_per_request_and_wakes_once_per_channel():
     wakes = []
     outbox = Outbox(lambda: wakes.append(1))

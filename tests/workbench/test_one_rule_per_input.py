@@ -129,7 +129,7 @@ async def test_raw_prompts_follow_one_rule_on_the_websocket_api_and_the_completi
 
 async def test_n_is_a_json_integer_on_the_openai_views(api_user):
     _, token = api_user
-    for n in (1.0, True, "1", 2):
+    for n in (1.0, True, "1", 0, 9):
         status, answer = await openai_answer(token, "completions", {"prompt": "hi", "max_tokens": 1, "n": n})
         assert status == 400 and answer["error"]["param"] == "n", (n, answer)
     assert (await openai_answer(token, "completions", {"prompt": "hi", "max_tokens": 1, "n": 1}))[0] == 200

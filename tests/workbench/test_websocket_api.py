@@ -138,7 +138,7 @@ BAD_FRAMES = [
     (r'{"type": "generate", "request_id": "p", "messages": [{"role": "user", "content": "hi\ud800"}]}',
      "invalid_request"),
     ("[" * 50_000, "invalid_json"),
-    (json.dumps({"type": "generate", "request_id": "p", "prompt": "hi", "params": {"logprobs": 2}}), "invalid_params"),
+    (json.dumps({"type": "generate", "request_id": "p", "prompt": "hi", "params": {"logprobs": 21}}), "invalid_params"),
 ]
 
 

@@ -11,8 +11,10 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator
 
+from engine.tokenizer import Tokenizer
 from workbench.api import frames
 from workbench.api.json_socket import FrameError, JsonSocketConsumer
+from workbench.api.logprobs_shape import socket_logprobs
 from workbench.serving import bridge, limits
 from workbench.serving.streams import StreamEvent
 
@@ -62,15 +64,18 @@ class GenerateConsumer(JsonSocketConsumer):
             raise FrameError(exc.code, exc.message, request_id, exc.retry_after) from None
         stream = admission.submit(transport, engine_id, prompt, params)
         self.engine_ids[request_id] = engine_id
-        self.active[request_id] = asyncio.create_task(self._relay(request_id, stream))
+        self.active[request_id] = asyncio.create_task(self._relay(request_id, stream, transport.tokenizer))
         await self.send_json({"type": "accepted", "request_id": request_id})
 
-    async def _relay(self, request_id: str, stream: AsyncIterator[StreamEvent]) -> None:
+    async def _relay(self, request_id: str, stream: AsyncIterator[StreamEvent], tokenizer: Tokenizer) -> None:
         try:
             async for event in stream:
                 if event.text or event.token_ids:
-                    await self.send_json({"type": "delta", "request_id": request_id, "index": event.index,
-                                          "text": event.text, "token_ids": event.token_ids})
+                    delta = {"type": "delta", "request_id": request_id, "index": event.index,
+                             "text": event.text, "token_ids": event.token_ids}
+                    if event.logprobs is not None:  # one per token of token_ids, when the request asks
+                        delta["logprobs"] = socket_logprobs(tokenizer, event.logprobs)
+                    await self.send_json(delta)
                 if event.finished and event.error_code:
                     await self.send_error(event.error_code, event.error or "", request_id)
                 elif event.finished:

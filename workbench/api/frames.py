@@ -64,6 +64,6 @@ def generation(frame: dict[str, object], tokenizer: Tokenizer,
     try:
         prompt = (request_input.prompt(frame["prompt"]) if "prompt" in frame
                   else request_input.chat_prompt(tokenizer, frame["messages"]))
-        return prompt, request_input.sampling_params(frame.get("params", {}))
+        return prompt, request_input.sampling_params(frame.get("params", {}), logprobs_allowed=True)
     except request_input.InvalidInput as exc:
         raise FrameError(exc.code, exc.message, request_id) from None

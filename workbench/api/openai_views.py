@@ -11,6 +11,7 @@ field names onto them and refuses the fields it does not serve.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 import uuid
@@ -20,8 +21,10 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonRespons
 from django.views.decorators.csrf import csrf_exempt
 
 from engine import SamplingParams
-from engine.sampling_params import is_integer
-from workbench.api import request_input, tool_calls
+from engine.tokenizer import Tokenizer
+from workbench.api import openai_params, request_input, tool_calls
+from workbench.api.choice_streams import merged, summed_usage
+from workbench.api.logprobs_shape import CompletionLogprobs, chat_content
 from workbench.api.http_api import ApiError, authenticate, check_model, json_body, refuse_unless_off
 from workbench.api.openai_usage import openai_usage
 from workbench.serving import bridge, limits
@@ -33,8 +36,8 @@ FIELD_MAP = {"max_tokens": "max_tokens", "max_completion_tokens": "max_tokens", 
              "top_p": "top_p", "top_k": "top_k", "min_p": "min_p", "seed": "seed", "stop": "stop",
              "frequency_penalty": "frequency_penalty", "presence_penalty": "presence_penalty",
              "repetition_penalty": "repetition_penalty", "ignore_eos": "ignore_eos",
-             "response_format": "response_format"}
-IGNORED = {"model", "user", "n", "stream", "stream_options", "prompt", "messages"}
+             "stop_token_ids": "stop_token_ids", "min_tokens": "min_tokens", "response_format": "response_format"}
+IGNORED = {"model", "user", "stream", "stream_options"}
 # Served by OpenAI, not here: each accepted only when off (LangChain sends logit_bias: {} on every request).
 OFF_ONLY: dict[str, object] = {"logit_bias": {}, "echo": False, "suffix": ""}
 FINISH_REASONS = {"stop": "stop", "length": "length", "tool_calls": "tool_calls", "canceled": "stop"}
@@ -52,8 +55,19 @@ def _body(request: HttpRequest) -> dict:
     if options is not None and (not isinstance(options, dict)
                                 or not isinstance(options.get("include_usage", False), bool)):
         raise ApiError(400, "stream_options must be an object like {\"include_usage\": true}", param="stream_options")
+    if isinstance(options, dict) and set(options) - {"include_usage"}:
+        raise ApiError.unsupported("stream_options", f"stream_options: only include_usage is supported, "
+                                                     f"not {sorted(set(options) - {'include_usage'})}")
+    if body.get("user") is not None and not isinstance(body["user"], str):
+        raise ApiError(400, "user must be a string", param="user")
     check_model(body)
     return body
+
+
+def accepted_fields(kind: str) -> set[str]:
+    """Every field the endpoint `kind` takes (the OpenAPI document lists the same: workbench/api/openapi.py)."""
+    chat_only = set(tool_calls.FIELDS) if kind == "chat" else set()
+    return set(FIELD_MAP) | IGNORED | set(OFF_ONLY) | openai_params.endpoint_fields(kind) | chat_only
 
 
 def _tools(kind: str, body: dict) -> tool_calls.Tools:
@@ -72,19 +86,17 @@ def _params(kind: str, body: dict, tools: tool_calls.Tools) -> SamplingParams:
         raise ApiError(400, "max_tokens and max_completion_tokens disagree; send one", param="max_completion_tokens")
     # Without max_tokens a chat reply may run to the end of the model's context, as in vLLM; a plain
     # completion keeps OpenAI's default of 16 tokens.
-    values = {"max_tokens": None} if kind == "chat" else {}
+    values: dict[str, object] = {"max_tokens": None} if kind == "chat" else {}
     for key, value in body.items():
         if key in FIELD_MAP:
             if value is not None:
                 values[FIELD_MAP[key]] = value
-        elif key not in IGNORED and key not in OFF_ONLY and not (kind == "chat" and key in tool_calls.FIELDS):
+        elif key not in accepted_fields(kind):
             raise ApiError.unsupported(key)
     refuse_unless_off(body, OFF_ONLY)
-    n = body.get("n", 1)
-    if n is not None and (not is_integer(n) or n != 1):
-        raise ApiError(400, "only n=1 is supported", param="n")
+    values.update(openai_params.logprob_values(kind, body))
     try:
-        return tools.apply(request_input.sampling_params(values))
+        return tools.apply(request_input.sampling_params(values, logprobs_allowed=True))
     except request_input.InvalidInput as exc:
         raise ApiError.refused(exc) from None
 
@@ -100,29 +112,40 @@ def _handler(kind: str):
             body = _body(request)
             tools = _tools(kind, body)
             params = _params(kind, body, tools)
+            n = openai_params.choice_count(body)
             transport = await bridge.transport_from_loop()
             prompt = _prompt(kind, body, transport, tools)
-            admission = _admit(user.get_username())
+            admissions = _admit(user.get_username(), n)
         except ApiError as exc:
             return exc.response()
         request_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
-        stream = admission.submit(transport, request_id, prompt, params)
+        # One engine sequence per choice; the first keeps the request's id, as with n=1.
+        choices = [_Choice(request_id if i == 0 else f"{request_id}-{i}", transport.tokenizer,
+                           params.logprobs is not None) for i in range(n)]
+        streams = [admission.submit(transport, choice.engine_id, prompt, choice_params)
+                   for admission, choice, choice_params in zip(admissions, choices, openai_params.choice_params(params, n))]
         meta = {"id": request_id, "created": int(time.time()), "model": settings.WORKBENCH_MODEL}
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            response = StreamingHttpResponse(_sse(kind, stream, transport, meta, include_usage, tools),
+            response = StreamingHttpResponse(_sse(kind, streams, choices, transport, meta, include_usage, tools),
                                              content_type="text/event-stream")
             response["Cache-Control"] = "no-cache"
             return response
-        return await _whole(kind, stream, transport, meta, tools)
+        return await _whole(kind, streams, choices, transport, meta, tools)
 
     return csrf_exempt(view)
 
 
-def _admit(user: str) -> limits.Admission:
+def _admit(user: str, n: int) -> list[limits.Admission]:
+    """One admission per choice (each is an engine sequence, so each counts toward the limits); all or none."""
+    admissions: list[limits.Admission] = []
     try:
-        return limits.admit(user)
+        for _ in range(n):
+            admissions.append(limits.admit(user))
+        return admissions
     except limits.Refused as exc:
+        for admission in admissions:
+            admission.release()
         raise ApiError(ERROR_STATUS[exc.code], exc.message, code=exc.code,
                        kind="rate_limit_error" if exc.code == "rate_limited" else "server_error",
                        retry_after=exc.retry_after) from None
@@ -141,35 +164,77 @@ def _prompt(kind: str, body: dict, transport, tools: tool_calls.Tools) -> str | 
         raise ApiError.refused(exc) from None
 
 
-async def _whole(kind: str, stream, transport, meta: dict, tools: tool_calls.Tools) -> HttpResponse:
-    text, event = "", StreamEvent()  # a stream always ends with its finished event
+class _Choice:
+    """One choice of a reply: its engine sequence, and what it has sent so far."""
+
+    def __init__(self, engine_id: str, tokenizer: Tokenizer, logprobs: bool) -> None:
+        self.engine_id, self.tokenizer = engine_id, tokenizer
+        self.text, self.last = "", StreamEvent()  # a stream always ends with its finished event
+        # The logprob records, when the request asks for them (empty, not null, for a reply of no tokens)
+        self.records: list[list] | None = [] if logprobs else None
+        self.completion_logprobs = CompletionLogprobs(tokenizer)
+
+    def add(self, event: StreamEvent) -> None:
+        self.text += event.text
+        self.last = event
+        if event.logprobs is not None:
+            if self.records is None:
+                self.records = []
+            self.records.extend(event.logprobs)
+
+    def logprobs(self, kind: str, records: list[list] | None) -> dict | None:
+        """OpenAI's `logprobs` of a choice (or of a chunk's part of it): None when not asked for."""
+        if records is None:
+            return None
+        if kind == "chat":
+            return {"content": chat_content(self.tokenizer, records)}
+        return self.completion_logprobs.part(records)
+
+
+def _cancel_unfinished(transport, choices: list[_Choice]) -> None:
+    for choice in choices:
+        if not choice.last.finished:
+            transport.cancel(choice.engine_id)
+
+
+async def _whole(kind: str, streams, choices: list[_Choice], transport, meta: dict,
+                 tools: tool_calls.Tools) -> HttpResponse:
     try:
-        async for event in stream:
-            text += event.text
+        async for index, event in merged(streams):
+            choices[index].add(event)
     except asyncio.CancelledError:
-        transport.cancel(meta["id"])
+        _cancel_unfinished(transport, choices)
         raise
-    assert event is not None  # a stream ends with its finished event
-    if event.error_code:
-        status = ERROR_STATUS.get(event.error_code, 500)
-        return ApiError(status, event.error or "", code=event.error_code,
-                        kind="invalid_request_error" if status == 400 else "server_error").response()
-    finish = FINISH_REASONS.get(event.finish_reason or "", event.finish_reason)
-    choice: dict[str, object] = {"index": 0, "finish_reason": finish, "logprobs": None}
-    if kind == "chat":
-        content, calls = tool_calls.parse(text, tools)
-        choice["message"] = {"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {})}
-        choice["finish_reason"] = tool_calls.finish_reason(finish, bool(calls))
-        obj = "chat.completion"
-    else:
-        choice["text"] = text
-        obj = "text_completion"
-    return JsonResponse({**meta, "object": obj, "choices": [choice], "usage": openai_usage(event.usage)})
+    for choice in choices:
+        event = choice.last
+        if event.error_code:  # one failed choice fails the reply
+            _cancel_unfinished(transport, choices)
+            status = ERROR_STATUS.get(event.error_code, 500)
+            # The engine refuses only prompts (empty, too long, a token id past the vocabulary) this way.
+            param = ("messages" if kind == "chat" else "prompt") if event.error_code == "invalid_request" else None
+            return ApiError(status, event.error or "", code=event.error_code, param=param,
+                            kind="invalid_request_error" if status == 400 else "server_error").response()
+    shaped = []
+    for index, choice in enumerate(choices):
+        finish = FINISH_REASONS.get(choice.last.finish_reason or "", choice.last.finish_reason)
+        one: dict[str, object] = {"index": index, "finish_reason": finish,
+                                  "logprobs": choice.logprobs(kind, choice.records)}
+        if kind == "chat":
+            content, calls = tool_calls.parse(choice.text, tools)
+            one["message"] = {"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {})}
+            one["finish_reason"] = tool_calls.finish_reason(finish, bool(calls))
+        else:
+            one["text"] = choice.text
+        shaped.append(one)
+    obj = "chat.completion" if kind == "chat" else "text_completion"
+    usage = openai_usage(summed_usage([choice.last.usage for choice in choices]))
+    return JsonResponse({**meta, "object": obj, "choices": shaped, "usage": usage})
 
 
-async def _sse(kind: str, stream, transport, meta: dict, include_usage: bool, tools: tool_calls.Tools):
+async def _sse(kind: str, streams, choices: list[_Choice], transport, meta: dict, include_usage: bool,
+               tools: tool_calls.Tools):
     obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
-    calls = tool_calls.CallStream(tools)
+    calls = [tool_calls.CallStream(tools) for _ in choices]  # each choice makes its own calls
 
     def chunk(choices, usage=None) -> str:
         payload = {**meta, "object": obj, "choices": choices}
@@ -177,36 +242,43 @@ async def _sse(kind: str, stream, transport, meta: dict, include_usage: bool, to
             payload["usage"] = usage
         return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
-    finished = False
+    def part(index: int, event: StreamEvent, finish: str | None) -> dict:
+        body = {"delta": {"content": event.text}} if kind == "chat" else {"text": event.text}
+        return {"index": index, **body, "finish_reason": finish,
+                "logprobs": choices[index].logprobs(kind, event.logprobs)}
+
+    events = merged(streams)
     try:
         if kind == "chat":
-            yield chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
-        async for event in stream:
+            for index in range(len(choices)):
+                yield chunk([{"index": index, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
+        async for index, event in events:
+            choices[index].add(event)
             if event.error_code:
-                if event.text:  # what was generated before the failure (a stream interval holds it back)
-                    body = {"delta": {"content": event.text}} if kind == "chat" else {"text": event.text}
-                    yield chunk([{"index": 0, **body, "finish_reason": None, "logprobs": None}])
+                if event.text or event.logprobs:  # what came before the failure (a stream interval holds it back)
+                    yield chunk([part(index, event, None)])
                 error = {"message": event.error, "type": "server_error", "code": event.error_code}
                 yield f"data: {json.dumps({'error': error})}\n\n"
-                finished = True
                 break
-            finish = FINISH_REASONS.get(event.finish_reason, event.finish_reason) if event.finished else None
-            text = event.text
+            finish = FINISH_REASONS.get(event.finish_reason or "", event.finish_reason) if event.finished else None
             if tools.active:  # content until a call starts, then the call as tool-call deltas
-                for delta in calls.deltas(text, final=event.finished):
-                    yield chunk([{"index": 0, "delta": delta, "finish_reason": None, "logprobs": None}])
-                text, finish = "", tool_calls.finish_reason(finish, calls.calls > 0)
-            if text or finish:
-                body = {"delta": {"content": text}} if kind == "chat" else {"text": text}
-                yield chunk([{"index": 0, **body, "finish_reason": finish, "logprobs": None}])
-            if event.finished:
-                finished = True
-                if include_usage:
-                    yield chunk([], openai_usage(event.usage))
+                for delta in calls[index].deltas(event.text, final=event.finished):
+                    yield chunk([{"index": index, "delta": delta, "finish_reason": None, "logprobs": None}])
+                finish = tool_calls.finish_reason(finish, calls[index].calls > 0) if finish else None
+                if finish or event.logprobs:
+                    yield chunk([part(index, dataclasses.replace(event, text=""), finish)])
+            # A delta whose text is held back (half a character, a stop string's start) still sends
+            # its tokens' logprobs, so that a stream carries every value the whole reply does.
+            elif event.text or finish or event.logprobs:
+                yield chunk([part(index, event, finish)])
+        else:
+            if include_usage:
+                yield chunk([], openai_usage(summed_usage([choice.last.usage for choice in choices])))
         yield "data: [DONE]\n\n"
     finally:
-        if not finished:  # the client went away mid-stream: stop the sequence in the engine
-            transport.cancel(meta["id"])
+        await events.aclose()
+        # The client went away mid-stream, or a choice failed: stop the sequences still running.
+        _cancel_unfinished(transport, choices)
 
 
 @csrf_exempt

@@ -29,15 +29,17 @@ class InvalidInput(ValueError):
         self.code, self.message, self.param = code, message, param
 
 
-def sampling_params(values: object, defaults: Mapping[str, object] | None = None) -> SamplingParams:
-    """The client's `params` object as SamplingParams, over `defaults` (the API's, for keys it leaves out)."""
+def sampling_params(values: object, defaults: Mapping[str, object] | None = None,
+                    logprobs_allowed: bool = False) -> SamplingParams:
+    """The client's `params` object as SamplingParams, over `defaults` (the API's, for keys it leaves out).
+    `logprobs_allowed`: the API sends logprobs back (the websocket and OpenAI APIs; the chat page does not)."""
     if not isinstance(values, dict):
         raise InvalidInput(BAD_PARAMS, "params: must be an object", "params")
     try:
         params = SamplingParams.from_dict({**(defaults or {}), **values})
     except InvalidSamplingParams as exc:
         raise InvalidInput(BAD_PARAMS, str(exc), exc.parameter) from None
-    if params.logprobs is not None:  # the engine computes them, but no API sends them back (yet)
+    if params.logprobs is not None and not logprobs_allowed:
         raise InvalidInput(BAD_PARAMS, "logprobs: not sent over this API; leave it out", "logprobs")
     return params
 

@@ -303,4 +303,6 @@ def _event(output: RequestOutput) -> StreamEvent:
     return StreamEvent(index=output.index, text=output.text, token_ids=list(output.token_ids),
                        finished=output.finished, finish_reason=output.finish_reason,
                        usage=output.usage.as_dict() if output.usage else None, timings=output.timings,
-                       error_code="engine_error" if output.error else None, error=output.error)
+                       error_code="engine_error" if output.error else None, error=output.error,
+                       logprobs=None if output.logprobs is None else [
+                           [lp.token_id, lp.logprob, [list(pair) for pair in lp.top]] for lp in output.logprobs])

@@ -42,7 +42,9 @@ class InOrder:
         if they would leave a hole (the error says the request is incomplete anyway)."""
         if not event.token_ids and not event.text:
             return event
-        return self._advance(event) if self._continues(event) else replace(event, token_ids=[], text="")
+        if self._continues(event):
+            return self._advance(event)
+        return replace(event, token_ids=[], text="", logprobs=None if event.logprobs is None else [])
 
     def _continues(self, event: StreamEvent) -> bool:
         return event.index <= self.tokens and event.text_offset <= self.chars
@@ -50,8 +52,10 @@ class InOrder:
     def _advance(self, event: StreamEvent) -> StreamEvent:
         """`event` trimmed to what was not yet received, which now counts as received."""
         new_tokens = event.token_ids[self.tokens - event.index:]
+        # a token's logprob record goes wherever its token goes
+        new_logprobs = None if event.logprobs is None else event.logprobs[self.tokens - event.index:]
         new_text = event.text[self.chars - event.text_offset:]
         self.tokens += len(new_tokens)
         self.chars += len(new_text)
         return replace(event, index=self.tokens - len(new_tokens), token_ids=new_tokens, text=new_text,
-                       text_offset=self.chars - len(new_text))
+                       text_offset=self.chars - len(new_text), logprobs=new_logprobs)

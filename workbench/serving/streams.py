@@ -26,6 +26,9 @@ class StreamEvent:
     error_code: str | None = None
     error: str | None = None
     text_offset: int = 0  # where `text` starts in the whole reply (stamped by a worker's outbox)
+    # Per token of `token_ids` when the request asks for logprobs: [token_id, logprob, [[id, logprob],
+    # ...the top N]], plain lists so that they travel through msgpack as they are.
+    logprobs: list[list] | None = None
 
     @classmethod
     def failure(cls, code: str, message: str) -> "StreamEvent":
@@ -35,6 +38,8 @@ class StreamEvent:
         """Append a later delta of the same request: this one keeps its index (where it starts)."""
         self.text += later.text
         self.token_ids += later.token_ids
+        if later.logprobs is not None:
+            self.logprobs = (self.logprobs or []) + later.logprobs
         self.finished, self.finish_reason = later.finished, later.finish_reason
         self.usage, self.timings = later.usage or self.usage, later.timings or self.timings
         self.error_code, self.error = later.error_code or self.error_code, later.error or self.error

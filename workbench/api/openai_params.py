@@ -1,0 +1,56 @@
+"""The OpenAI request fields that do not map one to one onto SamplingParams: `logprobs` and
+`top_logprobs` (whose meaning differs between the two endpoints) and `n` (one engine sequence per
+choice, each with its own seed). docs/PROTOCOL.md, "OpenAI-compatible HTTP API".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from engine import SamplingParams
+from engine.sampling_params import MAX_TOP_LOGPROBS, is_integer
+from workbench.api.http_api import ApiError
+
+MAX_N = 8  # choices per request: each is a sequence in the engine, and a request must not fill it alone
+SEED_SPAN = 2**64  # torch.Generator's seed range is [-2**63, 2**64): derived seeds wrap inside it
+
+
+def endpoint_fields(kind: str) -> set[str]:
+    """The fields only the endpoint `kind` ("chat" or "completion") takes, and those this module reads."""
+    return {"messages", "logprobs", "top_logprobs", "n"} if kind == "chat" else {"prompt", "logprobs", "n"}
+
+
+def logprob_values(kind: str, body: dict) -> dict[str, object]:
+    """SamplingParams' `logprobs` (the number of top alternatives, or absent for none) from the body.
+    Chat: `logprobs` is a boolean and `top_logprobs` (0-20) needs it true; completions: `logprobs` is
+    the number of alternatives itself (0-20 here; OpenAI allows 5)."""
+    logprobs = body.get("logprobs")
+    if kind == "completion":
+        return {} if logprobs is None else {"logprobs": logprobs}  # SamplingParams checks the range
+    if logprobs is not None and not isinstance(logprobs, bool):
+        raise ApiError(400, "logprobs must be true or false", param="logprobs")
+    top = body.get("top_logprobs")
+    if top is not None and (not is_integer(top) or not 0 <= top <= MAX_TOP_LOGPROBS):
+        raise ApiError(400, f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}]", param="top_logprobs")
+    if top is not None and logprobs is not True:
+        raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+    return {"logprobs": top or 0} if logprobs else {}
+
+
+def choice_count(body: dict) -> int:
+    n = body.get("n")
+    if n is None:
+        return 1
+    if not is_integer(n) or not 1 <= n <= MAX_N:
+        raise ApiError(400, f"n must be an integer in [1, {MAX_N}]", param="n")
+    return n
+
+
+def choice_params(params: SamplingParams, n: int) -> list[SamplingParams]:
+    """Each choice's params: choice i draws with the request's seed + i (wrapped into the seed range),
+    so a seeded request repeats choice for choice and choice 0 is what n=1 gives; unseeded, each
+    choice's generator is seeded at random by the engine."""
+    if params.seed is None:
+        return [params] * n
+    low = -2**63
+    return [dataclasses.replace(params, seed=(params.seed + i - low) % SEED_SPAN + low) for i in range(n)]
