@@ -103,13 +103,6 @@ MUTANTS = (
         "                      FinishedIgnored, Paused]\n",
         type_error='Argument 1 to "assert_never" has incompatible type "Paused"',
     ),
-    Mutant(
-        "live chat reply never removed",
-        "workbench/chat/live.py",
-        "        del _replies[conversation_id]\n",
-        "        pass\n",
-        ("tests/workbench/test_chat_live.py::test_an_entry_lives_until_its_reply_ends_and_no_longer",),
-    ),
 )
 
 TEST_MUTANTS = tuple(m for m in MUTANTS if m.tests)
