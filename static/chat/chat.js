@@ -19,15 +19,37 @@ let sentAt = 0;
 // (a cost that grows with the square of its length): the reply is rendered at most once per painted
 // frame, and at once when it ends.
 let renderScheduled = false;
+// A dropped socket is opened again, 0.5 s after the drop and twice as long after each failed try, at
+// most 8 s apart; a reply under way is then followed from the token after the last one the page has.
+let retries = 0;
+let retryTimer = null;
+// Closed by the server for good (not signed in, not the owner, deleted): no point trying again.
+const FINAL_CLOSE = new Set([4401, 4404]);
 
 document.querySelectorAll("[data-markdown]").forEach((el) => renderMarkdown(el, el.textContent));
 
 function connect() {
   const scheme = location.protocol === "https:" ? "wss" : "ws";
   socket = new WebSocket(`${scheme}://${location.host}/ws/chat/${chat.dataset.conversation}`);
-  socket.onopen = () => { setBusy(false); stopButton.disabled = true; };  // usable once connected
+  socket.onopen = () => {
+    retries = 0;
+    if (reply) {  // a reply was streaming when the socket dropped: catch up with it, or with its end
+      socket.send(JSON.stringify({type: "resume", from_offset: reply.nextIndex}));
+      return;
+    }
+    statusLine.textContent = "";
+    setBusy(false);  // usable once connected
+    stopButton.disabled = true;
+  };
   socket.onmessage = (event) => handle(JSON.parse(event.data));
-  socket.onclose = () => { setBusy(false); statusLine.textContent = "Disconnected; reload the page."; };
+  socket.onclose = (event) => {
+    if (FINAL_CLOSE.has(event.code)) { setBusy(false); statusLine.textContent = "Disconnected; reload the page."; return; }
+    sendButton.disabled = true;
+    statusLine.textContent = "Reconnecting…";
+    clearTimeout(retryTimer);
+    retryTimer = setTimeout(connect, Math.min(500 * 2 ** retries, 8000));
+    retries += 1;
+  };
 }
 
 function addMessage(role, text) {
@@ -68,14 +90,20 @@ function handle(frame) {
     pending = null;
     reply = addMessage("assistant", "");
     reply.article.dataset.streaming = "true";
+    reply.nextIndex = 0;  // the offset of the first token the page does not have yet
   } else if (frame.type === "delta" && reply) {
+    if (frame.index < reply.nextIndex) return;  // already had (sent again by a resume)
+    reply.nextIndex = frame.index + 1;
     reply.text += frame.text;
+    statusLine.textContent = "";
     if (!renderScheduled) {
       renderScheduled = true;
       requestAnimationFrame(renderReply);
     }
   } else if (frame.type === "done") {
-    if (reply) {
+    // A resume after the reply ended: the stored reply replaces what the page had of it.
+    if (reply && frame.content !== undefined) reply.text = frame.content || reply.text;
+    if (reply && frame.message_id !== undefined) {
       renderReply();
       delete reply.article.dataset.streaming;
       const meta = document.createElement("div");

@@ -19,7 +19,7 @@ from django.db import DatabaseError
 from engine import SamplingParams
 from engine.tokenizer import TokenizerError
 from workbench.api.json_socket import FrameError, JsonSocketConsumer
-from workbench.chat import frames, versions
+from workbench.chat import frames, live, versions
 from workbench.chat.fitting import fitted_prompt
 from workbench.chat.models import Conversation, Message, ReplyUnderWay, Turn
 from workbench.serving import bridge, limits
@@ -37,8 +37,16 @@ class ChatConsumer(JsonSocketConsumer):
         self.conversation: Conversation = found
         self.generation: asyncio.Task[None] | None = None
         self.engine_id: str | None = None
-        self.stop_asked = False  # a stop (or close) before the request reached the transport
+        self.stop_asked = False  # a stop before the request reached the transport
+        # Frames of a reply this socket follows (its own or one it resumed), sent in order by _pump.
+        self.outbox: asyncio.Queue[live.Frame] = asyncio.Queue()
+        self.following: live.LiveReply | None = None
+        self.pump = asyncio.create_task(self._pump())
         await self.accept()
+
+    async def _pump(self) -> None:
+        while True:
+            await self.send_json(await self.outbox.get())
 
     @database_sync_to_async
     def _conversation(self) -> Conversation | None:
@@ -47,8 +55,13 @@ class ChatConsumer(JsonSocketConsumer):
         return Conversation.owned_by(user).filter(pk=conversation_id).first() if user else None
 
     async def disconnect(self, code: int) -> None:
-        if self._replying():
-            self._stop()
+        # A dropped socket does not stop its reply: it runs on, stored when it ends, and the page
+        # follows it again when it reconnects (a `resume` frame). Only `stop` stops it.
+        following = getattr(self, "following", None)
+        if following is not None:
+            following.unfollow(self.outbox.put_nowait)
+        if hasattr(self, "pump"):
+            self.pump.cancel()
 
     def _replying(self) -> bool:
         generation = getattr(self, "generation", None)
@@ -56,15 +69,41 @@ class ChatConsumer(JsonSocketConsumer):
 
     def _stop(self) -> None:
         self.stop_asked = True  # seen by _answer if its request is not submitted yet
+        if self.engine_id:
+            self._cancel(self.engine_id)
+
+    @staticmethod
+    def _cancel(engine_id: str) -> None:
         transport = bridge.running()  # never start (block on) a transport just to stop
-        if self.engine_id and transport is not None:
-            transport.cancel(self.engine_id)
+        if transport is not None:
+            transport.cancel(engine_id)
+
+    async def _resume(self, from_offset: int) -> None:
+        """Follow the reply under way from `from_offset`, or, if none is, send the last reply shown as
+        stored (a `done` frame with its `content`), which the page puts in place of what it had."""
+        under_way = live.of(self.conversation.pk)
+        if under_way is not None:
+            if self.following is not under_way:
+                self.following = under_way
+                under_way.follow(self.outbox.put_nowait, from_offset)
+            return
+        message = await database_sync_to_async(
+            lambda: self.conversation.shown_messages().filter(role="assistant").last())()
+        if message is None:
+            await self.send_json({"type": "done", "content": None})
+            return
+        await self.send_json({"type": "done", "content": message.content, **await self._done_fields(message)})
 
     async def receive_json(self, content: dict[str, object], **kwargs: object) -> None:
         kind = frames.kind(content)
         if kind == "stop":
             if self._replying():
                 self._stop()
+            elif (under_way := live.of(self.conversation.pk)) is not None:
+                self._cancel(under_way.engine_id)  # a reply this socket resumed
+            return
+        if kind == "resume":
+            await self._resume(frames.resume_offset(content))
             return
         if self._replying():
             raise FrameError("busy", "a reply is still being generated; stop it first")
@@ -92,7 +131,10 @@ class ChatConsumer(JsonSocketConsumer):
         # transport is still starting (the first request after a restart) must reach it.
         engine_id = self.engine_id = f"chat-{self.conversation.pk}-{uuid.uuid4().hex}"
         self.stop_asked = False
-        self.generation = asyncio.create_task(self._generate(engine_id, *prepared, params, admission))
+        under_way = live.start(self.conversation.pk, engine_id)
+        self.following = under_way
+        under_way.follow(self.outbox.put_nowait, 0)
+        self.generation = asyncio.create_task(self._generate(under_way, engine_id, *prepared, params, admission))
 
     async def _take_turn(self, turn: Turn, text: str | None) -> tuple[list[dict[str, str]], datetime] | None:
         """The history to answer and the conversation's claim; None once the page has been told why not."""
@@ -113,23 +155,24 @@ class ChatConsumer(JsonSocketConsumer):
             raise FrameError("invalid_request", "nothing to regenerate or edit yet")
         return prepared
 
-    async def _generate(self, engine_id: str, history: list[dict[str, str]], claim: datetime,
-                        params: SamplingParams, admission: limits.Admission) -> None:
+    async def _generate(self, under_way: live.LiveReply, engine_id: str, history: list[dict[str, str]],
+                        claim: datetime, params: SamplingParams, admission: limits.Admission) -> None:
         try:
-            await self._answer(engine_id, history, params, admission)
+            await self._answer(under_way, engine_id, history, params, admission)
         finally:
             admission.release()  # its stream's end released it already, unless it never reached the transport
+            live.end(self.conversation.pk, under_way)
             await database_sync_to_async(self.conversation.release_reply)(claim)
 
-    async def _answer(self, engine_id: str, history: list[dict[str, str]], params: SamplingParams,
-                      admission: limits.Admission) -> None:
+    async def _answer(self, under_way: live.LiveReply, engine_id: str, history: list[dict[str, str]],
+                      params: SamplingParams, admission: limits.Admission) -> None:
         transport = await bridge.transport_from_loop()
         try:
             prompt = await asyncio.to_thread(fitted_prompt, transport.tokenizer, history)  # long ones take a while
         except TokenizerError as exc:
             await self.send_error("invalid_request", str(exc))
             return
-        await self.send_json({"type": "started"})
+        under_way.publish({"type": "started"})
         text, event = "", StreamEvent()
         stream = admission.submit(transport, engine_id, prompt, params)
         if self.stop_asked:
@@ -137,7 +180,7 @@ class ChatConsumer(JsonSocketConsumer):
         async for event in stream:
             if event.text:
                 text += event.text
-                await self.send_json({"type": "delta", "index": event.index, "text": event.text})
+                under_way.publish({"type": "delta", "index": event.index, "text": event.text})
         try:
             message = await self._store_reply(text, event)
         except DatabaseError:
@@ -145,9 +188,18 @@ class ChatConsumer(JsonSocketConsumer):
                 raise
             await self._gone()  # deleted while it was answered
             return
-        await self.send_json({"type": "done", "message_id": message.pk, "finish_reason": event.finish_reason,
-                              "error": event.error, "usage": event.usage, "timings": event.timings,
-                              "title": self.conversation.title, "versions": await self._versions(message)})
+        under_way.publish({"type": "done", "message_id": message.pk, "finish_reason": event.finish_reason,
+                           "error": event.error, "usage": event.usage, "timings": event.timings,
+                           "title": self.conversation.title, "versions": await self._versions(message)})
+
+    async def _done_fields(self, message: Message) -> dict[str, object]:
+        """A stored reply's `done` fields, as the frame that ended it carried them."""
+        usage = None if message.completion_tokens is None else {
+            "prompt_tokens": message.prompt_tokens, "completion_tokens": message.completion_tokens}
+        return {"message_id": message.pk, "finish_reason": message.finish_reason, "error": message.error or None,
+                "usage": usage, "timings": {"time_to_first_token": message.time_to_first_token,
+                                            "decode_tokens_per_s": message.decode_tokens_per_s},
+                "title": self.conversation.title, "versions": await self._versions(message)}
 
     @database_sync_to_async
     def _still_signed_in(self) -> bool:

@@ -6,6 +6,7 @@ rules every API shares (workbench/api/request_input.py).
     <- {"type": "regenerate", "params": {...}}               the last message answered again (a new version)
     <- {"type": "edit", "content": "...", "params": {...}}   the last message reworded, answered again
     <- {"type": "stop"}
+    <- {"type": "resume", "from_offset": N}                   follow the reply under way from token offset N
     -> started, delta {index, text}, done {message_id, finish_reason, error, usage, timings, title, versions},
        error {code, message}
 """
@@ -22,10 +23,10 @@ from workbench.chat.models import Turn
 MAX_MESSAGE_CHARS = 20_000
 # No max_tokens from the page: the reply may run to the end of the model's context.
 DEFAULTS = {"max_tokens": None}
-KINDS: tuple[Turn | Literal["stop"], ...] = ("send", "regenerate", "edit", "stop")
+KINDS: tuple[Turn | Literal["stop", "resume"], ...] = ("send", "regenerate", "edit", "stop", "resume")
 
 
-def kind(frame: dict[str, object]) -> Turn | Literal["stop"]:
+def kind(frame: dict[str, object]) -> Turn | Literal["stop", "resume"]:
     name = frame.get("type")
     for known in KINDS:
         if name == known:
@@ -45,3 +46,11 @@ def turn_request(turn: Turn, frame: dict[str, object]) -> tuple[str | None, Samp
     if not isinstance(content, str) or not content.strip() or len(content) > MAX_MESSAGE_CHARS:
         raise FrameError("invalid_request", f"content must be 1-{MAX_MESSAGE_CHARS} characters of text")
     return content, params
+
+
+def resume_offset(frame: dict[str, object]) -> int:
+    """The token offset a `resume` asks to follow the reply from: the page has every token before it."""
+    offset = frame.get("from_offset", 0)
+    if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+        raise FrameError("invalid_request", "from_offset must be a whole number of tokens, 0 or more")
+    return offset
