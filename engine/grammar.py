@@ -22,18 +22,20 @@ whitespace can spend its whole token budget on newlines, and its output would th
 
 from __future__ import annotations
 
+import importlib
 import json
 from functools import lru_cache
+from types import ModuleType
 from typing import TYPE_CHECKING
 
-import llguidance
 import numpy as np
 import torch
 
 from engine.tokenizer import Tokenizer
 
-if TYPE_CHECKING:  # declared only in the package's stub file
-    from llguidance._lib import JsonCompileOptions
+if TYPE_CHECKING:
+    import llguidance
+    from llguidance._lib import JsonCompileOptions  # declared only in the package's stub file
 
 # Compact JSON (the module docstring says why).
 JSON_OPTIONS: "JsonCompileOptions" = {"whitespace_flexible": False}
@@ -41,6 +43,18 @@ JSON_OPTIONS: "JsonCompileOptions" = {"whitespace_flexible": False}
 
 class ResponseFormatError(ValueError):
     """A response_format that is not one we serve, or whose schema, regex or grammar does not compile."""
+
+
+@lru_cache(maxsize=1)
+def _llguidance() -> ModuleType:
+    """Imported on the first constrained request, not with the engine: a machine without the package
+    (the GPU image, tests/test_gpu_collection.py) still serves everything else, and a request that
+    needs it is told why it cannot be served."""
+    try:
+        return importlib.import_module("llguidance")
+    except ImportError:
+        raise ResponseFormatError("structured output needs the llguidance package on the server "
+                                  "(pip install llguidance)") from None
 
 
 def grammar_of(response_format: object) -> str | None:
@@ -71,18 +85,18 @@ def _grammar(key: str) -> str | None:
     if kind == "text":
         return None
     if kind == "json_object":
-        grammar = llguidance.LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_OPTIONS)
+        grammar = _llguidance().LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_OPTIONS)
     elif kind == "json_schema":
         grammar = _json_schema_grammar(fmt.get("json_schema"))
     elif kind == "regex":
         if not isinstance(fmt.get("regex"), str) or not fmt["regex"]:
             raise ResponseFormatError("regex must be a non-empty string")
-        grammar = llguidance.LLMatcher.grammar_from_regex(fmt["regex"])
+        grammar = _llguidance().LLMatcher.grammar_from_regex(fmt["regex"])
     else:
         if not isinstance(fmt.get("grammar"), str) or not fmt["grammar"]:
             raise ResponseFormatError("grammar must be a non-empty string in Lark syntax (llguidance's dialect)")
-        grammar = llguidance.LLMatcher.grammar_from_lark(fmt["grammar"])
-    error = llguidance.LLMatcher.validate_grammar(grammar)
+        grammar = _llguidance().LLMatcher.grammar_from_lark(fmt["grammar"])
+    error = _llguidance().LLMatcher.validate_grammar(grammar)
     if error:
         raise ResponseFormatError(f"does not compile: {error.strip()}")
     return grammar
@@ -102,7 +116,7 @@ def _json_schema_grammar(spec: object) -> str:
     schema = spec.get("schema", {"type": "object"})
     if not isinstance(schema, dict):
         raise ResponseFormatError("json_schema.schema must be a JSON Schema object")
-    return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
+    return _llguidance().LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
 
 
 class GrammarTokenizer:
@@ -110,17 +124,17 @@ class GrammarTokenizer:
 
     def __init__(self, tokenizer: Tokenizer, vocab_size: int, eos_token_ids: frozenset[int]) -> None:
         self.vocab_size = vocab_size
-        self.ll = llguidance.LLTokenizer(tokenizer.backend_json(), n_vocab=vocab_size,
+        self.ll = _llguidance().LLTokenizer(tokenizer.backend_json(), n_vocab=vocab_size,
                                          eos_token=sorted(eos_token_ids))
 
     def constraint(self, grammar: str) -> "Constraint":
-        return Constraint(llguidance.LLMatcher(self.ll, grammar, log_level=0), self.vocab_size)
+        return Constraint(_llguidance().LLMatcher(self.ll, grammar, log_level=0), self.vocab_size)
 
 
 class Constraint:
     """One request's grammar state: which tokens may come next, advanced by each committed token."""
 
-    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int) -> None:
+    def __init__(self, matcher: "llguidance.LLMatcher", vocab_size: int) -> None:
         if matcher.is_error():
             raise ResponseFormatError(f"does not compile for this tokenizer: {matcher.get_error()}")
         self.matcher = matcher

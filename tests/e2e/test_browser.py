@@ -308,13 +308,17 @@ def test_the_composer_keys_and_a_refused_send_keeping_its_text(browser, daphne_s
     page.reload()
     assert users.first.locator(".content").inner_text() == "first line\nsecond line"
 
+    # A dropped socket: the page reconnects by itself (test_chat_reconnect.py); meanwhile Send is
+    # disabled and an Enter sends nothing and keeps the text, which is still there once it is back.
     page.wait_for_function("socket && socket.readyState === WebSocket.OPEN")
-    page.evaluate("socket.close()")
-    page.wait_for_function("socket.readyState === 3 && !document.getElementById('send').disabled")
+    page.evaluate("retries = 3; socket.close()")  # its first retry 4 s later: time to type and press Enter
+    page.wait_for_function("""document.getElementById('status').textContent === 'Reconnecting…'
+                              && document.getElementById('send').disabled""")
     page.fill("#input", "typed while offline")
-    page.click("#send")
-    assert page.locator("#status").inner_text() == "Not connected."
     page.press("#input", "Enter")
+    assert users.count() == 2 and page.input_value("#input") == "typed while offline"
+    page.wait_for_function("""socket.readyState === WebSocket.OPEN && !document.getElementById('send').disabled
+                              && document.getElementById('status').textContent === ''""")
     assert users.count() == 2 and page.input_value("#input") == "typed while offline"
 
     page.keyboard.press("Tab")  # from the input: the sampling summary, then the Send button

@@ -33,8 +33,8 @@ MUTANTS = (
         # would hand a constrained row tokens its grammar forbids.
         "constrained row allowed to burst",
         "engine/device_loop.py",
-        "                and not p.constrained)\n",
-        ")\n",
+        "                and p.min_tokens == 0 and not p.constrained)\n",
+        "                and p.min_tokens == 0)\n",
         ("tests/engine/test_structured_output.py::test_constrained_and_free_rows_in_one_batch_get_their_solo_tokens",),
     ),
     Mutant(

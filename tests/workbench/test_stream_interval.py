@@ -299,7 +299,8 @@ def test_a_celery_worker_applies_its_stream_settings(tmp_path, setting):
 
 def sse_text_before_a_forward_error(thread: EngineHost) -> tuple[str, list[str]]:
     """Stream a completion over the OpenAI view's SSE generator while the engine's 4th forward fails."""
-    from workbench.api.openai_views import _sse
+    from workbench.api import tool_calls
+    from workbench.api.openai_views import _Choice, _sse
 
     real_run, calls = thread.engine.runner.run, []
 
@@ -312,9 +313,12 @@ def sse_text_before_a_forward_error(thread: EngineHost) -> tuple[str, list[str]]
     transport = InProcessTransport(thread)  # the view's transport, over this module's started host
 
     async def stream() -> list[str]:
-        events = transport.submit(f"sse-{time.monotonic_ns()}", "The list type", GREEDY)
-        return [chunk async for chunk in _sse("completion", events, transport, {"id": "x", "created": 0, "model": "m"},
-                                               False)]
+        request_id = f"sse-{time.monotonic_ns()}"
+        events = transport.submit(request_id, "The list type", GREEDY)
+        choices = [_Choice(request_id, transport.tokenizer, logprobs=False)]
+        return [chunk async for chunk in _sse("completion", [events], choices, transport,
+                                               {"id": "x", "created": 0, "model": "m"}, False,
+                                               tool_calls.Tools((), "none"))]
 
     thread.engine.runner.run = failing_fourth
     try:
