@@ -49,12 +49,7 @@ def sample(logits: torch.Tensor, rows: list[SampleRequest]) -> tuple[list[int], 
     row asks for logprobs or a confidence floor)."""
     if len(rows) != logits.shape[0]:
         raise ValueError(f"{logits.shape[0]} logit rows for {len(rows)} sequences")
-    logits = _constrained(logits.float(), rows)
-    if any(row.suppressed for row in rows):
-        logits = logits.clone()  # the runner's tensor is not ours to write
-        for index, row in enumerate(rows):
-            if row.suppressed:
-                logits[index, list(row.suppressed)] = float("-inf")
+    logits = _masked(logits.float(), rows)
     plain_greedy = [r.params.greedy and not r.params.has_penalties for r in rows]
     tokens = logits.argmax(dim=-1).tolist() if any(plain_greedy) else [0] * len(rows)
     for index, row in enumerate(rows):
@@ -64,16 +59,21 @@ def sample(logits: torch.Tensor, rows: list[SampleRequest]) -> tuple[list[int], 
     return tokens, records
 
 
-def _constrained(logits: torch.Tensor, rows: list[SampleRequest]) -> torch.Tensor:
-    """The logits with each constrained row's forbidden tokens at -inf, before anything else looks at
-    them (so the EOS is allowed only where the grammar accepts). Rows without a constraint keep their
-    values bit for bit: the mask is the only difference a constrained neighbour makes."""
-    constrained = [(index, row.constraint) for index, row in enumerate(rows) if row.constraint is not None]
-    if not constrained:
+def _masked(logits: torch.Tensor, rows: list[SampleRequest]) -> torch.Tensor:
+    """The logits with each row's forbidden tokens at -inf, before anything else looks at them: a
+    constrained row's grammar mask (so the EOS is allowed only where the grammar accepts), then the
+    tokens it may not draw yet (min_tokens). Rows without either keep their values bit for bit: a mask
+    is the only difference a masked neighbour makes. One copy: the runner's tensor is not ours to write."""
+    masked = [index for index, row in enumerate(rows) if row.constraint is not None or row.suppressed]
+    if not masked:
         return logits
     logits = logits.clone()
-    for index, constraint in constrained:
-        logits[index] = constraint.apply(logits[index])
+    for index in masked:
+        row = rows[index]
+        if row.constraint is not None:
+            logits[index] = row.constraint.apply(logits[index])
+        if row.suppressed:
+            logits[index, list(row.suppressed)] = float("-inf")
     return logits
 
 
