@@ -11,7 +11,6 @@ field names onto them and refuses the fields it does not serve.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import time
 import uuid
@@ -87,11 +86,12 @@ def _params(kind: str, body: dict, tools: tool_calls.Tools) -> SamplingParams:
     # Without max_tokens a chat reply may run to the end of the model's context, as in vLLM; a plain
     # completion keeps OpenAI's default of 16 tokens.
     values: dict[str, object] = {"max_tokens": None} if kind == "chat" else {}
+    accepted = accepted_fields(kind)
     for key, value in body.items():
         if key in FIELD_MAP:
             if value is not None:
                 values[FIELD_MAP[key]] = value
-        elif key not in accepted_fields(kind):
+        elif key not in accepted:
             raise ApiError.unsupported(key)
     refuse_unless_off(body, OFF_ONLY)
     values.update(openai_params.logprob_values(kind, body))
@@ -199,16 +199,19 @@ def _cancel_unfinished(transport, choices: list[_Choice]) -> None:
 
 async def _whole(kind: str, streams, choices: list[_Choice], transport, meta: dict,
                  tools: tool_calls.Tools) -> HttpResponse:
+    events = merged(streams)
     try:
-        async for index, event in merged(streams):
+        async for index, event in events:
             choices[index].add(event)
-    except asyncio.CancelledError:
+            if event.error_code:  # one failed choice fails the reply: the others need not run on
+                break
+    finally:
+        await events.aclose()
+        # The client went away, or a choice failed: stop the sequences still running.
         _cancel_unfinished(transport, choices)
-        raise
     for choice in choices:
         event = choice.last
-        if event.error_code:  # one failed choice fails the reply
-            _cancel_unfinished(transport, choices)
+        if event.error_code:
             status = ERROR_STATUS.get(event.error_code, 500)
             # The engine refuses only prompts (empty, too long, a token id past the vocabulary) this way.
             param = ("messages" if kind == "chat" else "prompt") if event.error_code == "invalid_request" else None
@@ -242,8 +245,9 @@ async def _sse(kind: str, streams, choices: list[_Choice], transport, meta: dict
             payload["usage"] = usage
         return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
-    def part(index: int, event: StreamEvent, finish: str | None) -> dict:
-        body = {"delta": {"content": event.text}} if kind == "chat" else {"text": event.text}
+    def part(index: int, event: StreamEvent, finish: str | None, text: str | None = None) -> dict:
+        text = event.text if text is None else text
+        body = {"delta": {"content": text}} if kind == "chat" else {"text": text}
         return {"index": index, **body, "finish_reason": finish,
                 "logprobs": choices[index].logprobs(kind, event.logprobs)}
 
@@ -253,7 +257,7 @@ async def _sse(kind: str, streams, choices: list[_Choice], transport, meta: dict
             for index in range(len(choices)):
                 yield chunk([{"index": index, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
         async for index, event in events:
-            choices[index].add(event)
+            choices[index].last = event  # a stream sends each part as it comes: no whole text is kept
             if event.error_code:
                 if event.text or event.logprobs:  # what came before the failure (a stream interval holds it back)
                     yield chunk([part(index, event, None)])
@@ -266,7 +270,7 @@ async def _sse(kind: str, streams, choices: list[_Choice], transport, meta: dict
                     yield chunk([{"index": index, "delta": delta, "finish_reason": None, "logprobs": None}])
                 finish = tool_calls.finish_reason(finish, calls[index].calls > 0) if finish else None
                 if finish or event.logprobs:
-                    yield chunk([part(index, dataclasses.replace(event, text=""), finish)])
+                    yield chunk([part(index, event, finish, text="")])
             # A delta whose text is held back (half a character, a stop string's start) still sends
             # its tokens' logprobs, so that a stream carries every value the whole reply does.
             elif event.text or finish or event.logprobs:

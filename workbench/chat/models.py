@@ -105,8 +105,8 @@ class Conversation(models.Model):
         (workbench/chat/titles.py). The title is written only if it is still the default when the
         reply is stored, so a rename in another tab meanwhile is kept."""
         reply = self.messages.create(role="assistant", reply_to=self.messages.filter(role="user").last(), **fields)
-        first = self.messages.filter(role="user").first()
-        if first is not None and self.title == DEFAULT_TITLE:
+        first = self.messages.filter(role="user").first() if self.title == DEFAULT_TITLE else None
+        if first is not None:
             title = title_from(first.content)
             if Conversation.objects.filter(pk=self.pk, title=DEFAULT_TITLE).update(title=title):
                 self.title = title
