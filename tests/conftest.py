@@ -9,9 +9,13 @@ header), so `pytest -m gpu` collects there.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -52,8 +56,30 @@ def demo_dir() -> Path:
     return DEMO_MODEL_DIR
 
 
+# Where set, a folder of built checkpoints shared by processes: tests/mutation sets it for its scratch
+# runs, each a fresh interpreter running one or two tests, where importing transformers to build the
+# model costs more than the test itself. A checkpoint is a pure function of its arguments.
+CHECKPOINT_CACHE = os.environ.get("WORKBENCH_TEST_CHECKPOINT_CACHE")
+
+
 def build_tiny_checkpoint(out_dir: Path, model_type: str, seed: int = 0, **overrides) -> Path:
     """Save a random HF model of `model_type` with the demo tokenizer beside it; returns out_dir."""
+    if not CHECKPOINT_CACHE:
+        return _build_tiny_checkpoint(out_dir, model_type, seed, **overrides)
+    key = hashlib.sha256(repr((model_type, seed, sorted({**TINY_BASE, **overrides}.items()))).encode()).hexdigest()
+    cached = Path(CHECKPOINT_CACHE) / key[:20]
+    if not cached.is_dir():
+        building = cached.with_name(f"{cached.name}.{os.getpid()}.building")
+        _build_tiny_checkpoint(building, model_type, seed, **overrides)
+        try:
+            building.rename(cached)  # atomic: another process sees a whole checkpoint or none
+        except OSError:  # another process renamed its copy first
+            shutil.rmtree(building)
+    shutil.copytree(cached, out_dir, dirs_exist_ok=True)  # a test may change its own copy
+    return out_dir
+
+
+def _build_tiny_checkpoint(out_dir: Path, model_type: str, seed: int, **overrides) -> Path:
     import transformers
 
     config_class = {"llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig,
@@ -161,14 +187,58 @@ def serving_transport(request):
     settings.WORKBENCH_TRANSPORT, settings.WORKBENCH_QUEUE_PREFIX = saved
 
 
-@pytest.fixture(scope="module", params=["inprocess", "celery"])
-def daphne_server(request, tmp_path_factory):
-    """A real Daphne on 127.0.0.1 with a fresh SQLite database, serving through each transport in turn;
-    yields (address, api_token)."""
+# The admin's password on the shared Daphnes: `ensureadmin` leaves an existing admin as it is, so every
+# module that logs in as admin on a shared server uses this one.
+ADMIN_PASSWORD = "admin-pass-for-the-shared-daphnes"
+
+
+@dataclass(frozen=True)
+class Served:
+    """A Daphne shared by the whole session: its address, user "bob"'s API token, and its SQLite file
+    (the page tests store replies there directly)."""
+
+    address: str
+    token: str
+    db_path: Path
+    env: dict
+
+    def ensure_admin(self) -> None:
+        """The superuser "admin" with ADMIN_PASSWORD (idempotent: a second call finds it)."""
+        env = {**self.env, "DJANGO_SETTINGS_MODULE": "workbench.settings", "WORKBENCH_DB_PATH": str(self.db_path),
+               "WORKBENCH_ADMIN_PASSWORD": ADMIN_PASSWORD}
+        subprocess.run([sys.executable, "manage.py", "ensureadmin"], env=env, check=True, capture_output=True,
+                       cwd=Path(__file__).resolve().parents[1])
+
+
+def serve(env: dict, db_path: Path):
     from tests.cluster import start_daphne
 
-    env = request.getfixturevalue("celery_cluster").env if request.param == "celery" else os.environ
-    server, address, token = start_daphne(env, tmp_path_factory.mktemp("daphne") / "db.sqlite3")
-    yield address, token
-    server.terminate()
-    server.wait(timeout=10)
+    server, address, token = start_daphne(env, db_path)
+    try:
+        yield Served(address, token, db_path, env)
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+# One Daphne per transport for the whole session (docs/TESTING.md, "Shared servers"): a start costs 5-10 s
+# (migrate, token, model load). A test on them uses users of its own and leaves no flag changed.
+@pytest.fixture(scope="session")
+def inprocess_daphne(tmp_path_factory):
+    """The shared Daphne with the engine on a thread in its own process."""
+    env = {**os.environ, "WORKBENCH_TRANSPORT": "inprocess"}
+    yield from serve(env, tmp_path_factory.mktemp("daphne-inprocess") / "db.sqlite3")
+
+
+@pytest.fixture(scope="session")
+def celery_daphne(celery_cluster, tmp_path_factory):
+    """The shared Daphne over the session's two Celery workers."""
+    yield from serve(celery_cluster.env, tmp_path_factory.mktemp("daphne-celery") / "db.sqlite3")
+
+
+@pytest.fixture(scope="session", params=["inprocess", "celery"])
+def daphne_server(request):
+    """A real Daphne on 127.0.0.1, serving through each transport in turn; (address, api_token).
+    Session-scoped, so pytest runs every test on the in-process one, then every test on the Celery one."""
+    served = request.getfixturevalue(f"{request.param}_daphne")
+    return served.address, served.token

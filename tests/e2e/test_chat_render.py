@@ -7,20 +7,16 @@ layout's drawer; and axe-core finding no serious or critical violation on the ch
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.cluster import ROOT, start_daphne
+from tests.conftest import ADMIN_PASSWORD
 from tests.e2e.conftest import log_in, new_page, signed_up_in_a_new_conversation
 from tests.e2e.stored_replies import store_exchange
 
 AXE = Path(__file__).parent / "vendor" / "axe-core" / "axe.min.js"
-ADMIN_PASSWORD = "admin-pass-for-the-axe-check"
 CODE = 'def greet(name: str) -> str:\n    return f"Hello, {name}!"  # a comment\n\nprint(greet("<b>you</b>"))'
 RICH = f"""## Plan
 
@@ -79,16 +75,10 @@ STREAMED = ("## Plan\n\n| a | b |\n|---|--:|\n| 1 | 2 |\n\n" + REWRITES_EARLIER_
 
 
 @pytest.fixture(scope="module")
-def render_server(tmp_path_factory):
-    """Daphne with the engine in-process (rendering needs no Celery), its database file, and the admin."""
-    db = tmp_path_factory.mktemp("render") / "db.sqlite3"
-    env = {**os.environ, "WORKBENCH_TRANSPORT": "inprocess"}
-    server, address, _ = start_daphne(env, db)
-    subprocess.run([sys.executable, str(ROOT / "manage.py"), "ensureadmin"], check=True, cwd=ROOT, capture_output=True,
-                   env={**env, "WORKBENCH_DB_PATH": str(db), "WORKBENCH_ADMIN_PASSWORD": ADMIN_PASSWORD})
-    yield f"http://{address}", db
-    server.terminate()
-    server.wait(timeout=10)
+def render_server(inprocess_daphne):
+    """The session's in-process Daphne (rendering needs no Celery), its database file, and the admin."""
+    inprocess_daphne.ensure_admin()
+    return f"http://{inprocess_daphne.address}", inprocess_daphne.db_path
 
 
 def open_stored_reply(browser, render_server, username: str, reply: str, question: str = "Show me"):

@@ -6,28 +6,21 @@ change, over HTTP or the socket."""
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 
 import pytest
 
-from tests.cluster import ROOT, start_daphne
+from tests.conftest import ADMIN_PASSWORD
 from tests.e2e.conftest import log_in, new_page, sign_up
 
-ADMIN_PASSWORD = "admin-pass-for-the-dashboard"
+# The shared Celery Daphne's users are every page test's: test_browser.py already signs up "carol" there.
+USER = "dash-carol"
 
 
 @pytest.fixture(scope="module")
-def cluster_server(celery_cluster, tmp_path_factory):
-    """Daphne over the Celery workers, with the admin user (staff, every permission)."""
-    db = tmp_path_factory.mktemp("dashboard") / "db.sqlite3"
-    server, address, _ = start_daphne(celery_cluster.env, db)
-    env = {**celery_cluster.env, "WORKBENCH_DB_PATH": str(db), "WORKBENCH_ADMIN_PASSWORD": ADMIN_PASSWORD}
-    subprocess.run([sys.executable, str(ROOT / "manage.py"), "ensureadmin"], env=env, check=True, cwd=ROOT,
-                   capture_output=True)
-    yield f"http://{address}"
-    server.terminate()
-    server.wait(timeout=10)
+def cluster_server(celery_daphne):
+    """The session's Daphne over the Celery workers, with the admin user (staff, every permission)."""
+    celery_daphne.ensure_admin()
+    return f"http://{celery_daphne.address}"
 
 
 def device_loop_cell(page, worker: str):
@@ -45,7 +38,7 @@ def test_an_operator_watches_a_chat_and_flips_one_worker(browser, cluster_server
     workers = sorted(operator.eval_on_selector_all("#workers .worker", "cards => cards.map(c => c.dataset.worker)"))
 
     chat = new_page(browser)
-    sign_up(chat, base, "carol")
+    sign_up(chat, base, USER)
     chat.click("#new-conversation")
     chat.wait_for_url(re.compile(r".*/c/\d+$"))
     chat.click("details summary")
@@ -55,9 +48,9 @@ def test_an_operator_watches_a_chat_and_flips_one_worker(browser, cluster_server
     chat.click("#send")
     row = operator.locator('#sequences tbody tr[data-request^="chat-"]')
     row.wait_for(timeout=20_000)
-    assert row.locator(".user").inner_text() == "carol"
+    assert row.locator(".user").inner_text() == USER
     assert row.get_attribute("data-worker") in workers
-    # The operator stops carol's reply (the engine's operator abort, in the audit log): it ends canceled.
+    # The operator stops the chat user's reply (the engine's operator abort, in the audit log): it ends canceled.
     row.locator("button.cancel-request").click()
     meta = chat.locator("article.assistant .meta")
     meta.wait_for(timeout=60_000)  # the reply finished
@@ -92,7 +85,7 @@ def test_an_operator_watches_a_chat_and_flips_one_worker(browser, cluster_server
     for worker in workers:  # back to how the session's other tests expect the workers
         operator.wait_for_selector(f'#flags tr[data-flag="ARC_GRAPH_DEVICE_LOOP"] td[data-worker="{worker}"][data-value="false"]')
 
-    # Carol is not staff: no page, no socket, no flag change.
+    # The chat user is not staff: no page, no socket, no flag change.
     assert chat.goto(f"{base}/ops/dashboard").status == 403
     opened = chat.evaluate("""() => new Promise(resolve => {
         const ws = new WebSocket(`ws://${location.host}/ws/ops/dashboard`);

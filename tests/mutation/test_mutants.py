@@ -52,14 +52,30 @@ def mutate(copy: Path, mutant: Mutant) -> None:
     target.write_text(source.replace(mutant.original, mutant.replacement))
 
 
-def run_tests(copy: Path, tests: tuple[str, ...]) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(copy)}
-    code = "import engine, sys; assert engine.__file__.startswith(sys.argv[1]), engine.__file__"
-    subprocess.run([sys.executable, "-c", code, str(copy)], cwd=copy, env=env, check=True)  # the copy is imported
+# One interpreter per run (starting one and importing torch costs seconds): it checks that the engine it
+# imports is the copy's, then runs pytest.
+NOT_THE_COPY = "the engine imported is not the scratch copy's:"
+RUN_IN_COPY = ("import sys, engine\n"
+               "if not engine.__file__.startswith(sys.argv[1]):\n"
+               f"    sys.exit({NOT_THE_COPY!r} + engine.__file__)\n"
+               "import pytest\n"
+               "sys.exit(pytest.main(sys.argv[2:]))\n")
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory) -> Path:
+    """The module's runs share the tiny checkpoints they build (tests/conftest.py, CHECKPOINT_CACHE)."""
+    return tmp_path_factory.mktemp("checkpoints")
+
+
+def run_tests(copy: Path, tests: tuple[str, ...], checkpoints: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(copy), "WORKBENCH_TEST_CHECKPOINT_CACHE": str(checkpoints)}
     # The named tests on the HF checkpoint only: their GGUF variants run the same mechanism on other
     # weights, and would double the time of every mutant for no other mechanism tested.
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "not gguf", *tests],
-                          cwd=copy, env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, "-c", RUN_IN_COPY, str(copy), "-q", "-p", "no:cacheprovider",
+                           "-k", "not gguf", *tests], cwd=copy, env=env, capture_output=True, text=True, timeout=600)
+    assert NOT_THE_COPY not in done.stderr, done.stderr[-3000:]
+    return done
 
 
 def run_type_check(copy: Path) -> subprocess.CompletedProcess:
@@ -69,17 +85,17 @@ def run_type_check(copy: Path) -> subprocess.CompletedProcess:
                           timeout=900)
 
 
-def test_unmutated_copy_passes_every_named_test(tmp_path):
+def test_unmutated_copy_passes_every_named_test(tmp_path, checkpoints):
     tests = tuple(sorted({t for mutant in TEST_MUTANTS for t in mutant.tests}))
-    done = run_tests(scratch_copy(tmp_path), tests)
+    done = run_tests(scratch_copy(tmp_path), tests, checkpoints)
     assert done.returncode == 0, done.stdout[-3000:]
 
 
 @pytest.mark.parametrize("mutant", TEST_MUTANTS, ids=[m.name for m in TEST_MUTANTS])
-def test_mutant_is_caught_by_its_named_tests(tmp_path, mutant: Mutant):
+def test_mutant_is_caught_by_its_named_tests(tmp_path, checkpoints, mutant: Mutant):
     copy = scratch_copy(tmp_path)
     mutate(copy, mutant)
-    done = run_tests(copy, mutant.tests)
+    done = run_tests(copy, mutant.tests, checkpoints)
     caught = re.findall(r"^FAILED (\S+)", done.stdout, flags=re.MULTILINE)
     print(f"\nmutant '{mutant.name}' caught by: {', '.join(caught) or 'NOTHING'}")
     assert done.returncode != 0 and caught, f"mutant '{mutant.name}' survived:\n{done.stdout[-3000:]}"

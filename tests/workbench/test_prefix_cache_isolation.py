@@ -8,15 +8,10 @@ user's repeat reports its prefix cached (websocket `done.usage.cached_tokens`, O
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import urllib.request
 
 import openai
-import pytest
 
-from tests.cluster import ROOT, start_daphne
 from tests.workbench.test_daphne_e2e import ws_generate
 
 # Long enough for several full KV blocks of 16 tokens in the demo tokenizer.
@@ -25,17 +20,11 @@ LONG = ("You are a careful assistant for a small team of Python developers. Answ
 BLOCK = 16
 
 
-@pytest.fixture(scope="module")
-def two_users(tmp_path_factory):
-    """(address, bob's token, carol's token) of one Daphne serving the in-process engine."""
-    db = tmp_path_factory.mktemp("prefix-daphne") / "db.sqlite3"
-    server, address, bob = start_daphne(os.environ, db)
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "workbench.settings", "WORKBENCH_DB_PATH": str(db)}
-    carol = subprocess.run([sys.executable, str(ROOT / "manage.py"), "createapitoken", "carol"], env=env,
-                           check=True, cwd=ROOT, capture_output=True, text=True).stdout.strip().splitlines()[-1]
-    yield address, bob, carol
-    server.terminate()
-    server.wait(timeout=10)
+def two_users(limited_daphne, api: str) -> tuple[str, str, str]:
+    """(address, bob's token, carol's token) on the session's limited in-process Daphne: users of this
+    test's own (no earlier request of theirs cached anything), within its limits (three requests each)."""
+    address, tokens = limited_daphne
+    return address, tokens[f"prefix-{api}-bob"], tokens[f"prefix-{api}-carol"]
 
 
 def cached_over_websocket(address: str, token: str, request_id: str, prompt: str) -> tuple[int, int]:
@@ -46,8 +35,8 @@ def cached_over_websocket(address: str, token: str, request_id: str, prompt: str
     return done["usage"]["cached_tokens"], done["usage"]["prompt_tokens"]
 
 
-def test_the_websocket_api_caches_per_user(two_users):
-    address, bob, carol = two_users
+def test_the_websocket_api_caches_per_user(limited_daphne):
+    address, bob, carol = two_users(limited_daphne, "ws")
     prompt = LONG + "What does the list type do?"
     first, prompt_tokens = cached_over_websocket(address, bob, "a", prompt)
     other, _ = cached_over_websocket(address, carol, "b", prompt)
@@ -57,8 +46,8 @@ def test_the_websocket_api_caches_per_user(two_users):
     assert other == 0, "another user's request found bob's cached prefix"
 
 
-def test_both_openai_endpoints_report_cached_tokens_per_user(two_users):
-    address, bob, carol = two_users
+def test_both_openai_endpoints_report_cached_tokens_per_user(limited_daphne):
+    address, bob, carol = two_users(limited_daphne, "http")
     bob_client = openai.OpenAI(base_url=f"http://{address}/v1", api_key=bob, max_retries=0)
     carol_client = openai.OpenAI(base_url=f"http://{address}/v1", api_key=carol, max_retries=0)
     prompt = "Over HTTP now. " + LONG + "How do I read a file line by line?"  # not the websocket test's prefix
