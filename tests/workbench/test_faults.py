@@ -32,8 +32,8 @@ from tests.cluster import ROOT, Cluster, RedisServer
 from workbench.serving.presence import WORKER_KEY, Heartbeat
 
 POISON = "poisoned row"  # tests/fault_worker.py's forward raises for a batch holding a prompt with this
-KV_BLOCKS = 6  # per worker: 96 tokens of KV, a few requests' worth (the preemption storm's pool)
-MAX_TOKENS = 24
+KV_BLOCKS = 5  # per worker: 80 tokens of KV, a few requests' worth (the preemption storm's pool)
+MAX_TOKENS = 16
 PROMPTS = ["The list type", "A dictionary is", "This module provides", "Return the number of",
            "If the file does not exist,", "The default value is", "Raise an exception when", "Each thread has",
            "The result is a", "Open the file and"]
@@ -89,14 +89,18 @@ class Stack:
             return db.execute("SELECT content, finish_reason, error FROM chat_message WHERE conversation_id = ? "
                               "AND role = 'assistant' ORDER BY id", (conversation,)).fetchall()
 
+    def metric(self, name: str) -> int:
+        """A counter summed over the live workers' heartbeats (workbench/serving/metrics.py)."""
+        return sum(int(beat.metrics.get(name, 0)) for beat in self.heartbeats().values())
+
     def nothing_twice(self) -> None:
         admissions = self.cluster.admissions()
         assert admissions and all(len(workers) == 1 for workers in admissions.values()), admissions
 
 
-def generate(request_id: str, prompt: str, max_tokens: int = MAX_TOKENS) -> str:
+def generate(request_id: str, prompt: str, max_tokens: int = MAX_TOKENS, **params) -> str:
     return json.dumps({"type": "generate", "request_id": request_id, "prompt": prompt,
-                       "params": {"max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}})
+                       "params": {"max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, **params}})
 
 
 async def answers(ws, request_ids, timeout: float = 60) -> dict[str, Answer]:
@@ -184,7 +188,7 @@ def stack(tmp_path_factory):
             cluster.start_workers(2)
             db_path = log_dir / "db.sqlite3"
             address, token = cluster.start_daphne(db_path)
-            session, conversations = operator_session(cluster.env, db_path, 4)
+            session, conversations = operator_session(cluster.env, db_path, 6)
             yield Stack(cluster, redis_server, address, token, session, conversations, db_path, solo.result())
         finally:
             cluster.stop()
@@ -229,7 +233,7 @@ async def _kill_a_worker(stack: Stack, round_: int) -> None:
     conversation = stack.conversations[round_]
     requests = {f"k{round_}-{i}": PROMPTS[i] for i in range(3)}
     async with stack.with_session(f"/ws/chat/{conversation}") as chat, stack.api() as api:
-        await chat_send(chat, "Tell me about lists", 80)
+        await chat_send(chat, "Tell me about lists", 48)
         assert json.loads(await chat.recv())["type"] == "started"
         for rid, prompt in requests.items():
             await api.send(generate(rid, prompt))
@@ -262,3 +266,144 @@ def _chat_holder(stack: Stack) -> str | None:
         if any(held.startswith("chat-") for held in beat.requests):
             return worker_id
     return None
+
+
+# -- 2. Redis stopped and started ---------------------------------------------------------------
+
+def test_redis_stopped_and_started_twice(stack):
+    for round_ in range(2):
+        asyncio.run(_redis_away(stack, round_))
+        serves_again(stack, f"redis{round_}", timeout=40)
+        stack.nothing_twice()
+
+
+async def _redis_away(stack: Stack, round_: int) -> None:
+    conversation = stack.conversations[2 + round_]
+    requests = {f"r{round_}-{i}": PROMPTS[i] for i in range(2)}
+    async with stack.with_session(f"/ws/chat/{conversation}") as chat, stack.api() as api:
+        await chat_send(chat, "Tell me about dicts", 48)
+        assert json.loads(await chat.recv())["type"] == "started"
+        for rid, prompt in requests.items():
+            await api.send(generate(rid, prompt))
+        first = json.loads(await asyncio.wait_for(chat.recv(), 30))
+        assert first["type"] == "delta", first
+        await asyncio.to_thread(stack.redis_server.stop)
+        stopped_at = time.monotonic()
+        try:
+            text, done = await chat_until_done(chat, timeout=ERROR_WITHIN_S)
+            assert done["finish_reason"] == "error", done
+            assert stack.stored_replies(conversation) == [(first["text"] + text, "error", done["error"])]
+            got = await answers(api, requests, timeout=ERROR_WITHIN_S)
+            assert all(a.ended_at - stopped_at < ERROR_WITHIN_S for a in got.values()), "a client waited too long"
+            assert_solo(stack, requests, got, may_fail=set(requests), code="worker_lost")
+            await api.send(generate(f"r{round_}-during", PROMPTS[2]))  # sent while Redis is away
+            during = (await answers(api, [f"r{round_}-during"], timeout=ERROR_WITHIN_S))[f"r{round_}-during"]
+            assert during.error in ("unavailable", "worker_lost"), during.end
+        finally:
+            await asyncio.to_thread(stack.redis_server.start)
+
+
+# -- 3. a forward that raises for one row -------------------------------------------------------
+
+def test_a_forward_that_raises_for_one_row_twice(stack):
+    for round_ in range(2):
+        asyncio.run(_poisoned_row(stack, round_))
+        stack.nothing_twice()
+        serves_again(stack, f"poison{round_}")
+
+
+async def _poisoned_row(stack: Stack, round_: int) -> None:
+    conversation = stack.conversations[4 + round_]
+    requests = {f"p{round_}-{i}": PROMPTS[i] for i in range(4)}
+    poison = f"p{round_}-poison"
+    async with stack.with_session(f"/ws/chat/{conversation}") as chat, stack.api() as api:
+        for rid, prompt in requests.items():
+            await api.send(generate(rid, prompt))
+        assert await wait_until(lambda: all(stack.holder(rid) for rid in requests))
+        await api.send(generate(poison, f"Here is a {POISON} for you"))  # while the others decode
+        await chat_send(chat, f"and a {POISON} in a chat", 16)
+        got = await answers(api, [*requests, poison])
+        assert got[poison].error == "engine_error" and "injected" in got[poison].end["message"], got[poison].end
+        assert_solo(stack, requests, got)  # not one of the rows batched with it is lost
+        _, done = await chat_until_done(chat)
+        assert done["finish_reason"] == "error" and "injected" in done["error"]
+        assert stack.stored_replies(conversation) == [("", "error", done["error"])]
+    admitted = stack.cluster.admissions()
+    poisoned_worker = next(w for rid, [w] in admitted.items() if f"-{poison}." in rid)
+    assert any(f"-{rid}." in engine_id and w == [poisoned_worker] for engine_id, w in admitted.items()
+               for rid in requests), "liveness: the poisoned row's worker served some of the others meanwhile"
+
+
+# -- 4. the device loop's kill switch flipped mid-burst ------------------------------------------
+
+def test_the_kill_switch_flipped_mid_burst_twice(stack):
+    for round_ in range(2):
+        asyncio.run(_kill_switch(stack, round_))
+        bursts_rearmed = stack.metric("device_loop_bursts")
+        serves_again(stack, f"switch{round_}")
+        assert stack.metric("device_loop_bursts") > bursts_rearmed, "re-armed, the loop bursts again"
+        stack.nothing_twice()
+
+
+async def _set_flag(dashboard, value: bool) -> dict:
+    await dashboard.send(json.dumps({"type": "set_flag", "id": value, "name": "ARC_DEVICE_LOOP_KILLED", "value": value}))
+    while True:
+        frame = json.loads(await asyncio.wait_for(dashboard.recv(), 20))
+        if frame["type"] in ("flag_result", "error") and frame.get("id") == value:
+            return frame
+
+
+async def _kill_switch(stack: Stack, round_: int) -> None:
+    requests = {f"s{round_}-{i}": PROMPTS[i] for i in range(4)}
+    bursts_before = stack.metric("device_loop_bursts")
+    async with stack.with_session("/ws/ops/dashboard") as dashboard, stack.api() as api:
+        for rid, prompt in requests.items():
+            await api.send(generate(rid, prompt))
+        assert await wait_until(lambda: stack.metric("device_loop_bursts") > bursts_before), \
+            "liveness: the device loop bursts (tokens are parked) before the switch"
+        killed = await _set_flag(dashboard, True)
+        assert killed["type"] == "flag_result" and len(killed["answers"]) == 2, killed
+        assert all(a["in_force"]["ARC_DEVICE_LOOP_KILLED"] for a in killed["answers"].values()), killed
+        got = await answers(api, requests)
+        assert_solo(stack, requests, got)  # host decode took over without a token lost, doubled or mixed
+        rearmed = await _set_flag(dashboard, False)
+        assert all(not a["in_force"]["ARC_DEVICE_LOOP_KILLED"] for a in rearmed["answers"].values()), rearmed
+
+
+# -- 5. a KV pool small enough for a preemption storm --------------------------------------------
+
+def test_a_preemption_storm_twice(stack):
+    for round_ in range(2):
+        preempted = stack.metric("preemptions")
+        requests = {f"storm{round_}-{i}": prompt for i, prompt in enumerate(PROMPTS[:8])}
+        assert_solo(stack, requests, asyncio.run(ask(stack, requests, timeout=120)))
+        assert stack.metric("preemptions") > preempted, f"liveness: {KV_BLOCKS} blocks a worker preempt"
+        stack.nothing_twice()
+
+
+# -- 6. a client that stops reading --------------------------------------------------------------
+
+def test_a_client_that_stops_reading_twice(stack):
+    for round_ in range(2):
+        asyncio.run(_slow_consumer(stack, round_))
+        stack.nothing_twice()
+
+
+async def _slow_consumer(stack: Stack, round_: int) -> None:
+    host, port = stack.address.split(":")
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)  # the kernel's buffer fills at once
+    sock.connect((host, int(port)))
+    slow_id, requests = f"slow{round_}", {f"f{round_}-{i}": PROMPTS[i] for i in range(1, 4)}
+    # max_queue=1: the client library stops reading the socket as soon as one frame waits unread.
+    async with stack.api(sock=sock, max_queue=1) as slow, stack.api() as fast:
+        # Top-20 logprobs make each delta frame ~1 KB: the reply outgrows every buffer on the way.
+        await slow.send(generate(slow_id, PROMPTS[0], logprobs=20))
+        assert await wait_until(lambda: stack.holder(slow_id)), "liveness: the slow one runs"
+        for rid, prompt in requests.items():
+            await fast.send(generate(rid, prompt))
+        assert_solo(stack, requests, await answers(fast, requests))  # unaffected by the one not reading
+        # Bounded: its worker is done with it while nobody reads; it holds no engine slot.
+        assert await wait_until(lambda: stack.holder(slow_id) is None, timeout=30)
+        got = await answers(slow, [slow_id])
+        assert_solo(stack, {slow_id: PROMPTS[0]}, got)  # reading at last, it gets all of it, in order
