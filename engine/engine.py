@@ -44,7 +44,7 @@ from engine.scheduler import SchedulerLimits, make_scheduler
 from engine.sequence import (Done, Error, FinishedAborted, FinishedIgnored, RunningCompletion, RunningPrompt,
                              Sequence, StopReason)
 from engine.stats import EngineStats
-from engine.step_data import NOTHING_RAN, RunnerOutput
+from engine.step_data import NOTHING_RAN, RunnerOutput, ScheduledBatch
 
 log = logging.getLogger(__name__)
 
@@ -217,19 +217,49 @@ class Engine:
                 seq.timings.first_scheduled = now
         requests = [self._requests[seq.request_id] for seq in seqs]
         try:
-            self.last_step = self.runner.run(batch, [SampleRequest(r.seq.params, r.seq.prompt_ids, r.seq.output_ids,
-                                                                   r.generator, r.constraint,
-                                                                   self._suppressed(r.seq))
-                                                     for r in requests])
+            self.last_step = self.runner.run(batch, [self._sample_request(r) for r in requests])
         except Exception as exc:  # one bad step must not take the engine down with it
             log.exception("forward failed for %d sequence(s)", len(seqs))
-            if isinstance(exc, AliasedLogitsError):
+            if isinstance(exc, AliasedLogitsError):  # the step's bookkeeping is wrong: no row's token is trusted
                 self.leak_events.record(ALIASED_LOGITS, str(exc))
+            elif len(requests) > 1:
+                return outputs + self._rows_alone(requests)
             for request in requests:
                 request.seq.set_state(Error(f"forward failed: {type(exc).__name__}: {exc}"))
             return outputs + [self._finish(request) for request in requests]
         for request, row in zip(requests, self.last_step.rows):
             outputs.append(self._postprocess(request, row.token, row.logprob))
+        return outputs
+
+    def _sample_request(self, request: _Request) -> SampleRequest:
+        seq = request.seq
+        return SampleRequest(seq.params, seq.prompt_ids, seq.output_ids, request.generator, request.constraint,
+                             self._suppressed(seq))
+
+    def _rows_alone(self, requests: list[_Request]) -> list[RequestOutput]:
+        """A batched forward raised: run each row alone, so that only a row whose own forward raises
+        errors, and the rest of the batch gets its token as if nothing happened (a request with a
+        poisoned input must not cost everyone batched with it their answers; issue 20). Safe to
+        repeat: a forward only writes the KV slots of the tokens it feeds, and a retry feeds the same
+        tokens at the same positions; nothing was sampled (the failed step committed nothing). The
+        device loop stands down for these rows first: the failed step may have taken parked tokens or
+        half-run a burst, and a one-row batch reads the parked queue at row 0 (the owner tag would
+        drop every other row's queue as foreign); host decode recomputes what was parked."""
+        for request in requests:
+            self.device_loop.stand_down(request.seq)
+        outputs, rows = [], []
+        for request in requests:
+            try:
+                step = self.runner.run(ScheduledBatch((request.seq,)), [self._sample_request(request)])
+            except Exception as exc:
+                log.warning("forward failed for %s alone: %s: %s", request.seq.request_id, type(exc).__name__, exc)
+                request.seq.set_state(Error(f"forward failed: {type(exc).__name__}: {exc}"))
+                outputs.append(self._finish(request))
+                continue
+            [row] = step.rows
+            rows.append(row)
+            outputs.append(self._postprocess(request, row.token, row.logprob))
+        self.last_step = RunnerOutput(tuple(rows))
         return outputs
 
     def _postprocess(self, request: _Request, token: int, logprob: TokenLogprob | None) -> RequestOutput:

@@ -103,7 +103,9 @@ class RedisServer:
 class Cluster:
     """Workers (and optionally a Daphne) for one queue prefix on one Redis."""
 
-    def __init__(self, redis_url: str, log_dir: Path, **env) -> None:
+    def __init__(self, redis_url: str, log_dir: Path, app: str = "workbench", **env) -> None:
+        """`app`: the Celery app the workers run (tests/fault_worker.py's for the fault tests)."""
+        self.app = app
         self.prefix = f"wbtest-{uuid.uuid4().hex[:8]}"
         self.log_dir = log_dir
         self.env = {**os.environ, "DJANGO_SETTINGS_MODULE": "workbench.settings", "REDIS_URL": redis_url,
@@ -116,7 +118,7 @@ class Cluster:
         started = []
         for _ in range(count):
             log = open(self.log_dir / f"worker-{len(self.workers)}.log", "w")
-            process = subprocess.Popen([sys.executable, "-m", "celery", "-A", "workbench", "worker", "--pool", "solo",
+            process = subprocess.Popen([sys.executable, "-m", "celery", "-A", self.app, "worker", "--pool", "solo",
                                         "--without-mingle", "--without-gossip", "--loglevel", "INFO"],
                                        env=self.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
             process.log_path = log.name

@@ -1,0 +1,51 @@
+"""A Celery GPU worker with fault hooks, for the fault-injection tests (tests/workbench/test_faults.py).
+
+    celery -A tests.fault_worker worker --pool solo ...
+
+It is the workbench's own worker (workbench/celery.py, imported whole: same signals, same engine host),
+with two hooks that the engine has no switch for, set from the environment at start:
+
+- FAULT_POISON: a forward raises whenever its batch holds a sequence whose prompt contains this text
+  (a row whose input breaks the forward: a bad kernel input, a device assert), so the others in the
+  batch see what a real forward error does to them;
+- FAULT_KV_BLOCKS: the KV pool's size in blocks, small enough for a preemption storm.
+
+Test code only: nothing in workbench/ or engine/ imports it.
+"""
+
+from __future__ import annotations
+
+import os
+
+from engine.engine_config import EngineConfig
+from engine.runner import ModelRunner
+from workbench.celery import app
+
+__all__ = ["app"]
+
+POISON = os.environ.get("FAULT_POISON", "")
+KV_BLOCKS = int(os.environ.get("FAULT_KV_BLOCKS", "0"))
+
+
+class PoisonedForward(RuntimeError):
+    """The injected forward error."""
+
+
+if POISON:
+    _forward = ModelRunner.forward
+
+    def _poisoned_forward(self, seqs):
+        tokenizer = self.loaded.tokenizer
+        if any(POISON in tokenizer.decode(seq.prompt_ids) for seq in seqs):
+            raise PoisonedForward(f"injected: a row's prompt holds {POISON!r}")
+        return _forward(self, seqs)
+
+    ModelRunner.forward = _poisoned_forward
+
+if KV_BLOCKS:
+    _from_env = EngineConfig.from_env.__func__
+
+    def _small_pool(cls, **overrides):
+        return _from_env(cls, **{**overrides, "num_kv_blocks": KV_BLOCKS})
+
+    EngineConfig.from_env = classmethod(_small_pool)
