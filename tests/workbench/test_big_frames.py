@@ -55,8 +55,32 @@ def big_generate(size: int) -> str:
     return json.dumps({"type": "generate", "request_id": "big", "prompt": "x" * size})
 
 
+def frame_of(size: int, pad: str = "x") -> str:
+    """A cancel frame of exactly `size` UTF-8 bytes (padded with `pad`, 1 or 2 bytes a character):
+    one the server parses is answered with unknown_request_id, so what a size gets says which side of
+    the frame limit it fell on, without a generation."""
+    head = '{"type": "cancel", "request_id": "nope", "pad": "'
+    room = size - len(head.encode()) - 2
+    width = len(pad.encode())
+    text = head + pad * (room // width) + "x" * (room % width) + '"}'
+    assert len(text.encode()) == size
+    return text
+
+
+# Every size class up to the socket limit, and each limit's edge to the byte; all on one socket.
+REFUSED_WHOLE = [1 * MB, 2 * MB, 4 * MB, 8 * MB, SOCKET_LIMIT - 1, SOCKET_LIMIT]
+PAST_THE_SOCKET_LIMIT = [SOCKET_LIMIT + 1, 32 * MB, 64 * MB]
+
+
 def test_frames_up_to_the_socket_limit_are_refused_whole_and_the_socket_goes_on(server):
     address, token = server
+    # (frame, the error code it must get), in the order sent
+    sent = [(frame_of(FRAME_LIMIT - 1), "unknown_request_id"), (frame_of(FRAME_LIMIT), "unknown_request_id"),
+            (frame_of(FRAME_LIMIT + 1), "frame_too_large"),
+            # Counted in bytes, not characters: fewer characters than the limit, more bytes.
+            (frame_of(FRAME_LIMIT + 1, pad="\u00e9"), "frame_too_large"),
+            *[(frame_of(size), "frame_too_large") for size in REFUSED_WHOLE],
+            (big_generate(3 * MB), "frame_too_large")]
 
     async def run() -> tuple[list[dict], list[dict]]:
         async with connect(address, token) as ws:
@@ -64,11 +88,11 @@ def test_frames_up_to_the_socket_limit_are_refused_whole_and_the_socket_goes_on(
             await ws.send(json.dumps({"type": "generate", "request_id": "running", "prompt": "The list type",
                                       "params": LONGER}))
             refused = []
-            for size in (1 * MB, 2 * MB, 16 * MB):
-                await ws.send(big_generate(size))
+            for text, _ in sent:
+                await ws.send(text)
             frames = []
-            while len(refused) < 3:
-                frame = json.loads(await asyncio.wait_for(ws.recv(), 30))
+            while len(refused) < len(sent):
+                frame = json.loads(await asyncio.wait_for(ws.recv(), 60))
                 (refused if frame["type"] == "error" else frames).append(frame)
             await ws.send(json.dumps({"type": "generate", "request_id": "after", "prompt": "A dictionary is",
                                       "params": GREEDY}))
@@ -78,28 +102,42 @@ def test_frames_up_to_the_socket_limit_are_refused_whole_and_the_socket_goes_on(
             return refused, frames
 
     refused, frames = asyncio.run(run())
-    assert [(e["code"], e["request_id"]) for e in refused] == [("frame_too_large", None)] * 3, refused
-    assert all(str(FRAME_LIMIT) in e["message"] for e in refused), refused
+    assert [e["code"] for e in refused] == [code for _, code in sent], refused
+    too_large = [e for e in refused if e["code"] == "frame_too_large"]
+    assert all(e["request_id"] is None and str(FRAME_LIMIT) in e["message"] for e in too_large), too_large
+    assert all(e["request_id"] == "nope" for e in refused if e["code"] == "unknown_request_id"), refused
     assert tokens(frames, "running") == solo("The list type", 16), "the request already running is untouched"
     assert tokens(frames, "after") == solo("A dictionary is", 8), "the socket takes requests after them"
+
+
+def fragments(size: int, piece: int = MB):
+    """One text message of `size` bytes sent as many websocket frames (each far under the limit):
+    the limit is on the message, whatever its frames."""
+    text = frame_of(size)
+    return (text[i:i + piece] for i in range(0, size, piece))
 
 
 def test_a_message_past_the_socket_limit_closes_with_1009_naming_it_and_others_go_on(server):
     address, token = server
 
-    async def run() -> tuple[websockets.ConnectionClosed, list[dict]]:
+    async def run() -> tuple[list[websockets.ConnectionClosed], list[dict]]:
+        closes = []
         async with connect(address, token) as other:
             await other.send(json.dumps({"type": "generate", "request_id": "other", "prompt": "The list type",
                                          "params": LONGER}))
-            async with connect(address, token) as ws:
-                with pytest.raises(websockets.ConnectionClosed) as closed:
-                    await ws.send(big_generate(64 * MB))
-                    await asyncio.wait_for(ws.recv(), 30)
-            return closed.value, await until_done(other, "other")
+            for message in [*(big_generate(size) for size in PAST_THE_SOCKET_LIMIT), frame_of(SOCKET_LIMIT + 1),
+                            fragments(20 * MB)]:
+                async with connect(address, token) as ws:
+                    with pytest.raises(websockets.ConnectionClosed) as closed:
+                        await ws.send(message)
+                        await asyncio.wait_for(ws.recv(), 30)
+                closes.append(closed.value)
+            return closes, await until_done(other, "other")
 
-    closed, others = asyncio.run(run())
-    assert closed.rcvd is not None, "the server sent no close frame: the connection was dropped"
-    assert closed.rcvd.code == 1009 and str(SOCKET_LIMIT) in closed.rcvd.reason, closed.rcvd
+    closes, others = asyncio.run(run())
+    for closed in closes:
+        assert closed.rcvd is not None, "the server sent no close frame: the connection was dropped"
+        assert closed.rcvd.code == 1009 and str(SOCKET_LIMIT) in closed.rcvd.reason, closed.rcvd
     assert tokens(others, "other") == solo("The list type", 16), "another socket's request is untouched"
 
 
