@@ -33,7 +33,7 @@ function openEditor(article) {
   const form = document.createElement("form");
   form.className = "edit-form";
   const id = `edit-${++editors}`;
-  form.innerHTML = `<label for="${id}" class="visually-hidden">Edit your message</label>
+  form.innerHTML = `<label for="${id}" class="visually-hidden">Edited message</label>
     <textarea id="${id}" rows="3" maxlength="20000"></textarea>
     <p class="hint">Enter sends the new words, a new branch from here (the old one is kept) · Esc cancels</p>
     <div class="buttons"><button type="submit" class="edit-send">Save and send</button>
