@@ -12,8 +12,8 @@ from django.db import migrations
 
 def link(apps, schema_editor):
     Message = apps.get_model("chat", "Message")
-    last_shown = {}  # conversation id -> the last message shown so far
-    last_user = {}
+    last_shown: dict[int, int] = {}  # conversation id -> the last message shown so far
+    last_user: dict[int, int] = {}
     for message in Message.objects.order_by("conversation_id", "created_at", "id").iterator():
         key = message.conversation_id
         if message.reply_to_id is None:
