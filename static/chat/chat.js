@@ -1,5 +1,5 @@
-// The chat page: streams a reply over /ws/chat/<id>, token by token; stop, regenerate, edit; the
-// composer's keys (Enter sends, Shift+Enter is a newline, Esc stops).
+// The chat page: streams a reply over /ws/chat/<id>, token by token; stop, regenerate (editing a message
+// is static/chat/edit.js); the composer's keys (Enter sends, Shift+Enter is a newline, Esc stops).
 "use strict";
 
 const chat = document.getElementById("chat");
@@ -62,6 +62,7 @@ function addMessage(role, text) {
   if (role === "assistant") renderMarkdown(content, text); else content.textContent = text;
   article.appendChild(content);
   addCopyMessageButton(article);
+  if (role === "user") addEditButton(article);
   messages.appendChild(article);
   article.scrollIntoView({block: "end"});
   return {article, content, text};
@@ -87,6 +88,11 @@ function params() {
 
 function handle(frame) {
   if (frame.type === "started") {
+    // Before the reply's article is added: an edit (edit.js) takes the messages after the one reworded off.
+    chat.dispatchEvent(new CustomEvent("chat:started", {detail: frame}));
+    // The user message answered (just sent, just reworded, or regenerated): its id, to edit it, and versions.
+    const asked = pending ? pending.article : [...messages.querySelectorAll("[data-role=user]")].pop();
+    if (frame.asked && asked) setVersions(asked, frame.asked.message_id, frame.asked.versions);
     pending = null;
     reply = addMessage("assistant", "");
     reply.article.dataset.streaming = "true";
@@ -122,6 +128,7 @@ function handle(frame) {
     statusLine.textContent = "";
     chat.dispatchEvent(new CustomEvent("chat:done", {detail: frame}));  // for conversations.js
   } else if (frame.type === "error") {
+    chat.dispatchEvent(new CustomEvent("chat:error", {detail: frame}));  // for edit.js
     if (reply) renderReply();
     statusLine.textContent = `Error: ${frame.message}`;
     if (pending && !reply && NOT_STORED.has(frame.code)) {
@@ -176,15 +183,6 @@ stopButton.addEventListener("click", () => socket.send(JSON.stringify({type: "st
 document.getElementById("regenerate").addEventListener("click", () => {
   const last = messages.lastElementChild;
   if (send({type: "regenerate"}) && last && last.dataset.role === "assistant") last.remove();
-});
-document.getElementById("edit-last").addEventListener("click", () => {
-  const users = messages.querySelectorAll("[data-role=user]");
-  if (!users.length) return;
-  const lastUser = users[users.length - 1];
-  const text = prompt("Edit your last message", lastUser.querySelector(".content").textContent.trim());
-  if (text === null || !text.trim() || !send({type: "edit", content: text})) return;
-  while (lastUser.nextElementSibling) lastUser.nextElementSibling.remove();
-  lastUser.querySelector(".content").textContent = text;
 });
 
 setBusy(true);

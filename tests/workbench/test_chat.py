@@ -203,9 +203,9 @@ async def test_a_conversation_longer_than_the_model_is_answered_from_its_newest_
     conversation = await sync_to_async(Conversation.objects.create)(owner=users[0])
 
     def seed() -> None:
-        Message.objects.create(conversation=conversation, role="user", content="tell me " * 400)
+        asked = Message.objects.create(conversation=conversation, role="user", content="tell me " * 400)
         Message.objects.create(conversation=conversation, role="assistant", content="", finish_reason="error",
-                               error="prompt too long")
+                               error="prompt too long", reply_to=asked)
 
     await sync_to_async(seed)()
     ws = WebsocketCommunicator(as_user(users[0]), f"/ws/chat/{conversation.pk}")

@@ -20,9 +20,9 @@ def owned(django_user_model):
     bob = django_user_model.objects.create_user("bob", password="pw-bob-123")
     conversation = Conversation.objects.create(owner=alice, title="Alice's plans", system_prompt="Be terse.",
                                                sampling={"temperature": 0.2})
-    Message.objects.create(conversation=conversation, role="user", content="Where is the hidden key?")
+    asked = Message.objects.create(conversation=conversation, role="user", content="Where is the hidden key?")
     Message.objects.create(conversation=conversation, role="assistant", content="Under the blue stone.",
-                           finish_reason="stop", prompt_tokens=12, completion_tokens=5)
+                           finish_reason="stop", prompt_tokens=12, completion_tokens=5, reply_to=asked)
     return alice, bob, conversation
 
 

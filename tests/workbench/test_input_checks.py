@@ -112,19 +112,30 @@ def test_send_stores_the_message_titles_the_conversation_and_keeps_the_claim(con
     assert conversation.take_turn("send", "again") is not None
 
 
-@pytest.mark.django_db
-def test_regenerate_sets_the_replies_to_the_last_message_aside_and_edit_drops_them(conversation):
-    for role, content in (("user", "one"), ("assistant", "first answer"), ("user", "two"), ("assistant", "a"),
-                          ("assistant", "b")):
-        Message.objects.create(conversation=conversation, role=role, content=content)
-    history, claim = conversation.take_turn("regenerate", None)
-    assert turns(conversation) == [("user", "one"), ("assistant", "first answer"), ("user", "two")]
-    assert history == [{"role": r, "content": c} for r, c in turns(conversation)]
+def answered(conversation: Conversation, turn: str, content: str | None, reply: str,
+             message_id: int | None = None) -> list[dict[str, str]]:
+    history, claim = conversation.take_turn(turn, content, message_id) or pytest.fail("nothing to answer")
+    conversation.add_reply(content=reply, finish_reason="stop")
     conversation.release_reply(claim)
-    Message.objects.create(conversation=conversation, role="assistant", content="c")
-    _, claim = conversation.take_turn("edit", "two, reworded")
+    return history
+
+
+@pytest.mark.django_db
+def test_regenerate_sets_the_replies_to_the_last_message_aside_and_edit_keeps_them_on_a_branch(conversation):
+    answered(conversation, "send", "one", "first answer")
+    answered(conversation, "send", "two", "a")
+    history, claim = conversation.take_turn("regenerate", None) or pytest.fail("nothing to answer")
+    assert history == [{"role": "user", "content": "one"}, {"role": "assistant", "content": "first answer"},
+                       {"role": "user", "content": "two"}]
+    assert turns(conversation)[-1] == ("assistant", "a"), "shown until the new version is stored"
+    conversation.add_reply(content="b", finish_reason="stop")
+    conversation.release_reply(claim)
+    assert turns(conversation) == [("user", "one"), ("assistant", "first answer"), ("user", "two"), ("assistant", "b")]
+    history, claim = conversation.take_turn("edit", "two, reworded") or pytest.fail("nothing to answer")
     assert turns(conversation) == [("user", "one"), ("assistant", "first answer"), ("user", "two, reworded")]
-    assert conversation.messages.count() == 3, "an edit drops every version of the replies to the old words"
+    assert history == [{"role": r, "content": c} for r, c in turns(conversation)]
+    assert conversation.messages.count() == 6, "an edit keeps the old words and both versions of their reply"
+    conversation.release_reply(claim)
 
 
 @pytest.mark.django_db

@@ -4,12 +4,15 @@ Only the conversation's owner connects (anyone else is refused before accept). T
 stored before generation starts; the reply is stored when it ends, also when stopped (with the partial
 text and finish_reason "canceled") or when it fails ("error"). Thin on purpose: frames are checked by
 workbench/chat/frames.py, what a turn does to the conversation is Conversation.take_turn, and errors
-go out through the one error path of workbench/api/json_socket.py.
+go out through the one error path of workbench/api/json_socket.py, except those of a reply under way:
+they go out as its frames do (LiveReply.publish), to every socket following it and after every delta
+before them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from datetime import datetime
 
@@ -21,9 +24,13 @@ from engine.tokenizer import TokenizerError
 from workbench.api.json_socket import FrameError, JsonSocketConsumer
 from workbench.chat import frames, live, versions
 from workbench.chat.fitting import fitted_prompt
-from workbench.chat.models import Conversation, Message, ReplyUnderWay, Turn
+from workbench.chat.models import Conversation, Message, NotShown, ReplyUnderWay, Turn
 from workbench.serving import bridge, limits
 from workbench.serving.streams import StreamEvent
+
+log = logging.getLogger(__name__)
+# Sent to every socket following a reply to a conversation deleted meanwhile, each then closed.
+GONE: live.Frame = {"type": "error", "code": "conversation_gone", "message": "this conversation was deleted"}
 
 
 class ChatConsumer(JsonSocketConsumer):
@@ -46,7 +53,11 @@ class ChatConsumer(JsonSocketConsumer):
 
     async def _pump(self) -> None:
         while True:
-            await self.send_json(await self.outbox.get())
+            frame = await self.outbox.get()
+            await self.send_json(frame)
+            if frame is GONE:
+                await self.close(code=4404)
+                return
 
     @database_sync_to_async
     def _conversation(self) -> Conversation | None:
@@ -89,10 +100,11 @@ class ChatConsumer(JsonSocketConsumer):
             return
         message = await database_sync_to_async(
             lambda: self.conversation.shown_messages().filter(role="assistant").last())()
+        # Through the outbox, behind any frame of a reply this socket followed that is still to go out.
         if message is None:
-            await self.send_json({"type": "done", "content": None})
+            self.outbox.put_nowait({"type": "done", "content": None})
             return
-        await self.send_json({"type": "done", "content": message.content, **await self._done_fields(message)})
+        self.outbox.put_nowait({"type": "done", "content": message.content, **await self._done_fields(message)})
 
     async def receive_json(self, content: dict[str, object], **kwargs: object) -> None:
         kind = frames.kind(content)
@@ -112,6 +124,7 @@ class ChatConsumer(JsonSocketConsumer):
             await self.close(code=4401)
             return
         text, params = frames.turn_request(kind, content)
+        edited = frames.edited_message(content) if kind == "edit" else None
         user = self.scope["user"]
         assert user is not None  # connect refused a socket without one
         # Admitted before the turn is taken: a refused one stores nothing.
@@ -120,7 +133,7 @@ class ChatConsumer(JsonSocketConsumer):
         except limits.Refused as exc:
             raise FrameError(exc.code, exc.message, retry_after=exc.retry_after) from None
         try:
-            prepared = await self._take_turn(kind, text)
+            prepared = await self._take_turn(kind, text, edited)
         except BaseException:
             admission.release()
             raise
@@ -136,13 +149,24 @@ class ChatConsumer(JsonSocketConsumer):
         under_way.follow(self.outbox.put_nowait, 0)
         self.generation = asyncio.create_task(self._generate(under_way, engine_id, *prepared, params, admission))
 
-    async def _take_turn(self, turn: Turn, text: str | None) -> tuple[list[dict[str, str]], datetime] | None:
-        """The history to answer and the conversation's claim; None once the page has been told why not."""
+    async def _take_turn(self, turn: Turn, text: str | None, edited: int | None,
+                         ) -> tuple[list[dict[str, str]], datetime, dict[str, object]] | None:
+        """The history to answer, the conversation's claim, and the user message answered (its id and
+        versions, for the page's `started` frame); None once the page has been told why not."""
+        def take() -> tuple[list[dict[str, str]], datetime, dict[str, object]] | None:
+            taken = self.conversation.take_turn(turn, text, edited)
+            if taken is None:
+                return None
+            asked = versions.shown(self.conversation)
+            last = next(s for s in reversed(asked) if s.message.role == "user")
+            return (*taken, {"message_id": last.message.pk, "versions": last.as_frame()})
         try:
-            prepared = await database_sync_to_async(self.conversation.take_turn)(turn, text)
+            prepared = await database_sync_to_async(take)()
         except ReplyUnderWay:
             raise FrameError("busy", "a reply to this conversation is being generated (in another tab?); "
                                      "wait for it or stop it there") from None
+        except NotShown as exc:
+            raise FrameError("invalid_request", str(exc)) from None
         except Conversation.DoesNotExist:
             await self._gone()
             return None
@@ -156,23 +180,28 @@ class ChatConsumer(JsonSocketConsumer):
         return prepared
 
     async def _generate(self, under_way: live.LiveReply, engine_id: str, history: list[dict[str, str]],
-                        claim: datetime, params: SamplingParams, admission: limits.Admission) -> None:
+                        claim: datetime, asked: dict[str, object], params: SamplingParams,
+                        admission: limits.Admission) -> None:
         try:
-            await self._answer(under_way, engine_id, history, params, admission)
+            await self._answer(under_way, engine_id, history, asked, params, admission)
+        except Exception:  # a bug: the pages following the reply are told, instead of waiting for ever
+            log.exception("a chat reply failed")
+            under_way.publish({"type": "error", "code": "internal_error",
+                               "message": "the server failed on this reply (it is logged)"})
         finally:
             admission.release()  # its stream's end released it already, unless it never reached the transport
             live.end(self.conversation.pk, under_way)
             await database_sync_to_async(self.conversation.release_reply)(claim)
 
     async def _answer(self, under_way: live.LiveReply, engine_id: str, history: list[dict[str, str]],
-                      params: SamplingParams, admission: limits.Admission) -> None:
+                      asked: dict[str, object], params: SamplingParams, admission: limits.Admission) -> None:
         transport = await bridge.transport_from_loop()
         try:
             prompt = await asyncio.to_thread(fitted_prompt, transport.tokenizer, history)  # long ones take a while
         except TokenizerError as exc:
-            await self.send_error("invalid_request", str(exc))
+            under_way.publish({"type": "error", "code": "invalid_request", "message": str(exc)})
             return
-        under_way.publish({"type": "started"})
+        under_way.publish({"type": "started", "asked": asked})
         text, event = "", StreamEvent()
         stream = admission.submit(transport, engine_id, prompt, params)
         if self.stop_asked:
@@ -186,7 +215,7 @@ class ChatConsumer(JsonSocketConsumer):
         except DatabaseError:
             if await self._exists():
                 raise
-            await self._gone()  # deleted while it was answered
+            under_way.publish(GONE)  # deleted while it was answered
             return
         under_way.publish({"type": "done", "message_id": message.pk, "finish_reason": event.finish_reason,
                            "error": event.error, "usage": event.usage, "timings": event.timings,
@@ -221,8 +250,7 @@ class ChatConsumer(JsonSocketConsumer):
         return Conversation.objects.filter(pk=self.conversation.pk).exists()
 
     async def _gone(self) -> None:
-        await self.send_error("conversation_gone", "this conversation was deleted")
-        await self.close(code=4404)
+        self.outbox.put_nowait(GONE)  # the pump closes the socket once it has sent it
 
     @database_sync_to_async
     def _store_reply(self, text: str, event: StreamEvent) -> Message:

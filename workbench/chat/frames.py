@@ -4,10 +4,12 @@ rules every API shares (workbench/api/request_input.py).
 
     <- {"type": "send", "content": "...", "params": {...}}   a new message, answered
     <- {"type": "regenerate", "params": {...}}               the last message answered again (a new version)
-    <- {"type": "edit", "content": "...", "params": {...}}   the last message reworded, answered again
+    <- {"type": "edit", "message_id": N, "content": "...", "params": {...}}
+                                                             a user message shown (default: the last) reworded,
+                                                             a new branch from there, answered
     <- {"type": "stop"}
     <- {"type": "resume", "from_offset": N}                   follow the reply under way from token offset N
-    -> started, delta {index, text}, done {message_id, finish_reason, error, usage, timings, title, versions},
+    -> started {asked: {message_id, versions}}, delta {index, text}, done {message_id, finish_reason, error, usage, timings, title, versions},
        error {code, message}
 """
 
@@ -46,6 +48,16 @@ def turn_request(turn: Turn, frame: dict[str, object]) -> tuple[str | None, Samp
     if not isinstance(content, str) or not content.strip() or len(content) > MAX_MESSAGE_CHARS:
         raise FrameError("invalid_request", f"content must be 1-{MAX_MESSAGE_CHARS} characters of text")
     return content, params
+
+
+def edited_message(frame: dict[str, object]) -> int | None:
+    """The id of the user message an `edit` rewords; None: the last one shown."""
+    message_id = frame.get("message_id")
+    if message_id is None:
+        return None
+    if not isinstance(message_id, int) or isinstance(message_id, bool) or message_id < 1:
+        raise FrameError("invalid_request", "message_id must be the id of a message of yours shown here")
+    return message_id
 
 
 def resume_offset(frame: dict[str, object]) -> int:

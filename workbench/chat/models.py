@@ -8,22 +8,27 @@ from datetime import datetime, timedelta
 from typing import Literal
 
 from django.conf import settings
-from django.db import models
+from django.db import models, transaction
 from django.utils import timezone
 
+from workbench.chat import branches
 from workbench.chat.titles import DEFAULT_TITLE, title_from
 
 
 # A reply's claim on its conversation outlives a server that died mid-reply by at most this long.
 REPLY_CLAIM_STALE = timedelta(minutes=10)
 
-# What a user may ask of a conversation: a new message, another reply to the last one, or the last one
-# reworded and answered again.
+# What a user may ask of a conversation: a new message, another reply to the last one, or one of its
+# messages reworded (a new branch from there) and answered again.
 Turn = Literal["send", "regenerate", "edit"]
 
 
 class ReplyUnderWay(Exception):
     """Another reply to this conversation is being generated (any tab, any web process)."""
+
+
+class NotShown(Exception):
+    """An edit named a message that is no user message of the branch shown."""
 
 
 class Conversation(models.Model):
@@ -71,76 +76,102 @@ class Conversation(models.Model):
     def release_reply(self, claim: datetime) -> None:
         Conversation.objects.filter(pk=self.pk, replying_since=claim).update(replying_since=None)
 
-    def take_turn(self, turn: Turn, content: str | None) -> tuple[list[dict[str, str]], datetime] | None:
+    def take_turn(self, turn: Turn, content: str | None, message_id: int | None = None,
+                  ) -> tuple[list[dict[str, str]], datetime] | None:
         """Claim the conversation for a reply and apply the user's turn to it; returns the history to
         answer and the claim (release it once the reply is stored), or None if there is nothing to
-        answer (a regenerate or edit before any message). ReplyUnderWay if a reply is under way (any
-        tab); Conversation.DoesNotExist if the conversation is gone. The claim is released unless a
-        reply is to follow."""
+        answer (a regenerate or edit before any message). An edit rewords the user message
+        `message_id` (default: the last one shown) as a new version of it, a new branch from there.
+        ReplyUnderWay if a reply is under way (any tab); Conversation.DoesNotExist if the
+        conversation is gone; NotShown if `message_id` is no user message the page shows. The claim
+        is released unless a reply is to follow."""
         claim = self.claim_reply()
         if claim is None:
             raise ReplyUnderWay
         history = None
         try:
             self.refresh_from_db(fields=["system_prompt"])  # saved from the page since the socket opened
-            history = self._apply(turn, content)
+            with transaction.atomic():
+                history = self._apply(turn, content, message_id)
         finally:
             if history is None:
                 self.release_reply(claim)
         return None if history is None else (history, claim)
 
-    def _apply(self, turn: Turn, content: str | None) -> list[dict[str, str]] | None:
+    def _apply(self, turn: Turn, content: str | None, message_id: int | None) -> list[dict[str, str]] | None:
+        shown = list(self.shown_messages())
         if turn == "send":
             if content is None or not content.strip():
                 raise ValueError("a message needs its text")  # the socket checks it first (chat/frames.py)
-            self.messages.create(role="user", content=content)
-        elif not self._rewind(content if turn == "edit" else None):
-            return None
+            shown.append(self.messages.create(role="user", content=content, reply_to=shown[-1] if shown else None))
+        elif turn == "regenerate":
+            # The earlier replies stay shown until the new one is stored (add_reply sets them aside).
+            at = _last_user(shown)
+            if at is None:
+                return None
+            shown = shown[:at + 1]
+        else:
+            at = _last_user(shown) if message_id is None else next(
+                (n for n, m in enumerate(shown) if m.pk == message_id and m.role == "user"), None)
+            if at is None:
+                if message_id is None:
+                    return None
+                raise NotShown(f"message {message_id} is no message of yours shown in this conversation")
+            shown = shown[:at] + [self._reword(shown[at], content or "")]
         self.updated_at = timezone.now()
         self.save(update_fields=["updated_at"])
-        return self.history()
+        return self._as_history(shown)
+
+    def _reword(self, message: Message, content: str) -> Message:
+        """A new version of the user message `message` with `content`, chosen in its place: the branch
+        from the old words is kept, one `<` away (workbench/chat/versions.py)."""
+        self.messages.filter(reply_to=message.reply_to_id, role="user").update(shown=False)
+        return self.messages.create(role="user", content=content, reply_to_id=message.reply_to_id)
 
     def add_reply(self, **fields: object) -> Message:
-        """Store a reply; the first one titles a conversation still untitled, from the first user message
-        (workbench/chat/titles.py). The title is written only if it is still the default when the
-        reply is stored, so a rename in another tab meanwhile is kept."""
-        reply = self.messages.create(role="assistant", reply_to=self.messages.filter(role="user").last(), **fields)
-        first = self.messages.filter(role="user").first() if self.title == DEFAULT_TITLE else None
+        """Store a reply to the last user message shown, chosen in place of its earlier versions (a
+        regenerate's); the first reply titles a conversation still untitled, from the first user
+        message (workbench/chat/titles.py). The title is written only if it is still the default when
+        the reply is stored, so a rename in another tab meanwhile is kept."""
+        shown = list(self.shown_messages())
+        at = _last_user(shown)
+        asked = None if at is None else shown[at]
+        with transaction.atomic():
+            if asked is not None:
+                self.messages.filter(reply_to=asked, role="assistant").update(shown=False)
+            reply = self.messages.create(role="assistant", reply_to=asked, **fields)
+        first = shown[0] if shown and self.title == DEFAULT_TITLE else None
         if first is not None:
             title = title_from(first.content)
             if Conversation.objects.filter(pk=self.pk, title=DEFAULT_TITLE).update(title=title):
                 self.title = title
         return reply
 
-    def _rewind(self, new_content: str | None) -> bool:
-        """Set the replies to the last user message aside for another: a regenerate keeps them as
-        earlier versions (workbench/chat/versions.py), not shown; an edit (`new_content`) rewords the
-        message and drops them, as they answered other words. False (and nothing changed) if there is
-        no user message."""
-        last_user = self.messages.filter(role="user").last()
-        if last_user is None:
-            return False
-        replies = self.messages.filter(created_at__gte=last_user.created_at, role="assistant")
-        if new_content is None:
-            replies.update(shown=False)
-            return True
-        replies.delete()
-        last_user.content = new_content
-        last_user.save(update_fields=["content"])
-        return True
-
     def history(self) -> list[dict[str, str]]:
-        """The conversation as chat-template messages, oldest first. A reply that failed before any
-        text (stored so the page shows the error) is not part of what the model is asked to continue.
-        The system prompt, if any, leads as the template's system message (fitting keeps it). Of a
-        reply's versions, the one shown on the page is the one the model continues from."""
+        """The branch shown as chat-template messages, oldest first (workbench/chat/branches.py)."""
+        return self._as_history(list(self.shown_messages()))
+
+    def _as_history(self, shown: list[Message]) -> list[dict[str, str]]:
+        """A reply that failed before any text (stored so the page shows the error) is not part of what
+        the model is asked to continue. The system prompt, if any, leads as the template's system
+        message (fitting keeps it)."""
         system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt.strip() else []
-        return system + [{"role": m.role, "content": m.content} for m in self.shown_messages()
+        return system + [{"role": m.role, "content": m.content} for m in shown
                          if not (m.role == "assistant" and m.finish_reason == "error" and not m.content)]
 
+    def tree(self) -> list[branches.Row]:
+        """Every message's place in the conversation's tree, in creation order (one query)."""
+        return [branches.Row(*values) for values in
+                self.messages.order_by("created_at", "id").values_list("id", "reply_to_id", "role", "shown")]
+
     def shown_messages(self) -> models.QuerySet[Message]:
-        """The messages as the page shows them: of each reply's versions, the one chosen."""
-        return self.messages.filter(shown=True).order_by("created_at", "id")
+        """The messages as the page shows them: the branch shown, of each message's versions the one
+        chosen, in order."""
+        return self.messages.filter(pk__in=branches.branch(self.tree())).order_by("created_at", "id")
+
+
+def _last_user(messages: list[Message]) -> int | None:
+    return next((n for n in range(len(messages) - 1, -1, -1) if messages[n].role == "user"), None)
 
 
 class Message(models.Model):
@@ -149,8 +180,9 @@ class Message(models.Model):
     role = models.CharField(max_length=16, choices=ROLES)
     content = models.TextField()
     created_at = models.DateTimeField(default=timezone.now)
-    # A reply's versions (each regenerate adds one) share the user message they answer; one of them is
-    # shown, and only it is part of the history the model continues (workbench/chat/versions.py).
+    # The message this one follows (a reply: the user message it answers; a user message: the message
+    # before it; None: a first message). Siblings are versions (a regenerate, an edit); `shown` marks the
+    # one chosen, and the branch through the chosen ones is the conversation (workbench/chat/branches.py).
     reply_to = models.ForeignKey("self", null=True, blank=True, on_delete=models.CASCADE, related_name="replies")
     shown = models.BooleanField(default=True)
     # Assistant replies only: how the generation ended, and what it cost.

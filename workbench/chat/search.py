@@ -1,5 +1,9 @@
-"""Searching a user's conversations, server side: the titles and the text of every message, the
-owner's conversations only (the query starts from Conversation.owned_by)."""
+"""Searching a user's conversations, server side: the titles and the text of the messages the page
+shows, the owner's conversations only (the query starts from Conversation.owned_by).
+
+Decision: a message matches only if it is on the branch shown (of a reply's versions the one chosen, of
+an edited message's branches the one chosen). A result opens the conversation as it is shown, so a
+match in a hidden version would send the user to a page without the words they searched for."""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ from dataclasses import dataclass
 
 from django.db.models import Q
 
-from workbench.chat.models import Conversation
+from workbench.chat.models import Conversation, Message
 
 MAX_QUERY_CHARS = 200
 SNIPPET_CHARS = 80  # of message text around the match, to show why a conversation was found
@@ -20,20 +24,23 @@ class Found:
 
 
 def search(user, query: str) -> list[Found]:
-    """The user's conversations whose title or any message contains `query` (case-insensitive), the
-    most recently used first, each with a snippet of its first matching message."""
+    """The user's conversations whose title or any message shown contains `query` (case-insensitive),
+    the most recently used first, each with a snippet of its first matching message shown."""
     query = query.strip()[:MAX_QUERY_CHARS]
     if not query:
         return []
-    found = (Conversation.owned_by(user)
-             .filter(Q(title__icontains=query) | Q(messages__content__icontains=query)).distinct())
-    return [Found(c, _snippet(c, query)) for c in found]
+    # Any message, in SQL; then only those whose match is shown (a walk per candidate, not per conversation).
+    candidates = (Conversation.owned_by(user)
+                  .filter(Q(title__icontains=query) | Q(messages__content__icontains=query)).distinct())
+    found = []
+    for conversation in candidates:
+        message = conversation.shown_messages().filter(content__icontains=query).first()
+        if message is not None or query.lower() in conversation.title.lower():
+            found.append(Found(conversation, "" if message is None else _snippet(message, query)))
+    return found
 
 
-def _snippet(conversation: Conversation, query: str) -> str:
-    message = conversation.messages.filter(content__icontains=query).first()
-    if message is None:
-        return ""
+def _snippet(message: Message, query: str) -> str:
     text = " ".join(message.content.split())
     at = text.lower().find(query.lower())
     if at < 0:  # whitespace in the query spanned a line break: show the start

@@ -1,9 +1,10 @@
-"""A reply's versions: a regenerate keeps the earlier replies to the same user message, and the page
-steps through them (< 2/3 >). The choice is stored (Message.shown), so it survives a reload, and the
-model continues from the version shown (Conversation.history reads only shown messages).
+"""A message's versions: a regenerate keeps the earlier replies to the same user message, an edit the
+earlier words of a user message (and the branch that followed them), and the page steps through them
+(< 2/3 >). The choice is stored (Message.shown), so it survives a reload, and the model continues from
+the branch shown (workbench/chat/branches.py).
 
-Versions share the user message they answer (Message.reply_to); they are numbered by when they were
-made. A reply stored before versions existed answers no recorded message and has only itself.
+Versions follow the same message in the same role (Message.reply_to); they are numbered by when they
+were made.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 
 from django.db import transaction
 
+from workbench.chat import branches
 from workbench.chat.models import Conversation, Message, ReplyUnderWay
 
 
@@ -19,7 +21,7 @@ from workbench.chat.models import Conversation, Message, ReplyUnderWay
 class Shown:
     message: Message
     version: int  # 1-based, of `versions`
-    versions: tuple[int, ...]  # the ids of every version of this reply, oldest first
+    versions: tuple[int, ...]  # the ids of every version of this message, oldest first
 
     @property
     def previous_id(self) -> int | None:
@@ -35,19 +37,11 @@ class Shown:
 
 
 def shown(conversation: Conversation) -> list[Shown]:
-    """The messages the page shows, each reply with its place among its versions (two queries)."""
-    messages = list(conversation.shown_messages())
-    asked = [m.reply_to_id for m in messages if m.reply_to_id is not None]
-    versions: dict[int, list[int]] = {}
-    for reply_to, pk in (Message.objects.filter(reply_to__in=asked, role="assistant")
-                         .order_by("created_at", "id").values_list("reply_to", "id")):
-        if reply_to is not None:
-            versions.setdefault(reply_to, []).append(pk)
-    result = []
-    for m in messages:
-        ids = tuple(versions.get(m.reply_to_id, [m.pk])) if m.reply_to_id is not None else (m.pk,)
-        result.append(Shown(m, ids.index(m.pk) + 1, ids))
-    return result
+    """The messages the page shows (the branch shown), each with its place among its versions (two queries)."""
+    rows = conversation.tree()
+    versions = branches.siblings(rows)
+    messages = conversation.messages.filter(pk__in=branches.branch(rows)).order_by("created_at", "id")
+    return [Shown(m, versions[m.pk].index(m.pk) + 1, versions[m.pk]) for m in messages]
 
 
 def of(conversation: Conversation, message_id: int) -> Shown | None:
@@ -56,17 +50,23 @@ def of(conversation: Conversation, message_id: int) -> Shown | None:
 
 
 def show(conversation: Conversation, message_id: int) -> None:
-    """Show the version `message_id` of its reply instead of the others. Message.DoesNotExist if it is
-    no reply of this conversation; ReplyUnderWay while a reply is generated (it may be this one's next
-    version, and the model must not continue from a version that changes under it)."""
-    chosen = Message.objects.get(pk=message_id, conversation=conversation, role="assistant")
+    """Show the version `message_id` of its message (a reply's, or a user message's: its branch) instead
+    of the others, and the messages it follows with it, so that it is on the branch shown; below it,
+    each step keeps the version last chosen there. Message.DoesNotExist if it is no message of this
+    conversation; ReplyUnderWay while a reply is generated (the model must not continue from a branch
+    that changes under it)."""
+    chosen = Message.objects.get(pk=message_id, conversation=conversation, role__in=("user", "assistant"))
+    rows = {row.id: row for row in conversation.tree()}
     claim = conversation.claim_reply()
     if claim is None:
         raise ReplyUnderWay
     try:
         with transaction.atomic():
-            if chosen.reply_to_id is not None:
-                Message.objects.filter(reply_to=chosen.reply_to_id, role="assistant").update(shown=False)
-            Message.objects.filter(pk=chosen.pk).update(shown=True)
+            at: int | None = chosen.pk
+            while at is not None and at in rows:
+                row = rows[at]
+                conversation.messages.filter(reply_to=row.reply_to_id, role=row.role).update(shown=False)
+                conversation.messages.filter(pk=row.id).update(shown=True)
+                at = row.reply_to_id
     finally:
         conversation.release_reply(claim)
