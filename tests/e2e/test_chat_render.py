@@ -152,13 +152,14 @@ def test_a_reply_renders_as_markdown_inert_copyable_and_streams_only_what_change
     page.get_by_role("button", name="Copy your message").click()
     page.wait_for_function("() => document.querySelector('article.user .actions button').textContent === 'Copied'")
     assert page.evaluate(clipboard) == "Show me"
-    # The message's own text, not the copy button's label beside it, is what "Edit last message" offers.
-    offered: list[str] = []
-    page.once("dialog", lambda dialog: (offered.append(dialog.default_value), dialog.dismiss()))
+    # The message's own text, not the copy button's label beside it, is what "Edit last message" puts
+    # in the inline editor; Esc closes the editor and leaves the message as it was.
     page.wait_for_selector("#edit-last:not([disabled])")
     page.click("#edit-last")
-    page.wait_for_function("() => true")  # the dialog's handler has run once the page answers again
-    assert offered == ["Show me"]
+    editor = page.locator("article.user textarea")
+    assert editor.input_value() == "Show me"
+    editor.press("Escape")
+    page.wait_for_selector("article.user textarea", state="detached")
 
     # Streaming: rendered after every character, each render is exactly what a whole render of the same
     # text gives, while the first block keeps its node throughout (only the tail is rendered again).
