@@ -237,6 +237,10 @@ def test_dark_mode_phone_drawer_and_no_serious_accessibility_violation(browser, 
     for key in ["Tab"] * (stops + 2) + ["Shift+Tab"] * (stops + 2):
         page.keyboard.press(key)
         assert page.evaluate(in_drawer), (key, page.evaluate("document.activeElement.outerHTML.slice(0, 80)"))
+    # The page behind is inert, not only skipped by Tab: nothing there takes focus, even when asked.
+    for behind in ("input", "theme-toggle", "drawer-toggle"):
+        page.evaluate(f"document.getElementById({behind!r}).focus()")
+        assert page.evaluate(in_drawer), behind
     page.keyboard.press("Escape")
     assert not drawer.is_visible() and page.evaluate("document.activeElement.id") == "drawer-toggle"
     page.set_viewport_size({"width": 1280, "height": 800})
