@@ -3,7 +3,8 @@
 inert; the copy buttons putting the right text on the clipboard; streaming renders only what changed
 and ends where a whole render would; dark mode (the system's, and the toggle, remembered); the phone
 layout's drawer; and axe-core finding no serious or critical violation on the chat page (light, dark,
-375 px wide), the conversation list, the API-token page, log in, sign up and the dashboard."""
+375 px wide, drawer open), the conversation list, the API-token page, log in, sign up, the dashboard, the
+admin, and the 404 and 403 pages."""
 
 from __future__ import annotations
 
@@ -254,5 +255,13 @@ def test_dark_mode_phone_drawer_and_no_serious_accessibility_violation(browser, 
     found["dashboard"] = serious_violations(operator)
     operator.get_by_role("button", name="Dark mode").click()
     found["dashboard, dark"] = serious_violations(operator)
+    operator.goto(f"{base}/admin/")
+    found["admin"] = serious_violations(operator)
+    operator.goto(f"{base}/admin/chat/conversation/")
+    found["admin, conversations"] = serious_violations(operator)
+    assert page.goto(f"{base}/c/999999").status == 404
+    found["404"] = serious_violations(page)
+    assert page.goto(f"{base}/ops/dashboard").status == 403  # the viewer is not staff
+    found["403"] = serious_violations(page)
     assert found == {name: [] for name in found}, found
     assert re.match(r"rgb", light), "liveness: the colours were read"
