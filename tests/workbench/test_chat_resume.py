@@ -1,7 +1,8 @@
 """A reply outlives the socket that asked for it (workbench/chat/live.py): a page that comes back follows
 it with `resume`. Two paths of that, each through the real chat socket and the in-process engine: a
 `stop` sent from the resumed socket stops the reply in the engine (stored as canceled), and a reply that
-finished while no socket followed it comes back as one `done` frame with the stored reply's content."""
+finished while no socket followed it comes back as one `done` frame with the stored reply's content.
+And a turn naming a model not served is refused by name (the model selector's socket side)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
 
-from tests.workbench.test_chat import LONG_REPLY, as_user, frames_until
+from tests.workbench.test_chat import LONG_REPLY, as_user, frames_until, talk
 from workbench.chat import live
 from workbench.chat.models import Conversation, Message
 from workbench.serving import bridge
@@ -78,4 +79,25 @@ async def test_a_reply_that_finished_while_nobody_followed_comes_back_whole_as_s
     assert (done["message_id"], done["finish_reason"], done["usage"]["completion_tokens"]) == \
         (stored.pk, "length", 12)
     assert await ws.receive_nothing(timeout=0.5), "one frame: the stored reply replaces what the page had"
+    await ws.disconnect()
+
+
+@pytest.mark.asyncio
+@pytest.mark.django_db(transaction=True)
+async def test_a_turn_naming_a_model_not_served_is_refused_by_name_and_stores_nothing(dana):
+    """The page's selector offers only what is served; a frame naming another (a stale page, a hand-made
+    frame) gets model_not_found, and the same socket then answers with the model it names rightly."""
+    from django.conf import settings
+
+    chat = await sync_to_async(Conversation.start)(dana)
+    ws = WebsocketCommunicator(as_user(dana), f"/ws/chat/{chat.pk}")
+    await ws.connect()
+    params = {"max_tokens": 2, "temperature": 0, "ignore_eos": True}
+    refused = await talk(ws, {"type": "send", "content": "Hi", "params": params, "model": "gpt-4o"})
+    assert refused[-1]["code"] == "model_not_found" and repr(settings.WORKBENCH_MODEL) in refused[-1]["message"]
+    assert not await sync_to_async(chat.messages.exists)(), "nothing stored"
+    answered = await talk(ws, {"type": "send", "content": "Hi", "params": params, "model": settings.WORKBENCH_MODEL})
+    assert answered[-1]["type"] == "done" and answered[-1]["model"] == settings.WORKBENCH_MODEL
+    stored = await sync_to_async(lambda: chat.messages.get(role="assistant"))()
+    assert stored.model == settings.WORKBENCH_MODEL
     await ws.disconnect()
