@@ -208,6 +208,14 @@ def test_dark_mode_phone_drawer_and_no_serious_accessibility_violation(browser, 
     assert page.evaluate(background) == light
     page.goto(f"{base}/tokens")
     found["API tokens"] = serious_violations(page)
+    page.goto(f"{base}/?q=Show")
+    assert page.locator("#search-results li").count() == 1, "liveness: the search found the stored question"
+    found["search results"] = serious_violations(page)
+    page.goto(chat_url)
+    page.click("#settings summary")
+    page.click("#rename-button")
+    assert page.locator("#rename-form").is_visible() and page.locator("#system_prompt").is_visible()
+    found["chat, settings and rename open"] = serious_violations(page)
 
     # A system in dark mode gets dark pages without touching the toggle, and the toggle still wins.
     system_dark = browser.new_context(color_scheme="dark")
