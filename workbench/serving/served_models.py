@@ -5,7 +5,9 @@ live Celery worker has loaded (each worker reports its WORKBENCH_MODEL in its he
 different ones). A request names a model (the OpenAI `model` field, the chat page's selector, the
 websocket API's `model`) or leaves it out for the default: this process's WORKBENCH_MODEL where some
 worker serves it, else the first served name, so a deployment whose workers all run another model still
-answers. A name nobody serves is refused as OpenAI refuses an unknown model (404 model_not_found).
+answers. A name nobody serves is refused as OpenAI refuses an unknown model (404 model_not_found),
+except WORKBENCH_MODEL itself, which is the deployment's own: with no worker of it live the request
+fails as `unavailable` (503), as it did before there were several models.
 """
 
 from __future__ import annotations
@@ -38,12 +40,15 @@ def default(names: list[str]) -> str:
 
 
 def resolve(asked: object, names: list[str]) -> str:
-    """The served model `asked` names (None or "": the default), or UnknownModel saying what is served."""
+    """The served model `asked` names (None or "": the default), or UnknownModel saying what is served.
+    WORKBENCH_MODEL is always accepted: the request then waits on no worker but fails as unavailable."""
     if asked is None or asked == "":
         return default(names)
     if not isinstance(asked, str):
         raise UnknownModel("model must be a string", not_a_string=True)
-    if asked not in names:
+    # The configured default is never "unknown": with its workers all away for a moment (restarting,
+    # draining) a request for it is `unavailable` (503, which clients retry), not 404.
+    if asked not in names and asked != settings.WORKBENCH_MODEL:
         listed = ", ".join(repr(name) for name in names) or "none right now"
         raise UnknownModel(f"the model {asked!r} does not exist here; this server serves {listed} (GET /v1/models)")
     return asked
