@@ -6,7 +6,9 @@ wide, light and dark, as Debian's chromium shows them (the README shows them).
 Starts its own Daphne (the in-process engine, a throwaway SQLite file), signs up a user, stores a few
 conversations with replies written here (tests/e2e/stored_replies.py: the pictures show the same text
 on every run, whatever the model would say), and shoots each page in a browser context whose system
-colour scheme is light or dark: the pages follow prefers-color-scheme, as a visitor's would.
+colour scheme is light or dark: the pages follow prefers-color-scheme, as a visitor's would. Every time
+the pages show is set to a fixed clock (CLOCK) first, so a run on an unchanged page gives the same
+pictures byte for byte and `git status` shows only the pages that changed.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ import os
 import re
 import secrets
 import shutil
+import sqlite3
 import tempfile
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from playwright.sync_api import Browser, BrowserContext, Page, sync_playwright
@@ -25,6 +29,7 @@ from tests.cluster import ROOT, start_daphne
 from tests.e2e.stored_replies import store_exchange
 
 USER, PASSWORD = "ada", "a-long-pass-9!"
+CLOCK = datetime(2026, 1, 5, 9, 30)  # when the pictures' conversations were "written" (UTC, as stored)
 WIDTHS = {1280: 800, 375: 740}  # width -> height of the shot (the viewport, not the whole page)
 CODE_REPLY = """Here is a function that reads a file's lines, skipping blank ones:
 
@@ -67,6 +72,20 @@ def sign_up(browser: Browser, base: str) -> tuple[BrowserContext, Page]:
     return context, page
 
 
+def set_clock(db: Path) -> None:
+    """Give every conversation and message a time from CLOCK on, a few minutes apart in the order they
+    were made, in place of the real times of this run (the conversation list shows them)."""
+    with sqlite3.connect(db) as connection:
+        for table in ("chat_conversation", "chat_message"):
+            ids = [row[0] for row in connection.execute(f"SELECT id FROM {table} ORDER BY id")]
+            for n, row_id in enumerate(ids):
+                at = (CLOCK + timedelta(minutes=7 * n)).isoformat(" ")
+                columns = "created_at = ?, updated_at = ?" if table == "chat_conversation" else "created_at = ?"
+                connection.execute(f"UPDATE {table} SET {columns} WHERE id = ?",
+                                   (at, at, row_id) if table == "chat_conversation" else (at, row_id))
+    connection.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "screenshots")
@@ -93,6 +112,7 @@ def main() -> None:
                     page.wait_for_url(re.compile(r".*/c/\d+$"))
                     chat_url = page.url
                     store_exchange(db, int(chat_url.rsplit("/", 1)[1]), question, reply)
+                set_clock(db)
                 state = context.storage_state()
                 context.close()
                 for theme in ("light", "dark"):
@@ -107,7 +127,8 @@ def main() -> None:
                                 page.wait_for_selector("#send:not([disabled])")
                             path = args.out / f"{name}-{width}-{theme}.png"
                             page.screenshot(path=str(path))
-                            print(f"{path.relative_to(ROOT)}  {path.stat().st_size // 1024} KiB")
+                            shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path  # --out may be elsewhere
+                            print(f"{shown}  {path.stat().st_size // 1024} KiB")
                         shot.close()
                 browser.close()
         finally:

@@ -114,13 +114,18 @@ class Cluster:
         self.workers: list[subprocess.Popen] = []
         self.daphne: subprocess.Popen | None = None
 
-    def start_workers(self, count: int, timeout: float = 90) -> list[subprocess.Popen]:
+    def start_workers(self, count: int, timeout: float = 90, each: list[dict] | None = None,
+                      **env) -> list[subprocess.Popen]:
+        """`env`: settings of these workers alone; `each`: the i-th worker's own, on top of those (a worker
+        of another model: {"WORKBENCH_MODEL": ...}). They start side by side."""
         started = []
-        for _ in range(count):
+        for n in range(count):
+            env_n = {**env, **(each[n] if each else {})}
             log = open(self.log_dir / f"worker-{len(self.workers)}.log", "w")
             process = subprocess.Popen([sys.executable, "-m", "celery", "-A", self.app, "worker", "--pool", "solo",
                                         "--without-mingle", "--without-gossip", "--loglevel", "INFO"],
-                                       env=self.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+                                       env={**self.env, **{k: str(v) for k, v in env_n.items()}}, cwd=ROOT, stdout=log,
+                                       stderr=subprocess.STDOUT)
             process.log_path = log.name
             self.workers.append(process)
             started.append(process)

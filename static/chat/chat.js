@@ -120,6 +120,7 @@ function handle(frame) {
       if (t.time_to_first_token != null) parts.push(`TTFT ${t.time_to_first_token.toFixed(3)} s`);
       if (t.decode_tokens_per_s != null) parts.push(`${t.decode_tokens_per_s.toFixed(1)} tok/s`);
       if (frame.error) parts.push(frame.error);
+      if (frame.model && document.getElementById("model-select")) parts.push(frame.model);
       meta.textContent = parts.join(" · ");
       reply.article.appendChild(meta);
     }
@@ -154,7 +155,9 @@ function send(frame) {
   if (!socket || socket.readyState !== WebSocket.OPEN) { statusLine.textContent = "Not connected."; return false; }
   setBusy(true);
   sentAt = performance.now();
-  socket.send(JSON.stringify({...frame, params: params()}));
+  // The model chosen, where the page offers a choice (several served); else the server's default.
+  const model = document.getElementById("model-select")?.value;
+  socket.send(JSON.stringify({...frame, params: params(), model}));
   return true;
 }
 

@@ -3,7 +3,8 @@
 inert; the copy buttons putting the right text on the clipboard; streaming renders only what changed
 and ends where a whole render would; dark mode (the system's, and the toggle, remembered); the phone
 layout's drawer; and axe-core finding no serious or critical violation on the chat page (light, dark,
-375 px wide), the conversation list, the API-token page, log in, sign up and the dashboard."""
+375 px wide, drawer open), the conversation list, the API-token page, log in, sign up, the dashboard, the
+admin, and the 404 and 403 pages."""
 
 from __future__ import annotations
 
@@ -207,6 +208,14 @@ def test_dark_mode_phone_drawer_and_no_serious_accessibility_violation(browser, 
     assert page.evaluate(background) == light
     page.goto(f"{base}/tokens")
     found["API tokens"] = serious_violations(page)
+    page.goto(f"{base}/?q=Show")
+    assert page.locator("#search-results li").count() == 1, "liveness: the search found the stored question"
+    found["search results"] = serious_violations(page)
+    page.goto(chat_url)
+    page.click("#settings summary")
+    page.click("#rename-button")
+    assert page.locator("#rename-form").is_visible() and page.locator("#system_prompt").is_visible()
+    found["chat, settings and rename open"] = serious_violations(page)
 
     # A system in dark mode gets dark pages without touching the toggle, and the toggle still wins.
     system_dark = browser.new_context(color_scheme="dark")
@@ -227,8 +236,20 @@ def test_dark_mode_phone_drawer_and_no_serious_accessibility_violation(browser, 
     found["chat, 375 px"] = serious_violations(page)
     drawer_toggle.click()
     assert drawer.is_visible() and drawer_toggle.get_attribute("aria-expanded") == "true"
-    assert page.evaluate("document.getElementById('conversation-list').contains(document.activeElement)")
+    in_drawer = "document.getElementById('conversation-list').contains(document.activeElement)"
+    assert page.evaluate(in_drawer)
     found["chat, 375 px, drawer open"] = serious_violations(page)
+    # Modal while open: Tab and Shift+Tab go round the drawer's own controls (more presses than it has)
+    # and never reach the page behind it.
+    stops = page.evaluate("document.querySelectorAll('#conversation-list a, #conversation-list button, "
+                          "#conversation-list input').length")
+    for key in ["Tab"] * (stops + 2) + ["Shift+Tab"] * (stops + 2):
+        page.keyboard.press(key)
+        assert page.evaluate(in_drawer), (key, page.evaluate("document.activeElement.outerHTML.slice(0, 80)"))
+    # The page behind is inert, not only skipped by Tab: nothing there takes focus, even when asked.
+    for behind in ("input", "theme-toggle", "drawer-toggle"):
+        page.evaluate(f"document.getElementById({behind!r}).focus()")
+        assert page.evaluate(in_drawer), behind
     page.keyboard.press("Escape")
     assert not drawer.is_visible() and page.evaluate("document.activeElement.id") == "drawer-toggle"
     page.set_viewport_size({"width": 1280, "height": 800})
@@ -242,5 +263,13 @@ def test_dark_mode_phone_drawer_and_no_serious_accessibility_violation(browser, 
     found["dashboard"] = serious_violations(operator)
     operator.get_by_role("button", name="Dark mode").click()
     found["dashboard, dark"] = serious_violations(operator)
+    operator.goto(f"{base}/admin/")
+    found["admin"] = serious_violations(operator)
+    operator.goto(f"{base}/admin/chat/conversation/")
+    found["admin, conversations"] = serious_violations(operator)
+    assert page.goto(f"{base}/c/999999").status == 404
+    found["404"] = serious_violations(page)
+    assert page.goto(f"{base}/ops/dashboard").status == 403  # the viewer is not staff
+    found["403"] = serious_violations(page)
     assert found == {name: [] for name in found}, found
     assert re.match(r"rgb", light), "liveness: the colours were read"

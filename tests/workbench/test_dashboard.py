@@ -219,7 +219,7 @@ class Collected:
 @contextmanager
 def serving_engine(config: EngineConfig):
     """The in-process transport serving an engine built from `config` for the length of the block."""
-    transport = InProcessTransport(EngineHost(lambda: Engine(config)))
+    transport = InProcessTransport(EngineHost(lambda: Engine(config)), config.model)
     transport.start()
     KILL_SWITCH.rearm()
     saved = bridge._transports.get("inprocess")

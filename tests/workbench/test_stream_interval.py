@@ -310,7 +310,7 @@ def sse_text_before_a_forward_error(thread: EngineHost) -> tuple[str, list[str]]
             raise RuntimeError("injected forward failure")
         return real_run(*args, **kwargs)
 
-    transport = InProcessTransport(thread)  # the view's transport, over this module's started host
+    transport = InProcessTransport(thread, "demo")  # the view's transport, over this module's started host
 
     async def stream() -> list[str]:
         request_id = f"sse-{time.monotonic_ns()}"

@@ -26,7 +26,7 @@ class HandFed:
         self.canceled: list[str] = []
         self.stream: RequestStream | None = None
 
-    def submit(self, request_id, prompt, params, user=""):
+    def submit(self, request_id, prompt, params, user="", model=""):
         self.stream = RequestStream(request_id, asyncio.get_running_loop())
         return self.stream
 

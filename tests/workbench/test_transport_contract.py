@@ -21,7 +21,7 @@ MEMBERS = sorted(name for name, value in vars(Transport).items()
 
 @pytest.fixture(scope="module")
 def inprocess():
-    transport = InProcessTransport(EngineHost(lambda: Engine(EngineConfig(model="demo"))))
+    transport = InProcessTransport(EngineHost(lambda: Engine(EngineConfig(model="demo"))), "demo")
     transport.start()
     yield transport
     transport.stop()
@@ -29,7 +29,8 @@ def inprocess():
 
 def test_the_protocol_names_what_the_web_side_calls():
     assert MEMBERS == ["answering", "cancel", "cancel_as_operator", "change_flag", "flags_in_force", "metrics_by_worker",
-                       "running_request_ids", "start", "stop", "submit", "tokenizer", "watch_state", "workers_view"]
+                       "models", "running_request_ids", "start", "stop", "submit", "tokenizer", "tokenizer_for",
+                       "watch_state", "workers_view"]
 
 
 @pytest.mark.parametrize("kind", [InProcessTransport, CeleryTransport])

@@ -9,6 +9,7 @@ import json
 
 import pytest
 from channels.testing import WebsocketCommunicator
+from django.conf import settings
 
 from engine import Engine, EngineConfig, SamplingParams
 from workbench.asgi import application
@@ -139,13 +140,16 @@ BAD_FRAMES = [
      "invalid_request"),
     ("[" * 50_000, "invalid_json"),
     (json.dumps({"type": "generate", "request_id": "p", "prompt": "hi", "params": {"logprobs": 21}}), "invalid_params"),
+    (json.dumps({"type": "generate", "request_id": "m", "prompt": "hi", "model": "gpt-4o"}), "model_not_found"),
 ]
 
 
 @pytest.mark.parametrize("frame, code", BAD_FRAMES)
 async def test_a_bad_frame_gets_an_error_and_the_socket_keeps_working(api_user, frame, code):
     ws = await connect(api_user[1])
+    # The good request names the served model (it may; tests/e2e/test_model_selector.py has several).
     await ws.send_to(text_data=json.dumps({"type": "generate", "request_id": "ok", "prompt": "The list type",
+                                           "model": settings.WORKBENCH_MODEL,
                                            "params": {"max_tokens": 24, "temperature": 0, "ignore_eos": True}}))
     await ws.send_to(text_data=frame)
     frames = await frames_until_done(ws, {"ok"})

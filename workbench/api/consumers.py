@@ -15,7 +15,7 @@ from engine.tokenizer import Tokenizer
 from workbench.api import frames
 from workbench.api.json_socket import FrameError, JsonSocketConsumer
 from workbench.api.logprobs_shape import socket_logprobs
-from workbench.serving import bridge, limits
+from workbench.serving import bridge, limits, served_models
 from workbench.serving.streams import StreamEvent
 
 
@@ -52,8 +52,14 @@ class GenerateConsumer(JsonSocketConsumer):
 
     async def _generate(self, frame: dict[str, object]) -> None:
         request_id = frames.new_request_id(frame, self.active)
+        model = frames.model(frame, await served_models.served_from_loop(), request_id)
         transport = await bridge.transport_from_loop()
-        prompt, params = frames.generation(frame, transport.tokenizer, request_id)
+        try:
+            tokenizer = transport.tokenizer_for(model)
+        except Exception as exc:  # its files are not where the workers' WORKBENCH_MODEL names them
+            raise FrameError("unavailable", f"this server cannot read the tokenizer of {model!r}: {exc}",
+                             request_id) from None
+        prompt, params = frames.generation(frame, tokenizer, request_id)
         self.submitted += 1
         engine_id = f"ws-{self.socket_id}-{self.submitted}-{request_id}"
         user = self.scope["user"]
@@ -62,9 +68,9 @@ class GenerateConsumer(JsonSocketConsumer):
             admission = limits.admit(user.username)
         except limits.Refused as exc:
             raise FrameError(exc.code, exc.message, request_id, exc.retry_after) from None
-        stream = admission.submit(transport, engine_id, prompt, params)
+        stream = admission.submit(transport, engine_id, prompt, params, model)
         self.engine_ids[request_id] = engine_id
-        self.active[request_id] = asyncio.create_task(self._relay(request_id, stream, transport.tokenizer))
+        self.active[request_id] = asyncio.create_task(self._relay(request_id, stream, tokenizer))
         await self.send_json({"type": "accepted", "request_id": request_id})
 
     async def _relay(self, request_id: str, stream: AsyncIterator[StreamEvent], tokenizer: Tokenizer) -> None:

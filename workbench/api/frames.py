@@ -12,6 +12,7 @@ from engine.tokenizer import Tokenizer
 from workbench.api import request_input
 from workbench.api.json_input import LONE_SURROGATE
 from workbench.api.json_socket import FrameError
+from workbench.serving import served_models
 
 MAX_REQUEST_ID_CHARS = 128
 MAX_ACTIVE_REQUESTS = 64
@@ -54,6 +55,15 @@ def cancelled_request_id(frame: dict[str, object], running: Collection[str]) -> 
         raise FrameError("unknown_request_id", f"no running request {request_id!r} on this socket",
                          request_id_of(frame))
     return request_id
+
+
+def model(frame: dict[str, object], served: list[str], request_id: str | None = None) -> str:
+    """The served model a frame's `model` names (left out: the default one; served_models.py)."""
+    try:
+        return served_models.resolve(frame.get("model"), served)
+    except served_models.UnknownModel as exc:
+        raise FrameError("invalid_request" if exc.not_a_string else "model_not_found", exc.message,
+                         request_id) from None
 
 
 def generation(frame: dict[str, object], tokenizer: Tokenizer,

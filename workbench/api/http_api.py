@@ -2,7 +2,7 @@
 
 The OpenAI views (/v1, openai_views.py) and vLLM's tokenizer endpoints (/tokenize, /detokenize,
 tokenize_views.py) answer errors alike, {"error": {message, type, param, code}} with a 4xx status,
-read the body within WORKBENCH_MAX_FRAME_BYTES, and refuse a `model` other than the served one (404)
+read the body within WORKBENCH_MAX_FRAME_BYTES, and refuse a `model` that no worker serves (404)
 and, by name, every field they do not serve.
 """
 
@@ -17,10 +17,14 @@ from django.contrib.auth.base_user import AbstractBaseUser
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, JsonResponse
 
+from engine.tokenizer import Tokenizer
+
 from workbench.api import request_input
 from workbench.api.auth import bearer_token
 from workbench.api.json_input import JsonInputError, parse_object
 from workbench.api.models import ApiToken
+from workbench.serving import served_models
+from workbench.serving.transport import Transport
 
 UNSUPPORTED = "unsupported_parameter"  # the code of a field this server does not serve
 
@@ -75,14 +79,26 @@ def json_body(request: HttpRequest) -> dict[str, object]:
     return body
 
 
-def check_model(body: Mapping[str, object]) -> None:
-    """A `model` sent must name the served one: another is a 404, as OpenAI answers an unknown model."""
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise ApiError(400, "model must be a string", param="model")
-    if model is not None and model != settings.WORKBENCH_MODEL:
-        raise ApiError(404, f"the model {model!r} does not exist here; this server serves "
-                       f"{settings.WORKBENCH_MODEL!r} (GET /v1/models)", param="model", code="model_not_found")
+def check_model(body: Mapping[str, object], served: list[str]) -> str:
+    """The served model the body's `model` names (left out: the default one); another is a 404, as
+    OpenAI answers an unknown model (workbench/serving/served_models.py)."""
+    try:
+        return served_models.resolve(body.get("model"), served)
+    except served_models.UnknownModel as exc:
+        if exc.not_a_string:
+            raise ApiError(400, exc.message, param="model") from None
+        raise ApiError(404, exc.message, param="model", code="model_not_found") from None
+
+
+def tokenizer_of(transport: Transport, model: str) -> Tokenizer:
+    """The tokenizer of a served model (read once per process, on the first request that names it: a
+    few milliseconds), or a 503 when this process cannot read it (its files are not where the workers'
+    WORKBENCH_MODEL names them)."""
+    try:
+        return transport.tokenizer_for(model)
+    except Exception as exc:
+        raise ApiError(503, f"this server cannot read the tokenizer of {model!r}: {type(exc).__name__}: {exc}",
+                       param="model", code="unavailable", kind="server_error") from None
 
 
 def refuse_unless_off(body: Mapping[str, object], off: Mapping[str, object]) -> None:

@@ -15,7 +15,6 @@ import json
 import time
 import uuid
 
-from django.conf import settings
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
@@ -24,9 +23,9 @@ from engine.tokenizer import Tokenizer
 from workbench.api import openai_params, request_input, tool_calls
 from workbench.api.choice_streams import merged, summed_usage
 from workbench.api.logprobs_shape import CompletionLogprobs, chat_content
-from workbench.api.http_api import ApiError, authenticate, check_model, json_body, refuse_unless_off
+from workbench.api.http_api import ApiError, authenticate, check_model, json_body, refuse_unless_off, tokenizer_of
 from workbench.api.openai_usage import openai_usage
-from workbench.serving import bridge, limits
+from workbench.serving import bridge, limits, served_models
 from workbench.serving.streams import StreamEvent
 
 # OpenAI request fields -> SamplingParams fields. Others are refused by name, except these, which
@@ -59,7 +58,6 @@ def _body(request: HttpRequest) -> dict:
                                                      f"not {sorted(set(options) - {'include_usage'})}")
     if body.get("user") is not None and not isinstance(body["user"], str):
         raise ApiError(400, "user must be a string", param="user")
-    check_model(body)
     return body
 
 
@@ -113,18 +111,20 @@ def _handler(kind: str):
             tools = _tools(kind, body)
             params = _params(kind, body, tools)
             n = openai_params.choice_count(body)
+            model = check_model(body, await served_models.served_from_loop())
             transport = await bridge.transport_from_loop()
-            prompt = _prompt(kind, body, transport, tools)
+            tokenizer = tokenizer_of(transport, model)
+            prompt = _prompt(kind, body, tokenizer, tools)
             admissions = _admit(user.get_username(), n)
         except ApiError as exc:
             return exc.response()
         request_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
         # One engine sequence per choice; the first keeps the request's id, as with n=1.
-        choices = [_Choice(request_id if i == 0 else f"{request_id}-{i}", transport.tokenizer,
+        choices = [_Choice(request_id if i == 0 else f"{request_id}-{i}", tokenizer,
                            params.logprobs is not None) for i in range(n)]
-        streams = [admission.submit(transport, choice.engine_id, prompt, choice_params)
+        streams = [admission.submit(transport, choice.engine_id, prompt, choice_params, model)
                    for admission, choice, choice_params in zip(admissions, choices, openai_params.choice_params(params, n))]
-        meta = {"id": request_id, "created": int(time.time()), "model": settings.WORKBENCH_MODEL}
+        meta = {"id": request_id, "created": int(time.time()), "model": model}
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             response = StreamingHttpResponse(_sse(kind, streams, choices, transport, meta, include_usage, tools),
@@ -151,14 +151,14 @@ def _admit(user: str, n: int) -> list[limits.Admission]:
                        retry_after=exc.retry_after) from None
 
 
-def _prompt(kind: str, body: dict, transport, tools: tool_calls.Tools) -> str | list[int]:
+def _prompt(kind: str, body: dict, tokenizer: Tokenizer, tools: tool_calls.Tools) -> str | list[int]:
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]  # OpenAI accepts a list of prompts; one is what n=1 serves
     try:
         if kind == "chat":
-            messages, shown = tool_calls.messages_for(body.get("messages"), tools, transport.tokenizer.takes_tools)
-            return request_input.chat_prompt(transport.tokenizer, messages, tools=shown)
+            messages, shown = tool_calls.messages_for(body.get("messages"), tools, tokenizer.takes_tools)
+            return request_input.chat_prompt(tokenizer, messages, tools=shown)
         return request_input.prompt(prompt)
     except request_input.InvalidInput as exc:
         raise ApiError.refused(exc) from None
@@ -291,8 +291,9 @@ async def models(request: HttpRequest) -> HttpResponse:
         await authenticate(request)
     except ApiError as exc:
         return exc.response()
-    return JsonResponse({"object": "list", "data": [{"id": settings.WORKBENCH_MODEL, "object": "model",
-                                                     "created": 0, "owned_by": "workbench"}]})
+    served = await served_models.served_from_loop()
+    return JsonResponse({"object": "list", "data": [{"id": name, "object": "model", "created": 0,
+                                                     "owned_by": "workbench"} for name in served]})
 
 
 completions = _handler("completion")

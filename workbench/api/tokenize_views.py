@@ -1,4 +1,5 @@
-"""vLLM's tokenizer endpoints: POST /tokenize and POST /detokenize, with the served model's tokenizer.
+"""vLLM's tokenizer endpoints: POST /tokenize and POST /detokenize, with a served model's tokenizer (the
+body's `model`, else the default one: workbench/serving/served_models.py).
 
 Request and response shapes are vLLM's (vllm/entrypoints/openai/protocol.py: TokenizeCompletionRequest,
 TokenizeChatRequest, TokenizeResponse, DetokenizeRequest, DetokenizeResponse), so its clients work:
@@ -19,15 +20,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Coroutine, Mapping
 
-from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from engine.tokenizer import Tokenizer
 from workbench.api import request_input
-from workbench.api.http_api import ApiError, authenticate, check_model, json_body, refuse_unless_off
+from workbench.api.http_api import ApiError, authenticate, check_model, json_body, refuse_unless_off, tokenizer_of
 from workbench.chat.fitting import model_length
-from workbench.serving import bridge
+from workbench.serving import bridge, served_models
 
 TOKENIZE_FIELDS = {"model", "prompt", "messages", "add_special_tokens", "add_generation_prompt"}
 DETOKENIZE_FIELDS = {"model", "tokens"}
@@ -82,7 +82,7 @@ def _flag(body: Mapping[str, object], name: str, default: bool) -> bool:
     return value
 
 
-Answer = Callable[[Tokenizer, Mapping[str, object]], dict[str, object]]
+Answer = Callable[[Tokenizer, str, Mapping[str, object]], dict[str, object]]  # (tokenizer, its model, body)
 AsyncView = Callable[[HttpRequest], Coroutine[object, None, HttpResponse]]  # what path() takes of an async view
 
 
@@ -95,21 +95,21 @@ def _view(answer: Answer) -> AsyncView:
                 raise ApiError(405, "use POST")
             await authenticate(request)
             body = json_body(request)
-            check_model(body)
+            model = check_model(body, await served_models.served_from_loop())
             transport = await bridge.transport_from_loop()
-            return JsonResponse(answer(transport.tokenizer, body))
+            return JsonResponse(answer(tokenizer_of(transport, model), model, body))
         except ApiError as exc:
             return exc.response()
 
     return csrf_exempt(view)
 
 
-def _tokenized(tokenizer: Tokenizer, body: Mapping[str, object]) -> dict[str, object]:
+def _tokenized(tokenizer: Tokenizer, model: str, body: Mapping[str, object]) -> dict[str, object]:
     tokens = tokenize_body(tokenizer, body)
-    return {"tokens": tokens, "count": len(tokens), "max_model_len": model_length(settings.WORKBENCH_MODEL)}
+    return {"tokens": tokens, "count": len(tokens), "max_model_len": model_length(model)}
 
 
-def _detokenized(tokenizer: Tokenizer, body: Mapping[str, object]) -> dict[str, object]:
+def _detokenized(tokenizer: Tokenizer, model: str, body: Mapping[str, object]) -> dict[str, object]:
     return {"prompt": detokenize_body(tokenizer, body)}
 
 

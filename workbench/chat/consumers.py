@@ -21,11 +21,12 @@ from django.db import DatabaseError
 
 from engine import SamplingParams
 from engine.tokenizer import TokenizerError
+from workbench.api import frames as api_frames
 from workbench.api.json_socket import FrameError, JsonSocketConsumer
 from workbench.chat import frames, live, versions
 from workbench.chat.fitting import fitted_prompt
 from workbench.chat.models import Conversation, Message, NotShown, ReplyUnderWay, Turn
-from workbench.serving import bridge, limits
+from workbench.serving import bridge, limits, served_models
 from workbench.serving.streams import StreamEvent
 
 log = logging.getLogger(__name__)
@@ -125,6 +126,7 @@ class ChatConsumer(JsonSocketConsumer):
             return
         text, params = frames.turn_request(kind, content)
         edited = frames.edited_message(content) if kind == "edit" else None
+        model = api_frames.model(content, await served_models.served_from_loop())
         user = self.scope["user"]
         assert user is not None  # connect refused a socket without one
         # Admitted before the turn is taken: a refused one stores nothing.
@@ -147,7 +149,8 @@ class ChatConsumer(JsonSocketConsumer):
         under_way = live.start(self.conversation.pk, engine_id)
         self.following = under_way
         under_way.follow(self.outbox.put_nowait, 0)
-        self.generation = asyncio.create_task(self._generate(under_way, engine_id, *prepared, params, admission))
+        self.generation = asyncio.create_task(
+            self._generate(under_way, engine_id, *prepared, params, model, admission))
 
     async def _take_turn(self, turn: Turn, text: str | None, edited: int | None,
                          ) -> tuple[list[dict[str, str]], datetime, dict[str, object]] | None:
@@ -180,10 +183,10 @@ class ChatConsumer(JsonSocketConsumer):
         return prepared
 
     async def _generate(self, under_way: live.LiveReply, engine_id: str, history: list[dict[str, str]],
-                        claim: datetime, asked: dict[str, object], params: SamplingParams,
+                        claim: datetime, asked: dict[str, object], params: SamplingParams, model: str,
                         admission: limits.Admission) -> None:
         try:
-            await self._answer(under_way, engine_id, history, asked, params, admission)
+            await self._answer(under_way, engine_id, history, asked, params, model, admission)
         except Exception:  # a bug: the pages following the reply are told, instead of waiting for ever
             log.exception("a chat reply failed")
             under_way.publish({"type": "error", "code": "internal_error",
@@ -194,16 +197,23 @@ class ChatConsumer(JsonSocketConsumer):
             await database_sync_to_async(self.conversation.release_reply)(claim)
 
     async def _answer(self, under_way: live.LiveReply, engine_id: str, history: list[dict[str, str]],
-                      asked: dict[str, object], params: SamplingParams, admission: limits.Admission) -> None:
+                      asked: dict[str, object], params: SamplingParams, model: str,
+                      admission: limits.Admission) -> None:
         transport = await bridge.transport_from_loop()
         try:
-            prompt = await asyncio.to_thread(fitted_prompt, transport.tokenizer, history)  # long ones take a while
+            tokenizer = await asyncio.to_thread(transport.tokenizer_for, model)  # read once per model
+        except Exception as exc:  # its files are not where the workers' WORKBENCH_MODEL names them
+            under_way.publish({"type": "error", "code": "unavailable",
+                               "message": f"this server cannot read the tokenizer of {model!r}: {exc}"})
+            return
+        try:
+            prompt = await asyncio.to_thread(fitted_prompt, tokenizer, history, model)  # long ones take a while
         except TokenizerError as exc:
             under_way.publish({"type": "error", "code": "invalid_request", "message": str(exc)})
             return
         under_way.publish({"type": "started", "asked": asked})
         text, event = "", StreamEvent()
-        stream = admission.submit(transport, engine_id, prompt, params)
+        stream = admission.submit(transport, engine_id, prompt, params, model)
         if self.stop_asked:
             transport.cancel(engine_id)
         async for event in stream:
@@ -211,7 +221,7 @@ class ChatConsumer(JsonSocketConsumer):
                 text += event.text
                 under_way.publish({"type": "delta", "index": event.index, "text": event.text})
         try:
-            message = await self._store_reply(text, event)
+            message = await self._store_reply(text, event, model)
         except DatabaseError:
             if await self._exists():
                 raise
@@ -219,7 +229,8 @@ class ChatConsumer(JsonSocketConsumer):
             return
         under_way.publish({"type": "done", "message_id": message.pk, "finish_reason": event.finish_reason,
                            "error": event.error, "usage": event.usage, "timings": event.timings,
-                           "title": self.conversation.title, "versions": await self._versions(message)})
+                           "title": self.conversation.title, "versions": await self._versions(message),
+                           "model": model})
 
     async def _done_fields(self, message: Message) -> dict[str, object]:
         """A stored reply's `done` fields, as the frame that ended it carried them."""
@@ -228,7 +239,8 @@ class ChatConsumer(JsonSocketConsumer):
         return {"message_id": message.pk, "finish_reason": message.finish_reason, "error": message.error or None,
                 "usage": usage, "timings": {"time_to_first_token": message.time_to_first_token,
                                             "decode_tokens_per_s": message.decode_tokens_per_s},
-                "title": self.conversation.title, "versions": await self._versions(message)}
+                "title": self.conversation.title, "versions": await self._versions(message),
+                "model": message.model}
 
     @database_sync_to_async
     def _still_signed_in(self) -> bool:
@@ -253,10 +265,10 @@ class ChatConsumer(JsonSocketConsumer):
         self.outbox.put_nowait(GONE)  # the pump closes the socket once it has sent it
 
     @database_sync_to_async
-    def _store_reply(self, text: str, event: StreamEvent) -> Message:
+    def _store_reply(self, text: str, event: StreamEvent, model: str) -> Message:
         usage, timings = event.usage or {}, event.timings or {}
         return self.conversation.add_reply(
-            content=text, finish_reason=event.finish_reason or "",
+            content=text, model=model, finish_reason=event.finish_reason or "",
             error=event.error or "", prompt_tokens=usage.get("prompt_tokens"),
             completion_tokens=usage.get("completion_tokens"), time_to_first_token=timings.get("time_to_first_token"),
             decode_tokens_per_s=timings.get("decode_tokens_per_s"))

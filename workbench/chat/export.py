@@ -21,7 +21,8 @@ def _message(message: Message) -> dict[str, object]:
     record: dict[str, object] = {"role": message.role, "content": message.content,
                                  "created_at": message.created_at.isoformat()}
     if message.role == "assistant":
-        record.update(finish_reason=message.finish_reason, error=message.error or None,
+        record.update(model=message.model or settings.WORKBENCH_MODEL,  # blank: stored when only it was served
+                      finish_reason=message.finish_reason, error=message.error or None,
                       usage={"prompt_tokens": message.prompt_tokens, "completion_tokens": message.completion_tokens},
                       timings={"time_to_first_token": message.time_to_first_token,
                                "decode_tokens_per_s": message.decode_tokens_per_s})
@@ -29,8 +30,11 @@ def _message(message: Message) -> dict[str, object]:
 
 
 def as_json(conversation: Conversation) -> str:
+    """The conversation as shown; `model` is the model of its last reply (each reply names its own)."""
+    replies = [m for m in conversation.shown_messages() if m.role == "assistant" and m.model]
     return json.dumps({
-        "id": conversation.pk, "title": conversation.title, "model": settings.WORKBENCH_MODEL,
+        "id": conversation.pk, "title": conversation.title,
+        "model": replies[-1].model if replies else settings.WORKBENCH_MODEL,
         "created_at": conversation.created_at.isoformat(), "updated_at": conversation.updated_at.isoformat(),
         "system_prompt": conversation.system_prompt, "sampling": conversation.sampling,
         "messages": [_message(m) for m in conversation.shown_messages()],

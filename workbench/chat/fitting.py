@@ -22,10 +22,10 @@ def model_length(model: str) -> int:
     return load_model_config(model).max_position_embeddings
 
 
-def fitted_prompt(tokenizer: Tokenizer, history: list[dict]) -> list[int]:
-    """Token ids of the newest part of `history` that fits; TokenizerError if the last message alone
-    does not (its author must shorten it)."""
-    limit = model_length(settings.WORKBENCH_MODEL) - 1  # room for a reply's first token
+def fitted_prompt(tokenizer: Tokenizer, history: list[dict], model: str | None = None) -> list[int]:
+    """Token ids of the newest part of `history` that fits `model` (None: WORKBENCH_MODEL), whose
+    tokenizer `tokenizer` is; TokenizerError if the last message alone does not (its author must shorten it)."""
+    limit = model_length(model or settings.WORKBENCH_MODEL) - 1  # room for a reply's first token
     system = history[:1] if history and history[0]["role"] == "system" else []
     turns = history[len(system):]
 

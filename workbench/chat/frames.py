@@ -2,14 +2,17 @@
 what the page asks for or raises FrameError with the code the page gets. The parameters follow the
 rules every API shares (workbench/api/request_input.py).
 
-    <- {"type": "send", "content": "...", "params": {...}}   a new message, answered
-    <- {"type": "regenerate", "params": {...}}               the last message answered again (a new version)
+    <- {"type": "send", "content": "...", "params": {...}, "model": "..."}
+                                                             a new message, answered (by `model`, one of
+                                                             those served; left out: the default)
+    <- {"type": "regenerate", "params": {...}, "model": "..."}  the last message answered again (a new version)
     <- {"type": "edit", "message_id": N, "content": "...", "params": {...}}
                                                              a user message shown (default: the last) reworded,
                                                              a new branch from there, answered
     <- {"type": "stop"}
     <- {"type": "resume", "from_offset": N}                   follow the reply under way from token offset N
-    -> started {asked: {message_id, versions}}, delta {index, text}, done {message_id, finish_reason, error, usage, timings, title, versions},
+    -> started {asked: {message_id, versions}}, delta {index, text},
+       done {message_id, finish_reason, error, usage, timings, title, versions, model},
        error {code, message}
 """
 

@@ -192,6 +192,10 @@ class Message(models.Model):
     completion_tokens = models.PositiveIntegerField(null=True, blank=True)
     time_to_first_token = models.FloatField(null=True, blank=True)
     decode_tokens_per_s = models.FloatField(null=True, blank=True)
+    # The model that wrote it (workers may host different ones; the page's selector chooses). Blank:
+    # stored before the deployment said, which was then WORKBENCH_MODEL. The database default lets rows be
+    # written without it (an older web process during a rolling upgrade; the page tests' stored replies).
+    model = models.CharField(max_length=500, blank=True, default="", db_default="")
 
     class Meta:
         ordering = ["created_at", "id"]

@@ -3,7 +3,6 @@ What the page changes in a conversation is in workbench/chat/conversation_views.
 
 from __future__ import annotations
 
-from django.conf import settings
 from django.contrib.auth import login
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.forms import UserCreationForm
@@ -16,6 +15,7 @@ from workbench.chat.models import Conversation
 from workbench.chat.preferences import form_values
 from workbench.chat import versions
 from workbench.chat.search import search
+from workbench.serving import served_models
 
 
 def signup(request):
@@ -40,9 +40,15 @@ def conversations(request):
 def conversation(request, conversation_id: int):
     # Someone else's conversation is "not found", not "forbidden": its existence is private too.
     chat = get_object_or_404(Conversation.owned_by(request.user), pk=conversation_id)
+    shown = versions.shown(chat)
+    served = served_models.served()
+    # The selector starts at the model of the last reply shown, while it is served: a conversation goes
+    # on with the model it was having, until its owner picks another.
+    last = next((s.message.model for s in reversed(shown) if s.message.role == "assistant" and s.message.model), "")
     return render(request, "chat/conversation.html", {
-        "conversation": chat, "messages": versions.shown(chat), "conversations": Conversation.owned_by(request.user),
-        "model": settings.WORKBENCH_MODEL, "sampling": form_values(chat.sampling)})
+        "conversation": chat, "messages": shown, "conversations": Conversation.owned_by(request.user),
+        "models": served, "model": last if last in served else served_models.default(served),
+        "sampling": form_values(chat.sampling)})
 
 
 @login_required

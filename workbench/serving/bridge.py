@@ -2,7 +2,7 @@
 
 Both transports implement one interface, `Transport` (transport.py): `submit(request_id, prompt,
 params, user="") -> RequestStream` (from an event loop), `cancel(request_id)`, `tokenizer`,
-`running_request_ids()`, `answering()`, `start()`, `stop()`, and for operators `change_flag`,
+`tokenizer_for(model)`, `models()`, `running_request_ids()`, `answering()`, `start()`, `stop()`, and for operators `change_flag`,
 `cancel_as_operator`, `flags_in_force()`, `metrics_by_worker()`, `watch_state()`, `workers_view()`.
 WORKBENCH_TRANSPORT picks one: "inprocess" (InProcessTransport, the engine on a thread of this process) or "celery"
 (CeleryTransport, GPU workers over Redis).
@@ -43,7 +43,7 @@ def _inprocess() -> Transport:
                                    dtype=settings.WORKBENCH_DTYPE, weights=settings.WORKBENCH_WEIGHTS,
                                    prefix_cache_scope=settings.WORKBENCH_PREFIX_CACHE_SCOPE)
     return InProcessTransport(EngineHost(lambda: Engine(config), settings.WORKBENCH_STREAM_INTERVAL,
-                                         settings.WORKBENCH_STREAM_GAP_S))
+                                         settings.WORKBENCH_STREAM_GAP_S), config.model)
 
 
 def _celery() -> Transport:

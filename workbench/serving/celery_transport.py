@@ -2,8 +2,9 @@
 
 The Transport (transport.py), as the in-process transport is, so consumers cannot tell which one
 serves them. One link thread with its own event loop holds this process's reply channel and does all
-the Redis work: it picks a live worker for each request (the least loaded by its heartbeat and what
-this process sent it since), publishes the Celery task, relays the coalesced deltas to each request's
+the Redis work: it picks a live worker for each request among those that have its model loaded (each
+heartbeat names the worker's model; the least loaded by its heartbeat and what this process sent it
+since), publishes the Celery task, relays the coalesced deltas to each request's
 RequestStream in order (workbench/serving/sequencing.py), sends cancels to the owning worker's
 control channel, and ends a request with an error when its worker is lost, so no client hangs.
 
@@ -33,6 +34,7 @@ from django.conf import settings
 from engine import SamplingParams
 from engine.capabilities import capability
 from engine.loader import load_tokenizer
+from engine.tokenizer import Tokenizer
 from workbench.celery import app as celery_app
 from workbench.serving import wire
 from workbench.serving.presence import Heartbeat, Presence
@@ -57,6 +59,10 @@ class _Pending:
 class CeleryTransport:
     def __init__(self) -> None:
         self.tokenizer = load_tokenizer(settings.WORKBENCH_MODEL)
+        # Other models' tokenizers, read when a request first names one: this process needs each served
+        # model's tokenizer files (the same name or path the workers were started with).
+        self._tokenizers: dict[str, Tokenizer] = {settings.WORKBENCH_MODEL: self.tokenizer}
+        self._tokenizers_lock = threading.Lock()
         self.lost_after_s = settings.WORKBENCH_WORKER_LOST_S
         self._pending: dict[str, _Pending] = {}  # by wire id
         self._outgoing: dict[str, list[dict]] = {}  # worker id -> requests waiting for the next task to it
@@ -108,10 +114,20 @@ class CeleryTransport:
 
     # -- the interface (called from the consumers' event loop) -----------------------------------
 
+    def tokenizer_for(self, model: str) -> Tokenizer:
+        with self._tokenizers_lock:
+            if model not in self._tokenizers:
+                self._tokenizers[model] = load_tokenizer(model)
+            return self._tokenizers[model]
+
+    def models(self) -> list[str]:
+        return sorted({beat.model for beat in self._routable()})
+
     def submit(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-               user: str = "") -> RequestStream:
+               user: str = "", model: str = "") -> RequestStream:
         stream = RequestStream(request_id, asyncio.get_running_loop())
-        self._loop.call_soon_threadsafe(self._dispatch, request_id, prompt, params, stream, user)
+        self._loop.call_soon_threadsafe(self._dispatch, request_id, prompt, params, stream, user,
+                                        model or settings.WORKBENCH_MODEL)
         return stream
 
     def cancel(self, request_id: str) -> None:
@@ -197,12 +213,13 @@ class CeleryTransport:
     # -- the link loop ---------------------------------------------------------------------------
 
     def _dispatch(self, request_id: str, prompt: str | list[int], params: SamplingParams, stream: RequestStream,
-                  user: str) -> None:
-        """Choose a worker and register the request before anything awaits, so a cancel that follows
-        finds where it went."""
-        live = self._routable()
+                  user: str, model: str) -> None:
+        """Choose a worker that has `model` loaded and register the request before anything awaits, so a
+        cancel that follows finds where it went."""
+        live = [beat for beat in self._routable() if beat.model == model]
         if not live:
-            stream.push_threadsafe(StreamEvent.failure("unavailable", "no GPU worker is available; try again later"))
+            stream.push_threadsafe(StreamEvent.failure(
+                "unavailable", f"no GPU worker serving {model!r} is available; try again later"))
             return
         worker = self._least_loaded(live)
         if worker is None:
@@ -212,7 +229,7 @@ class CeleryTransport:
         self._pending[wire_id] = _Pending(request_id, stream, worker.worker_id, time.monotonic())
         self._wire_ids[request_id] = wire_id
         self._outgoing.setdefault(worker.worker_id, []).append(
-            {"request_id": wire_id, "prompt": prompt, "params": asdict(params), "user": user})
+            {"request_id": wire_id, "prompt": prompt, "params": asdict(params), "user": user, "model": model})
         if worker.worker_id not in self._publishing:
             self._publishing.add(worker.worker_id)
             self._loop.create_task(self._publish(worker))

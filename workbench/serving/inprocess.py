@@ -14,15 +14,16 @@ from typing import Callable
 from engine import SamplingParams
 from engine.tokenizer import Tokenizer
 from workbench.serving.engine_host import EngineHost
-from workbench.serving.streams import RequestStream
+from workbench.serving.streams import RequestStream, StreamEvent
 from workbench.serving.transport import FLAG_ANSWER_S, FlagAnswer, Flags, Snapshot, WorkerView
 
 LOCAL_WORKER = "in-process"  # the in-process transport's one engine, by the name a worker would have
 
 
 class InProcessTransport:
-    def __init__(self, host: EngineHost) -> None:
-        self.host = host
+    def __init__(self, host: EngineHost, model: str) -> None:
+        """`model`: the name the host's engine is configured with, its one model."""
+        self.host, self.model = host, model
 
     def start(self) -> None:
         self.host.start()
@@ -34,9 +35,20 @@ class InProcessTransport:
     def tokenizer(self) -> Tokenizer:
         return self.host.tokenizer
 
+    def tokenizer_for(self, model: str) -> Tokenizer:
+        if model != self.model:
+            raise KeyError(f"this process serves {self.model!r}, not {model!r}")
+        return self.host.tokenizer
+
+    def models(self) -> list[str]:
+        return [self.model]
+
     def submit(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-               user: str = "") -> RequestStream:
+               user: str = "", model: str = "") -> RequestStream:
         stream = RequestStream(request_id, asyncio.get_running_loop())
+        if model not in ("", self.model):  # the web side resolves names first: only a race or a bug gets here
+            stream.push_threadsafe(StreamEvent.failure("unavailable", f"no engine here serves the model {model!r}"))
+            return stream
         self.host.add(request_id, prompt, params, stream, user)
         return stream
 

@@ -110,10 +110,10 @@ class Admission:
             self._limiter._release(self.user)
 
     def submit(self, transport: Transport, request_id: str, prompt: str | list[int],
-               params: SamplingParams) -> RequestStream:
+               params: SamplingParams, model: str = "") -> RequestStream:
         """transport.submit, from an event loop, with the request's timeouts and its release attached."""
         try:
-            stream = transport.submit(request_id, prompt, params, user=self.user)
+            stream = transport.submit(request_id, prompt, params, user=self.user, model=model)
         except BaseException:
             self.release()
             raise

@@ -9,6 +9,6 @@ from workbench.serving import wire, worker
 
 @shared_task(name=wire.GENERATE_TASK, ignore_result=True)
 def generate(requests: list[dict], reply_channel: str) -> None:
-    """Admit each request (request_id, prompt, params, user), in order: requests that reached the web
+    """Admit each request (request_id, prompt, params, user, model), in order: requests that reached the web
     process together travel in one task."""
     worker.host().admit(requests, reply_channel)

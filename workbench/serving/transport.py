@@ -45,7 +45,16 @@ class WorkerView(TypedDict):
 class Transport(Protocol):
     @property
     def tokenizer(self) -> Tokenizer:
-        """The served model's tokenizer, for chat templates and prompt fitting on the web side."""
+        """The default model's tokenizer (WORKBENCH_MODEL), for chat templates and prompt fitting on the web side."""
+        ...
+
+    def tokenizer_for(self, model: str) -> Tokenizer:
+        """The tokenizer of `model`, one of models() (workers may host different models)."""
+        ...
+
+    def models(self) -> list[str]:
+        """The models a request can be routed to now, sorted: the in-process engine's one, or each model
+        some live, undrained Celery worker has loaded (workbench/serving/served_models.py)."""
         ...
 
     def start(self) -> None:
@@ -55,9 +64,10 @@ class Transport(Protocol):
     def stop(self) -> None: ...
 
     def submit(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-               user: str = "") -> RequestStream:
+               user: str = "", model: str = "") -> RequestStream:
         """From an event loop: the request's outputs arrive on the returned stream, in that loop.
-        `user` names whom it serves, for the operator dashboard."""
+        `user` names whom it serves, for the operator dashboard; `model` the model that must run it
+        ("": WORKBENCH_MODEL), which only a worker that has it loaded gets; none: an `unavailable` error."""
         ...
 
     def cancel(self, request_id: str) -> None:

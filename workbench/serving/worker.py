@@ -138,7 +138,7 @@ class WorkerHost:
     # -- the Celery task's side (the worker's main thread) --------------------------------------
 
     def admit(self, requests: list[dict], reply_channel: str) -> None:
-        """A task's requests (request_id, prompt, params, user) into the engine, in order."""
+        """A task's requests (request_id, prompt, params, user, model) into the engine, in order."""
         if not isinstance(requests, list):
             log.warning("dropped a task whose requests are not a list")
             return
@@ -155,6 +155,12 @@ class WorkerHost:
                 continue
             log.info("admitted %s", request_id)
             sink = self.outbox.sink(reply_channel, request_id)
+            model = request.get("model")
+            if model is not None and model != self.engine_config.model:
+                # Its prompt was rendered with another model's tokenizer: never run it on this one.
+                sink.push_threadsafe(StreamEvent.failure(
+                    "unavailable", f"routed to a worker serving {self.engine_config.model!r}, not {model!r}"))
+                continue
             try:
                 sampling = SamplingParams.from_dict(request.get("params"))
             except (InvalidSamplingParams, TypeError) as exc:
