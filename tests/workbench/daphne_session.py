@@ -20,13 +20,29 @@ class Session:
         self.jar = http.cookiejar.CookieJar()
         self.opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(self.jar))
 
-    def _form(self, path: str, fields: dict[str, str]) -> str:
-        """POST a form of the page at `path` with its CSRF token; the URL the answer ended at."""
+    def _form(self, path: str, fields: dict[str, str], action: str | None = None) -> str:
+        """POST a form of the page at `path` (to `action`, default the page itself) with its CSRF token;
+        the URL the answer ended at."""
+        return self._post(path, fields, action).geturl()
+
+    def _post(self, path: str, fields: dict[str, str], action: str | None = None):
         page = self.opener.open(self.base + path, timeout=30).read().decode()
         token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page)
         assert token, f"{path} has no CSRF token"
         body = urllib.parse.urlencode({"csrfmiddlewaretoken": token.group(1), **fields}).encode()
-        return self.opener.open(self.base + path, body, timeout=30).geturl()
+        return self.opener.open(self.base + (action or path), body, timeout=30)
+
+    def new_token(self, name: str) -> tuple[int, str]:
+        """A new API token made on the tokens page: (its id, the plaintext shown once)."""
+        page = self._post("/tokens", {"name": name}).read().decode()
+        plaintext = re.search(r'id="new-token">([^<]+)<', page)
+        ids = [int(i) for i in re.findall(r'/tokens/(\d+)/revoke', page)]
+        assert plaintext and ids, "the tokens page shows the new token and its revoke button"
+        return max(ids), plaintext.group(1)
+
+    def revoke_token(self, token_id: int) -> None:
+        """The Revoke button of the tokens page."""
+        self._form("/tokens", {}, action=f"/tokens/{token_id}/revoke")
 
     def sign_up(self, username: str) -> Session:
         landed = self._form("/signup", {"username": username, "password1": PASSWORD, "password2": PASSWORD})
