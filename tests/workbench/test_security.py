@@ -9,6 +9,7 @@ The paths' own tests cover the rest (docs/RELIABILITY.md, "Security" lists which
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import re
 import urllib.error
@@ -156,3 +157,31 @@ def test_a_revoked_token_closes_its_open_socket_at_the_next_frame(inprocess_daph
                           Content_Type="application/json", Authorization=f"Bearer {token}")
     assert status == 401, answer
     assert handshake_status(address, "/ws/v1/generate", f"Authorization: Bearer {token}\r\n".encode()) == b"403"
+
+
+@pytest.mark.django_db
+def test_forms_need_the_csrf_token_tokens_are_kept_as_digests_and_the_admin_is_staff_only(django_user_model):
+    """In-process (Django's test client): what the shared Daphne would answer the same way."""
+    from django.test import Client
+
+    from workbench.api.models import ApiToken
+
+    user = django_user_model.objects.create_user("csrf-user", password="pw-csrf-12345")
+    strict = Client(enforce_csrf_checks=True)
+    assert strict.post("/login", {"username": "csrf-user", "password": "pw-csrf-12345"}).status_code == 403
+    assert strict.post("/signup", {"username": "x", "password1": "a-long-pass-9!",
+                                   "password2": "a-long-pass-9!"}).status_code == 403
+    strict.force_login(user)
+    assert strict.post("/tokens", {"name": "laptop"}).status_code == 403
+    token, plaintext = ApiToken.issue(user, "laptop")
+    assert strict.post(f"/tokens/{token.pk}/revoke").status_code == 403
+    assert ApiToken.user_for(plaintext) == user, "a refused revoke changed nothing"
+    assert ApiToken.objects.filter(user=user).count() == 1, "a refused create made nothing"
+
+    row = ApiToken.objects.filter(pk=token.pk).values().get()
+    assert plaintext not in json.dumps(row, default=str), "the token itself is stored nowhere"
+    assert row["digest"] == hashlib.sha256(plaintext.encode()).hexdigest()
+
+    for path in ("/admin/", "/admin/chat/message/", "/admin/api/apitoken/", "/admin/ops/requestcancel/"):
+        response = strict.get(path)
+        assert response.status_code == 302 and response["Location"].startswith("/admin/login/"), path
