@@ -138,3 +138,20 @@ def test_the_chat_stores_edge_text_exactly_and_refuses_nul_by_name(inprocess_dap
     status, answer = change(f"/c/{conversation}/settings", rb'{"system_prompt": "a\ud800b"}', "application/json")
     assert status == 400 and answer["error"]["param"] == "body", answer
     assert "system_prompt is not valid Unicode text" in answer["error"]["message"], answer
+
+
+def test_a_text_frame_that_is_not_utf8_is_closed_by_daphne_with_1007(inprocess_daphne):
+    """RFC 6455: invalid UTF-8 in a text frame fails the connection (1007, invalid frame payload data),
+    before any application code sees it; the server serves on."""
+    address, token = inprocess_daphne.address, inprocess_daphne.token
+
+    async def run() -> int | None:
+        async with websockets.connect(f"ws://{address}/ws/v1/generate",
+                                      additional_headers={"Authorization": f"Bearer {token}"}) as ws:
+            await ws.send(b'{"type": "cancel", "request_id": "caf\xe9"}', text=True)
+            with pytest.raises(websockets.ConnectionClosed):
+                await asyncio.wait_for(ws.recv(), 30)
+            return ws.close_code
+
+    assert asyncio.run(run()) == 1007
+    assert post(address, token, "/tokenize", {"prompt": "still serving"})[0] == 200
