@@ -1,8 +1,9 @@
 """ASGI entry point: `python -m daphne workbench.asgi:application`.
 
 HTTP goes to Django; websockets pass the allowed-hosts/origin check, the session auth and the bearer
-token auth before reaching their consumer. Loading it with DEBUG off and the development secret key is
-refused (workbench/secret_key.py): this is the production start.
+token auth before reaching their consumer. This is the production start: loading it with DEBUG off and
+the development secret key is refused (workbench/secret_key.py), and so is DEBUG on while it answers any
+host name beyond loopback (workbench/debug_guard.py).
 """
 
 import os
@@ -12,9 +13,11 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "workbench.settings")
 from django.conf import settings  # noqa: E402  (settings must be chosen first)
 from django.core.asgi import get_asgi_application  # noqa: E402
 
+from workbench.debug_guard import refuse_debug_beyond_loopback  # noqa: E402
 from workbench.secret_key import refuse_development_key  # noqa: E402
 
 refuse_development_key(settings.DEBUG, settings.SECRET_KEY)
+refuse_debug_beyond_loopback(settings.DEBUG, settings.ALLOWED_HOSTS)
 
 django_application = get_asgi_application()
 

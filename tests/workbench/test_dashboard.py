@@ -9,6 +9,7 @@ import json
 import threading
 from contextlib import contextmanager
 from dataclasses import replace
+from unittest.mock import ANY
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -140,6 +141,9 @@ async def test_an_operator_flips_over_the_socket_and_bad_frames_are_refused(oper
                       ("x" * (settings.WORKBENCH_MAX_FRAME_BYTES + 1), "frame_too_large")):
         await ws.send_to(text_data=bad)
         assert (await _answer(ws))["code"] == code
+    # Every error echoes the frame's id, one about its type too (the protocol fuzzer found it missing there).
+    await ws.send_to(text_data=json.dumps({"type": "flip", "id": "which"}))
+    assert await _answer(ws) == {"type": "error", "id": "which", "code": "invalid_frame", "message": ANY}
     assert await FlagChange.objects.acount() == 0
     await ws.send_to(text_data=json.dumps({"type": "set_flag", "id": "a", "name": "ARC_GRAPH_VERIFY_REPLAYS",
                                            "value": was + 3, "worker": LOCAL_WORKER}))

@@ -142,6 +142,19 @@ def test_the_web_application_starts_with_a_key_of_its_own_or_in_debug(env):
     assert result.stdout.strip() == "loaded", result.stderr[-2000:]
 
 
+@pytest.mark.parametrize("hosts", ["workbench.example.com", "*", "localhost,10.0.0.5"])
+def test_the_web_application_refuses_debug_where_more_than_this_machine_reaches_it(hosts):
+    result = start("import workbench.asgi", WORKBENCH_DEBUG="1", WORKBENCH_ALLOWED_HOSTS=hosts)
+    assert result.returncode != 0 and "ImproperlyConfigured" in result.stderr, result.stderr[-2000:]
+    assert "WORKBENCH_DEBUG is on" in result.stderr and hosts.split(",")[-1] in result.stderr
+    loopback = start("import workbench.asgi; print('loaded')", WORKBENCH_DEBUG="1",
+                     WORKBENCH_ALLOWED_HOSTS="localhost,127.0.0.1,[::1]")
+    assert loopback.stdout.strip() == "loaded", loopback.stderr[-2000:]
+    deployed = start("import workbench.asgi; print('loaded')", WORKBENCH_SECRET_KEY="a-deployment-key",
+                     WORKBENCH_ALLOWED_HOSTS=hosts)
+    assert deployed.stdout.strip() == "loaded", "DEBUG off answers any host: " + deployed.stderr[-2000:]
+
+
 def test_management_commands_run_with_the_development_key(tmp_path):
     """Only the web application signs what browsers hold: migrating needs no key."""
     result = start("import sys; from django.core.management import execute_from_command_line; "

@@ -27,10 +27,18 @@ def user_for_token(token: str):
     return ApiToken.user_for(token)
 
 
+@database_sync_to_async
+def token_still_valid(token: str, user) -> bool:
+    """The token a socket was opened with still names `user`: not revoked, the user still active."""
+    holder = ApiToken.user_for(token)
+    return holder is not None and holder.pk == user.pk
+
+
 class BearerTokenMiddleware:
     """Inside AuthMiddlewareStack: a bearer token, when sent, decides scope["user"] (an invalid or
-    revoked one means anonymous); otherwise the session's user stands. scope["bearer_token"] says
-    which: an API token is for generating, and sockets meant for people (the dashboard) refuse it."""
+    revoked one means anonymous); otherwise the session's user stands. scope["bearer_token"] (the token
+    itself) says which: an API token is for generating, and sockets meant for people (the dashboard)
+    refuse it; the websocket API checks it again for every frame, so a revocation reaches open sockets."""
 
     def __init__(self, inner) -> None:
         self.inner = inner
@@ -38,5 +46,5 @@ class BearerTokenMiddleware:
     async def __call__(self, scope, receive, send):
         token = bearer_token(scope.get("headers", []))
         if token is not None:
-            scope = {**scope, "user": await user_for_token(token) or AnonymousUser(), "bearer_token": True}
+            scope = {**scope, "user": await user_for_token(token) or AnonymousUser(), "bearer_token": token}
         return await self.inner(scope, receive, send)

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 
 from engine.tokenizer import Tokenizer
 from workbench.api import frames
+from workbench.api.auth import token_still_valid
 from workbench.api.json_socket import FrameError, JsonSocketConsumer
 from workbench.api.logprobs_shape import socket_logprobs
 from workbench.serving import bridge, limits, served_models
@@ -40,6 +41,18 @@ class GenerateConsumer(JsonSocketConsumer):
         for request_id in list(getattr(self, "active", {})):
             bridge.transport().cancel(self.engine_ids[request_id])
             self.active.pop(request_id).cancel()
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: object) -> None:
+        # A token revoked (or its user deactivated) while the socket is open: its next frame is refused
+        # and the socket closed, which cancels its running requests (docs/PROTOCOL.md). One indexed
+        # lookup per frame; a socket that only listens keeps its running requests until they end.
+        token = self.scope.get("bearer_token")
+        if isinstance(token, str) and not await token_still_valid(token, self.scope["user"]):
+            await self.send_error("token_revoked", "this socket's API token was revoked (or its user deactivated); "
+                                                   "the socket closes with code 4401")
+            await self.close(code=4401)
+            return
+        await super().receive(text_data, bytes_data, **kwargs)
 
     def echo_of(self, refused: dict[str, object] | None) -> str | None:
         return frames.request_id_of(refused)

@@ -9,17 +9,17 @@ token, the page's fetch() sends it as X-CSRFToken. Bad input is a 400 naming the
 
 from __future__ import annotations
 
-import json
-
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import User
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect
 from django.views.decorators.http import require_GET, require_POST
 
+from workbench.api.json_input import JsonInputError, parse_object
 from workbench.api.request_input import InvalidInput
 from workbench.chat import export, preferences, versions
 from workbench.chat.models import ChatDefaults, Conversation, Message, ReplyUnderWay
+from workbench.chat.stored_text import nul_refusal
 from workbench.chat.titles import MAX_RENAME_CHARS
 
 
@@ -39,6 +39,8 @@ def rename(request: HttpRequest, conversation_id: int) -> HttpResponse:
     if not title or len(title) > MAX_RENAME_CHARS:
         return _refused(InvalidInput("invalid_request", f"title: must be 1-{MAX_RENAME_CHARS} characters",
                                      "title"))
+    if (refusal := nul_refusal("title", title)) is not None:
+        return _refused(InvalidInput("invalid_request", refusal, "title"))
     conversation.title = title
     conversation.save(update_fields=["title"])
     return redirect("conversation", conversation.pk)
@@ -75,10 +77,11 @@ def _download(body: str, content_type: str, name: str) -> HttpResponse:
 
 
 def _checked_body(request: HttpRequest) -> tuple[str, dict[str, object]]:
-    try:
-        body = json.loads(request.body)
-    except (ValueError, UnicodeDecodeError):
-        raise InvalidInput("invalid_request", "the body must be JSON", "body") from None
+    try:  # lone surrogates refused too: no database can store them
+        body = parse_object(request.body, "the body")
+    except JsonInputError as exc:
+        raise InvalidInput("invalid_request", f"the body must be a JSON object of text: {exc.message}",
+                           "body") from None
     return preferences.checked(body)
 
 

@@ -24,6 +24,7 @@ from engine import SamplingParams
 from workbench.api import request_input
 from workbench.api.json_socket import FrameError
 from workbench.chat.models import Turn
+from workbench.chat.stored_text import nul_refusal
 
 MAX_MESSAGE_CHARS = 20_000
 # No max_tokens from the page: the reply may run to the end of the model's context.
@@ -50,6 +51,8 @@ def turn_request(turn: Turn, frame: dict[str, object]) -> tuple[str | None, Samp
     content = frame.get("content")
     if not isinstance(content, str) or not content.strip() or len(content) > MAX_MESSAGE_CHARS:
         raise FrameError("invalid_request", f"content must be 1-{MAX_MESSAGE_CHARS} characters of text")
+    if (refusal := nul_refusal("content", content)) is not None:
+        raise FrameError("invalid_request", refusal)
     return content, params
 
 

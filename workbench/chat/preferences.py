@@ -10,6 +10,7 @@ from __future__ import annotations
 from workbench.api import request_input
 from workbench.api.request_input import InvalidInput
 from workbench.chat.frames import DEFAULTS, MAX_MESSAGE_CHARS
+from workbench.chat.stored_text import nul_refusal
 
 # The sampling controls on the page (templates/chat/_settings.html), and only those: the page shows
 # what was saved, so a saved key it has no control for would act unseen.
@@ -29,6 +30,8 @@ def checked(body: object) -> tuple[str, dict[str, object]]:
     if not isinstance(system_prompt, str) or len(system_prompt) > MAX_MESSAGE_CHARS:
         raise InvalidInput("invalid_request", f"system_prompt: must be text of at most {MAX_MESSAGE_CHARS} "
                                               "characters", "system_prompt")
+    if (refusal := nul_refusal("system_prompt", system_prompt)) is not None:
+        raise InvalidInput("invalid_request", refusal, "system_prompt")
     sampling = body.get("sampling", {})
     if not isinstance(sampling, dict):
         raise InvalidInput(request_input.BAD_PARAMS, "sampling: must be an object", "sampling")

@@ -103,10 +103,10 @@ class DashboardConsumer(JsonSocketConsumer):
         if content.get("type") == "cancel_request":
             await self._cancel_request(content)
             return
+        asked = content.get("id")  # echoed by every answer, an error about the frame's type too
         if content.get("type") != "set_flag":
             raise FrameError("invalid_frame", "this socket takes {\"type\": \"set_flag\", ...} and "
-                                              "{\"type\": \"cancel_request\", ...} frames")
-        asked = content.get("id")
+                                              "{\"type\": \"cancel_request\", ...} frames", asked)
         user = await _current(self.scope["user"])
         refusal = "your account is gone" if user is None else await database_sync_to_async(flag_changes.refusal)(user)
         if refusal is not None:
