@@ -150,6 +150,61 @@ def test_openai_n_choices_are_their_own_sequences_reproducible_with_a_seed(daphn
     assert by_index == texts and chunks[-1].usage.completion_tokens == 12
 
 
+def ws_choices(address: str, token: str, frames: list[dict], cancel_after: str | None = None) -> list[dict]:
+    """The frames of requests sent with `params.n`, until each has had n `done` frames (or an `error`);
+    with `cancel_after`, a cancel of that request once its first delta has come."""
+    async def run():
+        received, dones, to_cancel = [], {f["request_id"]: f["params"]["n"] for f in frames}, cancel_after
+        async with websockets.connect(f"ws://{address}/ws/v1/generate",
+                                      additional_headers={"Authorization": f"Bearer {token}"}) as ws:
+            for frame in frames:
+                await ws.send(json.dumps(frame))
+            while any(dones.values()):
+                frame = json.loads(await asyncio.wait_for(ws.recv(), 30))
+                received.append(frame)
+                if frame["type"] == "delta" and frame["request_id"] == to_cancel:
+                    await ws.send(json.dumps({"type": "cancel", "request_id": to_cancel}))
+                    to_cancel = None
+                if frame["type"] == "done":
+                    dones[frame["request_id"]] -= 1
+                elif frame["type"] == "error":
+                    dones[frame["request_id"]] = 0
+        return received
+
+    return asyncio.run(run())
+
+
+def test_websocket_n_choices_name_their_choice_and_are_the_openai_apis_choices(daphne_server, request):
+    inprocess_only(request)
+    address, token = daphne_server
+    client = openai.OpenAI(base_url=f"http://{address}/v1", api_key=token, max_retries=0)
+    http = client.completions.create(model="demo", prompt="The list type", n=2, max_tokens=6, temperature=1.5,
+                                     seed=11, extra_body={"ignore_eos": True})
+    params = {"n": 2, "max_tokens": 6, "temperature": 1.5, "seed": 11, "ignore_eos": True}
+    # "long" would run to 400 tokens per choice: the cancel must reach both of its sequences.
+    frames = ws_choices(address, token, [
+        {"type": "generate", "request_id": "two", "prompt": "The list type", "params": params},
+        {"type": "generate", "request_id": "long", "prompt": "The list type",
+         "params": {"n": 2, "max_tokens": 400, "temperature": 0, "ignore_eos": True}}], cancel_after="long")
+
+    mine = [f for f in frames if f.get("request_id") == "two" and f["type"] != "accepted"]
+    assert mine and all(f["type"] in ("delta", "done") and f["choice"] in (0, 1) for f in mine), mine
+    for choice in (0, 1):
+        deltas = [f for f in mine if f["type"] == "delta" and f["choice"] == choice]
+        assert [d["index"] for d in deltas] == [sum(len(x["token_ids"]) for x in deltas[:i]) for i in range(len(deltas))]
+        assert "".join(d["text"] for d in deltas) == http.choices[choice].text  # choice i drew with seed + i
+    assert http.choices[0].text != http.choices[1].text, "liveness: each choice draws its own tokens"
+    dones = [f for f in mine if f["type"] == "done"]
+    assert sorted(d["choice"] for d in dones) == [0, 1] and mine[-1] is dones[-1]
+    assert dones[0]["usage"] is None and dones[-1]["usage"]["completion_tokens"] == 12  # usage once, at the end
+    assert dones[-1]["usage"]["prompt_tokens"] == http.usage.prompt_tokens  # the prompt counted once
+
+    cancelled = [f for f in frames if f.get("request_id") == "long" and f["type"] == "done"]
+    assert sorted(d["choice"] for d in cancelled) == [0, 1]
+    assert {d["finish_reason"] for d in cancelled} == {"canceled"}, "the cancel stops every choice"
+    assert cancelled[-1]["usage"]["completion_tokens"] < 2 * 400
+
+
 def test_openai_stop_token_ids_end_a_reply_and_min_tokens_hold_them_back(daphne_server, request):
     inprocess_only(request)
     address, token = daphne_server
