@@ -8,10 +8,12 @@ import re
 import urllib.error
 import urllib.request
 
+import jsonschema
 import openai
 import pytest
 import websockets
 
+from engine import Engine, EngineConfig, SamplingParams
 from tests.cluster import ROOT
 
 MESSAGES = [{"role": "user", "content": "What does the list type do?"}]
@@ -218,6 +220,48 @@ def test_openai_stop_token_ids_end_a_reply_and_min_tokens_hold_them_back(daphne_
     held = client.completions.create(**ask, extra_body={"stop_token_ids": [ids[0]], "min_tokens": 3,
                                                          "ignore_eos": True})
     assert held.usage.completion_tokens >= 3
+
+
+def celery_only(request) -> None:
+    """For what must travel to a worker and back (the params' fields, a constraint compiled there): the
+    in-process run is covered by the modules that test it (test_structured_openai.py on SmolLM2)."""
+    if request.node.callspec.params["daphne_server"] != "celery":
+        pytest.skip("covered in-process elsewhere; this is the Celery transport's check")
+
+
+CODE = {"type": "regex", "regex": "[0-9]{3}-[a-z]{2}"}
+THING = {"type": "object", "additionalProperties": False, "required": ["ok", "n", "color"],
+         "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": 0, "maximum": 99},
+                        "color": {"enum": ["red", "green", "blue"]}}}
+LOOKUP = {"type": "function", "function": {"name": "lookup", "description": "Look a word up",
+                                           "parameters": {"type": "object", "additionalProperties": False,
+                                                          "required": ["word"],
+                                                          "properties": {"word": {"type": "string", "maxLength": 12}}}}}
+
+
+def test_response_format_and_a_forced_tool_call_travel_to_the_celery_workers(daphne_server, request):
+    celery_only(request)
+    address, token = daphne_server
+    client = openai.OpenAI(base_url=f"http://{address}/v1", api_key=token, max_retries=0)
+    # Seeded sampling that the demo model, left alone, never writes as such a code: the worker's
+    # constrained output is exactly the engine's own for the same request.
+    ask = dict(max_tokens=20, temperature=1.0, seed=4)
+    coded = client.completions.create(model="demo", prompt="The list type", extra_body={"response_format": CODE}, **ask)
+    [expected] = Engine(EngineConfig(model="demo")).generate(["The list type"],
+                                                             SamplingParams(response_format=CODE, **ask))
+    assert re.fullmatch(CODE["regex"], coded.choices[0].text) and coded.choices[0].text == expected.text
+    assert coded.choices[0].finish_reason == "stop"
+    fmt = {"type": "json_schema", "json_schema": {"name": "thing", "schema": THING}}
+    thing = client.chat.completions.create(model="demo", messages=MESSAGES, response_format=fmt,
+                                           **{**ask, "max_tokens": 40})  # room for the whole object
+    jsonschema.validate(json.loads(thing.choices[0].message.content), THING)
+    assert thing.choices[0].finish_reason == "stop"
+
+    forced = client.chat.completions.create(model="demo", messages=MESSAGES, tools=[LOOKUP], max_tokens=40,
+                                            tool_choice={"type": "function", "function": {"name": "lookup"}})
+    [call] = forced.choices[0].message.tool_calls
+    assert forced.choices[0].finish_reason == "tool_calls" and call.function.name == "lookup"
+    jsonschema.validate(json.loads(call.function.arguments), LOOKUP["function"]["parameters"])
 
 
 def test_a_request_naming_another_model_is_404_model_not_found(daphne_server):
