@@ -10,10 +10,20 @@ import dataclasses
 from collections.abc import AsyncGenerator
 
 from engine import SamplingParams
+from engine.sampling_params import is_integer
+from workbench.api.request_input import BAD_PARAMS, InvalidInput
 from workbench.serving.streams import RequestStream, StreamEvent
 
 MAX_N = 8  # choices per request: each is a sequence in the engine, and a request must not fill it alone
 SEED_SPAN = 2**64  # torch.Generator's seed range is [-2**63, 2**64): derived seeds wrap inside it
+
+
+def choice_count(value: object) -> int:
+    """`n` as sent (the OpenAI body's, the websocket API's params'): a JSON integer from 1 to MAX_N, one
+    rule and one message on both APIs."""
+    if not is_integer(value) or not 1 <= value <= MAX_N:
+        raise InvalidInput(BAD_PARAMS, f"n: must be an integer from 1 to {MAX_N}, got {value!r}", "n")
+    return value
 
 
 def choice_params(params: SamplingParams, n: int) -> list[SamplingParams]:

@@ -8,10 +8,8 @@ from collections.abc import Collection
 from typing import Literal
 
 from engine import SamplingParams
-from engine.sampling_params import is_integer
 from engine.tokenizer import Tokenizer
-from workbench.api import request_input
-from workbench.api.choice_streams import MAX_N
+from workbench.api import choice_streams, request_input
 from workbench.api.json_input import LONE_SURROGATE
 from workbench.api.json_socket import FrameError
 
@@ -70,15 +68,9 @@ def generation(frame: dict[str, object], tokenizer: Tokenizer,
                   else request_input.chat_prompt(tokenizer, frame["messages"]))
         values, n = frame.get("params", {}), None
         if isinstance(values, dict) and "n" in values:  # the choices are the request's, not a sequence's params
-            n = choice_count(values["n"], request_id)
+            n = choice_streams.choice_count(values["n"])
             values = {key: value for key, value in values.items() if key != "n"}
         return prompt, request_input.sampling_params(values, logprobs_allowed=True), n
     except request_input.InvalidInput as exc:
         raise FrameError(exc.code, exc.message, request_id) from None
 
-
-def choice_count(value: object, request_id: str) -> int:
-    """`params.n`: how many choices, each its own sequence (workbench/api/choice_streams.py)."""
-    if not is_integer(value) or not 1 <= value <= MAX_N:
-        raise FrameError("invalid_params", f"n: must be an integer from 1 to {MAX_N}, got {value!r}", request_id)
-    return value

@@ -7,8 +7,9 @@ HTTP API".
 from __future__ import annotations
 
 from engine.sampling_params import MAX_TOP_LOGPROBS, is_integer
-from workbench.api.choice_streams import MAX_N
+from workbench.api import choice_streams
 from workbench.api.http_api import ApiError
+from workbench.api.request_input import InvalidInput
 
 
 def endpoint_fields(kind: str) -> set[str]:
@@ -34,9 +35,10 @@ def logprob_values(kind: str, body: dict) -> dict[str, object]:
 
 
 def choice_count(body: dict) -> int:
-    n = body.get("n")
-    if n is None:
+    """The body's `n` (null or left out: one choice)."""
+    if body.get("n") is None:
         return 1
-    if not is_integer(n) or not 1 <= n <= MAX_N:
-        raise ApiError(400, f"n must be an integer in [1, {MAX_N}]", param="n")
-    return n
+    try:
+        return choice_streams.choice_count(body["n"])
+    except InvalidInput as exc:
+        raise ApiError.refused(exc) from None
