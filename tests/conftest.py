@@ -218,7 +218,11 @@ def serve(env: dict, db_path: Path):
         yield Served(address, token, db_path, env)
     finally:
         server.terminate()
-        server.wait(timeout=10)
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # a loaded machine: its database is a temporary file, nothing to keep
+            server.kill()
+            server.wait()
 
 
 # One Daphne per transport for the whole session (docs/TESTING.md, "Shared servers"): a start costs 5-10 s
