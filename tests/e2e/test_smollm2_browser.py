@@ -1,14 +1,12 @@
 """A new user asks the default model a question in a real Chromium: the reply streamed into the page
-is the engine's own greedy generation of the same templated prompt (SmolLM2 served in-process)."""
+is the engine's own greedy generation of the same templated prompt (SmolLM2 served in-process, by the
+session's shared Daphne: tests/conftest.py, smollm2_daphne)."""
 
 from __future__ import annotations
-
-import os
 
 import pytest
 
 from engine import Engine, EngineConfig, SamplingParams
-from tests.cluster import start_daphne
 from tests.e2e.conftest import signed_up_in_a_new_conversation
 
 pytestmark = [pytest.mark.smollm2, pytest.mark.slow]
@@ -16,17 +14,8 @@ QUESTION = "What is a Python list?"
 MAX_TOKENS = 40
 
 
-@pytest.fixture(scope="module")
-def smollm2_server(smollm2_gguf, tmp_path_factory):
-    env = {**os.environ, "WORKBENCH_MODEL": "smollm2", "WORKBENCH_TRANSPORT": "inprocess"}
-    server, address, _ = start_daphne(env, tmp_path_factory.mktemp("smollm2") / "db.sqlite3")
-    yield address
-    server.kill()
-    server.wait()
-
-
-def test_a_new_user_gets_the_default_models_greedy_answer(browser, smollm2_server, smollm2_gguf):
-    base = f"http://{smollm2_server}"
+def test_a_new_user_gets_the_default_models_greedy_answer(browser, smollm2_daphne):
+    base = f"http://{smollm2_daphne.address}"
     page = signed_up_in_a_new_conversation(browser, base, "newcomer")
     page.click("details summary")
     page.fill("#temperature", "0")

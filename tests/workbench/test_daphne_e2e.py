@@ -8,10 +8,12 @@ import re
 import urllib.error
 import urllib.request
 
+import jsonschema
 import openai
 import pytest
 import websockets
 
+from engine import Engine, EngineConfig, SamplingParams
 from tests.cluster import ROOT
 
 MESSAGES = [{"role": "user", "content": "What does the list type do?"}]
@@ -150,6 +152,61 @@ def test_openai_n_choices_are_their_own_sequences_reproducible_with_a_seed(daphn
     assert by_index == texts and chunks[-1].usage.completion_tokens == 12
 
 
+def ws_choices(address: str, token: str, frames: list[dict], cancel_after: str | None = None) -> list[dict]:
+    """The frames of requests sent with `params.n`, until each has had n `done` frames (or an `error`);
+    with `cancel_after`, a cancel of that request once its first delta has come."""
+    async def run():
+        received, dones, to_cancel = [], {f["request_id"]: f["params"]["n"] for f in frames}, cancel_after
+        async with websockets.connect(f"ws://{address}/ws/v1/generate",
+                                      additional_headers={"Authorization": f"Bearer {token}"}) as ws:
+            for frame in frames:
+                await ws.send(json.dumps(frame))
+            while any(dones.values()):
+                frame = json.loads(await asyncio.wait_for(ws.recv(), 30))
+                received.append(frame)
+                if frame["type"] == "delta" and frame["request_id"] == to_cancel:
+                    await ws.send(json.dumps({"type": "cancel", "request_id": to_cancel}))
+                    to_cancel = None
+                if frame["type"] == "done":
+                    dones[frame["request_id"]] -= 1
+                elif frame["type"] == "error":
+                    dones[frame["request_id"]] = 0
+        return received
+
+    return asyncio.run(run())
+
+
+def test_websocket_n_choices_name_their_choice_and_are_the_openai_apis_choices(daphne_server, request):
+    inprocess_only(request)
+    address, token = daphne_server
+    client = openai.OpenAI(base_url=f"http://{address}/v1", api_key=token, max_retries=0)
+    http = client.completions.create(model="demo", prompt="The list type", n=2, max_tokens=6, temperature=1.5,
+                                     seed=11, extra_body={"ignore_eos": True})
+    params = {"n": 2, "max_tokens": 6, "temperature": 1.5, "seed": 11, "ignore_eos": True}
+    # "long" would run to 400 tokens per choice: the cancel must reach both of its sequences.
+    frames = ws_choices(address, token, [
+        {"type": "generate", "request_id": "two", "prompt": "The list type", "params": params},
+        {"type": "generate", "request_id": "long", "prompt": "The list type",
+         "params": {"n": 2, "max_tokens": 400, "temperature": 0, "ignore_eos": True}}], cancel_after="long")
+
+    mine = [f for f in frames if f.get("request_id") == "two" and f["type"] != "accepted"]
+    assert mine and all(f["type"] in ("delta", "done") and f["choice"] in (0, 1) for f in mine), mine
+    for choice in (0, 1):
+        deltas = [f for f in mine if f["type"] == "delta" and f["choice"] == choice]
+        assert [d["index"] for d in deltas] == [sum(len(x["token_ids"]) for x in deltas[:i]) for i in range(len(deltas))]
+        assert "".join(d["text"] for d in deltas) == http.choices[choice].text  # choice i drew with seed + i
+    assert http.choices[0].text != http.choices[1].text, "liveness: each choice draws its own tokens"
+    dones = [f for f in mine if f["type"] == "done"]
+    assert sorted(d["choice"] for d in dones) == [0, 1] and mine[-1] is dones[-1]
+    assert dones[0]["usage"] is None and dones[-1]["usage"]["completion_tokens"] == 12  # usage once, at the end
+    assert dones[-1]["usage"]["prompt_tokens"] == http.usage.prompt_tokens  # the prompt counted once
+
+    cancelled = [f for f in frames if f.get("request_id") == "long" and f["type"] == "done"]
+    assert sorted(d["choice"] for d in cancelled) == [0, 1]
+    assert {d["finish_reason"] for d in cancelled} == {"canceled"}, "the cancel stops every choice"
+    assert cancelled[-1]["usage"]["completion_tokens"] < 2 * 400
+
+
 def test_openai_stop_token_ids_end_a_reply_and_min_tokens_hold_them_back(daphne_server, request):
     inprocess_only(request)
     address, token = daphne_server
@@ -163,6 +220,48 @@ def test_openai_stop_token_ids_end_a_reply_and_min_tokens_hold_them_back(daphne_
     held = client.completions.create(**ask, extra_body={"stop_token_ids": [ids[0]], "min_tokens": 3,
                                                          "ignore_eos": True})
     assert held.usage.completion_tokens >= 3
+
+
+def celery_only(request) -> None:
+    """For what must travel to a worker and back (the params' fields, a constraint compiled there): the
+    in-process run is covered by the modules that test it (test_structured_openai.py on SmolLM2)."""
+    if request.node.callspec.params["daphne_server"] != "celery":
+        pytest.skip("covered in-process elsewhere; this is the Celery transport's check")
+
+
+CODE = {"type": "regex", "regex": "[0-9]{3}-[a-z]{2}"}
+THING = {"type": "object", "additionalProperties": False, "required": ["ok", "n", "color"],
+         "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": 0, "maximum": 99},
+                        "color": {"enum": ["red", "green", "blue"]}}}
+LOOKUP = {"type": "function", "function": {"name": "lookup", "description": "Look a word up",
+                                           "parameters": {"type": "object", "additionalProperties": False,
+                                                          "required": ["word"],
+                                                          "properties": {"word": {"type": "string", "maxLength": 12}}}}}
+
+
+def test_response_format_and_a_forced_tool_call_travel_to_the_celery_workers(daphne_server, request):
+    celery_only(request)
+    address, token = daphne_server
+    client = openai.OpenAI(base_url=f"http://{address}/v1", api_key=token, max_retries=0)
+    # Seeded sampling that the demo model, left alone, never writes as such a code: the worker's
+    # constrained output is exactly the engine's own for the same request.
+    ask = dict(max_tokens=20, temperature=1.0, seed=4)
+    coded = client.completions.create(model="demo", prompt="The list type", extra_body={"response_format": CODE}, **ask)
+    [expected] = Engine(EngineConfig(model="demo")).generate(["The list type"],
+                                                             SamplingParams(response_format=CODE, **ask))
+    assert re.fullmatch(CODE["regex"], coded.choices[0].text) and coded.choices[0].text == expected.text
+    assert coded.choices[0].finish_reason == "stop"
+    fmt = {"type": "json_schema", "json_schema": {"name": "thing", "schema": THING}}
+    thing = client.chat.completions.create(model="demo", messages=MESSAGES, response_format=fmt,
+                                           **{**ask, "max_tokens": 40})  # room for the whole object
+    jsonschema.validate(json.loads(thing.choices[0].message.content), THING)
+    assert thing.choices[0].finish_reason == "stop"
+
+    forced = client.chat.completions.create(model="demo", messages=MESSAGES, tools=[LOOKUP], max_tokens=40,
+                                            tool_choice={"type": "function", "function": {"name": "lookup"}})
+    [call] = forced.choices[0].message.tool_calls
+    assert forced.choices[0].finish_reason == "tool_calls" and call.function.name == "lookup"
+    jsonschema.validate(json.loads(call.function.arguments), LOOKUP["function"]["parameters"])
 
 
 def test_a_request_naming_another_model_is_404_model_not_found(daphne_server):

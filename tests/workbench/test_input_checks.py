@@ -74,7 +74,12 @@ def test_a_generate_frame_names_exactly_one_prompt_and_its_params_follow_the_sha
     assert refusal(api_frames.generation, {"prompt": [True]}, None, "r") == ("invalid_request", "r")
     bad_params = {"prompt": "hi", "params": {"ignore_eos": 1}}
     assert refusal(api_frames.generation, bad_params, None, "r") == ("invalid_params", "r")
-    assert api_frames.generation({"prompt": [5]}, None, "r") == ([5], SamplingParams())
+    assert api_frames.generation({"prompt": [5]}, None, "r") == ([5], SamplingParams(), None)
+    # `n` rides in params (as in vLLM's SamplingParams) but is the request's, not one sequence's.
+    assert api_frames.generation({"prompt": [5], "params": {"n": 3, "seed": 1}}, None, "r") == (
+        [5], SamplingParams(seed=1), 3)
+    for n in (0, 9, True, 2.0, "2", None):
+        assert refusal(api_frames.generation, {"prompt": [5], "params": {"n": n}}, None, "r") == ("invalid_params", "r")
 
 
 def test_the_chat_frames_rules():

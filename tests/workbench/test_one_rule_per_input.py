@@ -127,11 +127,14 @@ async def test_raw_prompts_follow_one_rule_on_the_websocket_api_and_the_completi
             assert answer["error"]["param"] == "prompt" and answer["error"]["message"] == api["message"]
 
 
-async def test_n_is_a_json_integer_on_the_openai_views(api_user):
+async def test_n_is_a_json_integer_by_one_rule_on_the_openai_views_and_the_websocket_api(api_user):
     _, token = api_user
-    for n in (1.0, True, "1", 0, 9):
+    bad = (1.0, True, "1", 0, 9)
+    on_api = await api_answers(token, [{"prompt": "hi", "params": {"max_tokens": 1, "n": n}} for n in bad])
+    for n, api in zip(bad, on_api):
         status, answer = await openai_answer(token, "completions", {"prompt": "hi", "max_tokens": 1, "n": n})
-        assert status == 400 and answer["error"]["param"] == "n", (n, answer)
+        assert status == 400 and (answer["error"]["param"], answer["error"]["code"]) == ("n", "invalid_params"), answer
+        assert (api["type"], api["code"], api["message"]) == ("error", "invalid_params", answer["error"]["message"]), api
     assert (await openai_answer(token, "completions", {"prompt": "hi", "max_tokens": 1, "n": 1}))[0] == 200
 
 

@@ -1,15 +1,20 @@
 """workbench/api/tool_calls.py without a server: a forced call from a tiny random model is a valid call,
 calls parse out of whole and streamed text alike, messages with tool_calls and tool results render for
-a template without tools, and bad tools are refused naming the field."""
+a template without tools, a template that reads `tools` renders them itself (and `tool_choice: "none"`
+shows them to neither kind), and bad tools are refused naming the field."""
 
 from __future__ import annotations
 
 import json
+import shutil
 
 import jsonschema
 import pytest
 
 from engine import Engine, EngineConfig, SamplingParams
+from engine.loader import DEMO_MODEL_DIR
+from engine.tokenizer import Tokenizer
+from workbench.api import request_input
 from workbench.api import tool_calls
 from workbench.api.request_input import InvalidInput
 
@@ -74,6 +79,32 @@ def test_history_with_calls_and_results_renders_for_a_template_without_tools():
     assert rendered[3] == {"role": "user", "content": "<tool_response>\nsunny\n</tool_response>"}
     as_hf, shown = tool_calls.messages_for(messages, tools, template_takes_tools=True)
     assert shown == [WEATHER] and as_hf[1]["tool_calls"][0]["function"]["arguments"] == {"city": "Paris", "days": 1}
+
+
+# A template in HF's convention for tools: it reads the `tools` variable and writes each function itself.
+TOOLS_TEMPLATE = ("{% if tools %}<|im_start|>tools\n{% for t in tools %}{{ t.function.name }};{% endfor %}<|im_end|>\n"
+                  "{% endif %}{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                  "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def test_tools_reach_the_prompt_through_a_template_that_reads_them_and_never_with_choice_none(tmp_path):
+    shutil.copy(DEMO_MODEL_DIR / "tokenizer.json", tmp_path / "tokenizer.json")
+    config = json.loads((DEMO_MODEL_DIR / "tokenizer_config.json").read_text())
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": TOOLS_TEMPLATE}))
+    with_tools, without = Tokenizer.from_dir(tmp_path), Tokenizer.from_dir(DEMO_MODEL_DIR)
+    assert with_tools.takes_tools and not without.takes_tools
+    ask = [{"role": "user", "content": "Weather?"}]
+
+    def prompt(tokenizer: Tokenizer, choice: str) -> str:
+        tools = tool_calls.tools_of({"tools": [WEATHER, TIME], "tool_choice": choice})
+        messages, shown = tool_calls.messages_for(ask, tools, tokenizer.takes_tools)
+        return tokenizer.decode(request_input.chat_prompt(tokenizer, messages, tools=shown), skip_special_tokens=False)
+
+    assert "tools\nget_weather;get_time;" in prompt(with_tools, "auto")  # written by the template, not by us
+    assert tool_calls.OPEN not in prompt(with_tools, "auto"), "the template's own format, not the system block"
+    assert '"name": "get_weather"' in prompt(without, "auto")  # the system-prompt block instead
+    for tokenizer in (with_tools, without):
+        assert "get_weather" not in prompt(tokenizer, "none")
 
 
 @pytest.mark.parametrize("body, param", [

@@ -1,13 +1,39 @@
-"""The streams of an OpenAI request's `n` choices read as one: (choice index, event) in arrival order,
-until every choice has finished; and their usage summed (the prompt counted once, as OpenAI does).
+"""A request's `n` choices (the OpenAI API's `n`, the websocket API's `params.n`), each its own engine
+sequence: each one's params (its own seed), their streams read as one ((choice index, event) in arrival
+order, until every choice has finished), and their usage summed (the prompt counted once, as OpenAI does).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncGenerator
 
+from engine import SamplingParams
+from engine.sampling_params import is_integer
+from workbench.api.request_input import BAD_PARAMS, InvalidInput
 from workbench.serving.streams import RequestStream, StreamEvent
+
+MAX_N = 8  # choices per request: each is a sequence in the engine, and a request must not fill it alone
+SEED_SPAN = 2**64  # torch.Generator's seed range is [-2**63, 2**64): derived seeds wrap inside it
+
+
+def choice_count(value: object) -> int:
+    """`n` as sent (the OpenAI body's, the websocket API's params'): a JSON integer from 1 to MAX_N, one
+    rule and one message on both APIs."""
+    if not is_integer(value) or not 1 <= value <= MAX_N:
+        raise InvalidInput(BAD_PARAMS, f"n: must be an integer from 1 to {MAX_N}, got {value!r}", "n")
+    return value
+
+
+def choice_params(params: SamplingParams, n: int) -> list[SamplingParams]:
+    """Each choice's params: choice i draws with the request's seed + i (wrapped into the seed range),
+    so a seeded request repeats choice for choice and choice 0 is what n=1 gives; unseeded, each
+    choice's generator is seeded at random by the engine."""
+    if params.seed is None:
+        return [params] * n
+    low = -2**63
+    return [dataclasses.replace(params, seed=(params.seed + i - low) % SEED_SPAN + low) for i in range(n)]
 
 
 async def merged(streams: list[RequestStream]) -> AsyncGenerator[tuple[int, StreamEvent], None]:

@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
 
 from engine.tokenizer import Tokenizer
 from workbench.api import frames
 from workbench.api.auth import token_still_valid
+from workbench.api.choice_streams import choice_params, merged, summed_usage
 from workbench.api.json_socket import FrameError, JsonSocketConsumer
 from workbench.api.logprobs_shape import socket_logprobs
 from workbench.serving import bridge, limits, served_models
-from workbench.serving.streams import StreamEvent
+from workbench.serving.streams import RequestStream, StreamEvent
 
 
 class GenerateConsumer(JsonSocketConsumer):
@@ -33,13 +33,13 @@ class GenerateConsumer(JsonSocketConsumer):
         # The engine's id for each active request: unique per request, not per request_id, because a
         # client reuses its ids, and a cancel that lost the race with its request's end must not reach
         # (or be remembered for) the next request under the same id.
-        self.engine_ids: dict[str, str] = {}
+        self.engine_ids: dict[str, list[str]] = {}  # one per choice
         self.submitted = 0
         await self.accept()
 
     async def disconnect(self, code: int) -> None:
         for request_id in list(getattr(self, "active", {})):
-            bridge.transport().cancel(self.engine_ids[request_id])
+            self._cancel(request_id)
             self.active.pop(request_id).cancel()
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: object) -> None:
@@ -61,7 +61,11 @@ class GenerateConsumer(JsonSocketConsumer):
         if frames.kind(content) == "generate":
             await self._generate(content)
         else:
-            bridge.transport().cancel(self.engine_ids[frames.cancelled_request_id(content, self.active)])
+            self._cancel(frames.cancelled_request_id(content, self.active))
+
+    def _cancel(self, request_id: str) -> None:
+        for engine_id in self.engine_ids[request_id]:
+            bridge.transport().cancel(engine_id)
 
     async def _generate(self, frame: dict[str, object]) -> None:
         request_id = frames.new_request_id(frame, self.active)
@@ -72,35 +76,68 @@ class GenerateConsumer(JsonSocketConsumer):
         except Exception as exc:  # its files are not where the workers' WORKBENCH_MODEL names them
             raise FrameError("unavailable", f"this server cannot read the tokenizer of {model!r}: {exc}",
                              request_id) from None
-        prompt, params = frames.generation(frame, tokenizer, request_id)
+        prompt, params, n = frames.generation(frame, tokenizer, request_id)
         self.submitted += 1
         engine_id = f"ws-{self.socket_id}-{self.submitted}-{request_id}"
+        # One engine sequence per choice; the first keeps the request's engine id, as with one choice.
+        engine_ids = [engine_id if i == 0 else f"{engine_id}-{i}" for i in range(n or 1)]
         user = self.scope["user"]
         assert user is not None  # connect refused a socket without a signed-in user
         try:
-            admission = limits.admit(user.username)
+            admissions = limits.admit_all(user.username, n or 1)
         except limits.Refused as exc:
             raise FrameError(exc.code, exc.message, request_id, exc.retry_after) from None
-        stream = admission.submit(transport, engine_id, prompt, params, model)
-        self.engine_ids[request_id] = engine_id
-        self.active[request_id] = asyncio.create_task(self._relay(request_id, stream, tokenizer))
+        streams = [admission.submit(transport, choice_id, prompt, choice, model)
+                   for admission, choice_id, choice in zip(admissions, engine_ids, choice_params(params, n or 1))]
+        self.engine_ids[request_id] = engine_ids
+        relay = self._relay(request_id, streams, tokenizer) if n is None else \
+            self._relay_choices(request_id, streams, tokenizer)
+        self.active[request_id] = asyncio.create_task(relay)
         await self.send_json({"type": "accepted", "request_id": request_id})
 
-    async def _relay(self, request_id: str, stream: AsyncIterator[StreamEvent], tokenizer: Tokenizer) -> None:
+    async def _relay(self, request_id: str, streams: list[RequestStream], tokenizer: Tokenizer) -> None:
+        """A request of one choice (no `n` sent): its frames as they always were, without `choice`."""
         try:
-            async for event in stream:
-                if event.text or event.token_ids:
-                    delta = {"type": "delta", "request_id": request_id, "index": event.index,
-                             "text": event.text, "token_ids": event.token_ids}
-                    if event.logprobs is not None:  # one per token of token_ids, when the request asks
-                        delta["logprobs"] = socket_logprobs(tokenizer, event.logprobs)
-                    await self.send_json(delta)
-                if event.finished and event.error_code:
-                    await self.send_error(event.error_code, event.error or "", request_id)
-                elif event.finished:
-                    await self.send_json({"type": "done", "request_id": request_id,
-                                          "finish_reason": event.finish_reason, "usage": event.usage,
-                                          "timings": event.timings})
+            async for event in streams[0]:
+                await self._send_event(request_id, event, tokenizer, {}, event.usage)
         finally:
-            self.active.pop(request_id, None)
-            self.engine_ids.pop(request_id, None)
+            self._forget(request_id)
+
+    async def _relay_choices(self, request_id: str, streams: list[RequestStream], tokenizer: Tokenizer) -> None:
+        """A request sent with `n`: each frame names its `choice`; each choice ends with its own `done`, and
+        the last of them (the request's end) alone carries the usage, the prompt counted once. One choice
+        that fails ends the request with its `error` and stops the others, as on the OpenAI API."""
+        events, left = merged(streams), len(streams)
+        usages: list[dict | None] = [None] * len(streams)
+        try:
+            async for index, event in events:
+                if event.finished:
+                    usages[index], left = event.usage, left - 1
+                usage = summed_usage(usages) if event.finished and not left else None
+                await self._send_event(request_id, event, tokenizer, {"choice": index}, usage)
+                if event.error_code:
+                    break
+        finally:
+            await events.aclose()
+            for engine_id, stream in zip(self.engine_ids.get(request_id, []), streams):
+                if not stream.closed:  # a choice failed (or the socket went): nothing else may run on
+                    bridge.transport().cancel(engine_id)
+            self._forget(request_id)
+
+    async def _send_event(self, request_id: str, event: StreamEvent, tokenizer: Tokenizer, choice: dict[str, int],
+                          usage: dict | None) -> None:
+        if event.text or event.token_ids:
+            delta = {"type": "delta", "request_id": request_id, **choice, "index": event.index,
+                     "text": event.text, "token_ids": event.token_ids}
+            if event.logprobs is not None:  # one per token of token_ids, when the request asks
+                delta["logprobs"] = socket_logprobs(tokenizer, event.logprobs)
+            await self.send_json(delta)
+        if event.finished and event.error_code:
+            await self.send_error(event.error_code, event.error or "", request_id)
+        elif event.finished:
+            await self.send_json({"type": "done", "request_id": request_id, **choice,
+                                  "finish_reason": event.finish_reason, "usage": usage, "timings": event.timings})
+
+    def _forget(self, request_id: str) -> None:
+        self.active.pop(request_id, None)
+        self.engine_ids.pop(request_id, None)

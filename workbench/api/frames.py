@@ -9,7 +9,7 @@ from typing import Literal
 
 from engine import SamplingParams
 from engine.tokenizer import Tokenizer
-from workbench.api import request_input
+from workbench.api import choice_streams, request_input
 from workbench.api.json_input import LONE_SURROGATE
 from workbench.api.json_socket import FrameError
 from workbench.serving import served_models
@@ -67,13 +67,20 @@ def model(frame: dict[str, object], served: list[str], request_id: str | None = 
 
 
 def generation(frame: dict[str, object], tokenizer: Tokenizer,
-               request_id: str) -> tuple[str | list[int], SamplingParams]:
-    """The prompt (text or token ids; messages rendered by `tokenizer`) and the params of a generate frame."""
+               request_id: str) -> tuple[str | list[int], SamplingParams, int | None]:
+    """The prompt (text or token ids; messages rendered by `tokenizer`), the params and the number of
+    choices (`params.n`; None when not sent, a request of one choice whose frames carry no `choice`) of
+    a generate frame."""
     if ("prompt" in frame) == ("messages" in frame):
         raise FrameError("invalid_request", "send exactly one of prompt or messages", request_id)
     try:
         prompt = (request_input.prompt(frame["prompt"]) if "prompt" in frame
                   else request_input.chat_prompt(tokenizer, frame["messages"]))
-        return prompt, request_input.sampling_params(frame.get("params", {}), logprobs_allowed=True)
+        values, n = frame.get("params", {}), None
+        if isinstance(values, dict) and "n" in values:  # the choices are the request's, not a sequence's params
+            n = choice_streams.choice_count(values["n"])
+            values = {key: value for key, value in values.items() if key != "n"}
+        return prompt, request_input.sampling_params(values, logprobs_allowed=True), n
     except request_input.InvalidInput as exc:
         raise FrameError(exc.code, exc.message, request_id) from None
+

@@ -1,18 +1,15 @@
 """The OpenAI request fields that do not map one to one onto SamplingParams: `logprobs` and
 `top_logprobs` (whose meaning differs between the two endpoints) and `n` (one engine sequence per
-choice, each with its own seed). docs/PROTOCOL.md, "OpenAI-compatible HTTP API".
+choice, each with its own seed: workbench/api/choice_streams.py). docs/PROTOCOL.md, "OpenAI-compatible
+HTTP API".
 """
 
 from __future__ import annotations
 
-import dataclasses
-
-from engine import SamplingParams
 from engine.sampling_params import MAX_TOP_LOGPROBS, is_integer
+from workbench.api import choice_streams
 from workbench.api.http_api import ApiError
-
-MAX_N = 8  # choices per request: each is a sequence in the engine, and a request must not fill it alone
-SEED_SPAN = 2**64  # torch.Generator's seed range is [-2**63, 2**64): derived seeds wrap inside it
+from workbench.api.request_input import InvalidInput
 
 
 def endpoint_fields(kind: str) -> set[str]:
@@ -38,19 +35,10 @@ def logprob_values(kind: str, body: dict) -> dict[str, object]:
 
 
 def choice_count(body: dict) -> int:
-    n = body.get("n")
-    if n is None:
+    """The body's `n` (null or left out: one choice)."""
+    if body.get("n") is None:
         return 1
-    if not is_integer(n) or not 1 <= n <= MAX_N:
-        raise ApiError(400, f"n must be an integer in [1, {MAX_N}]", param="n")
-    return n
-
-
-def choice_params(params: SamplingParams, n: int) -> list[SamplingParams]:
-    """Each choice's params: choice i draws with the request's seed + i (wrapped into the seed range),
-    so a seeded request repeats choice for choice and choice 0 is what n=1 gives; unseeded, each
-    choice's generator is seeded at random by the engine."""
-    if params.seed is None:
-        return [params] * n
-    low = -2**63
-    return [dataclasses.replace(params, seed=(params.seed + i - low) % SEED_SPAN + low) for i in range(n)]
+    try:
+        return choice_streams.choice_count(body["n"])
+    except InvalidInput as exc:
+        raise ApiError.refused(exc) from None

@@ -21,7 +21,7 @@ from django.views.decorators.csrf import csrf_exempt
 from engine import SamplingParams
 from engine.tokenizer import Tokenizer
 from workbench.api import openai_params, request_input, tool_calls
-from workbench.api.choice_streams import merged, summed_usage
+from workbench.api.choice_streams import choice_params, merged, summed_usage
 from workbench.api.logprobs_shape import CompletionLogprobs, chat_content
 from workbench.api.http_api import ApiError, authenticate, check_model, json_body, refuse_unless_off, tokenizer_of
 from workbench.api.openai_usage import openai_usage
@@ -122,8 +122,8 @@ def _handler(kind: str):
         # One engine sequence per choice; the first keeps the request's id, as with n=1.
         choices = [_Choice(request_id if i == 0 else f"{request_id}-{i}", tokenizer,
                            params.logprobs is not None) for i in range(n)]
-        streams = [admission.submit(transport, choice.engine_id, prompt, choice_params, model)
-                   for admission, choice, choice_params in zip(admissions, choices, openai_params.choice_params(params, n))]
+        streams = [admission.submit(transport, choice.engine_id, prompt, sampling, model)
+                   for admission, choice, sampling in zip(admissions, choices, choice_params(params, n))]
         meta = {"id": request_id, "created": int(time.time()), "model": model}
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
@@ -138,14 +138,9 @@ def _handler(kind: str):
 
 def _admit(user: str, n: int) -> list[limits.Admission]:
     """One admission per choice (each is an engine sequence, so each counts toward the limits); all or none."""
-    admissions: list[limits.Admission] = []
     try:
-        for _ in range(n):
-            admissions.append(limits.admit(user))
-        return admissions
+        return limits.admit_all(user, n)
     except limits.Refused as exc:
-        for admission in admissions:
-            admission.release()
         raise ApiError(ERROR_STATUS[exc.code], exc.message, code=exc.code,
                        kind="rate_limit_error" if exc.code == "rate_limited" else "server_error",
                        retry_after=exc.retry_after) from None

@@ -15,7 +15,7 @@ from typing import Any
 from django.http import HttpRequest, JsonResponse
 
 from engine.sampling_params import MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS, MAX_TOP_LOGPROBS
-from workbench.api.openai_params import MAX_N
+from workbench.api.choice_streams import MAX_N
 
 
 def _nullable(schema: dict) -> dict:

@@ -157,3 +157,17 @@ LIMITER = Limiter()
 def admit(user: str) -> Admission:
     """This process's admission of a request for `user` (Refused when a limit says no)."""
     return LIMITER.admit(user)
+
+
+def admit_all(user: str, n: int) -> list[Admission]:
+    """Admissions for a request of `n` choices (each is an engine sequence, so each counts toward the
+    limits): all of them, or Refused with none held."""
+    admissions: list[Admission] = []
+    try:
+        for _ in range(n):
+            admissions.append(LIMITER.admit(user))
+        return admissions
+    except Refused:
+        for admission in admissions:
+            admission.release()
+        raise
