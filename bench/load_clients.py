@@ -43,6 +43,7 @@ class Spec:
 class Result:
     spec: Spec
     ending: str = "unanswered"  # done / canceled / dropped / error:<code> / unanswered:<exception>
+    message: str = ""  # an error's message, as the server wrote it
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
     gaps: int = 0
@@ -109,7 +110,7 @@ async def run_ws(address: str, token: str, spec: Spec) -> Result:
                 result.ending = "canceled" if frame["finish_reason"] == "canceled" else "done"
                 return result
             elif frame["type"] == "error":
-                result.ending = f"error:{frame['code']}"
+                result.ending, result.message = f"error:{frame['code']}", frame.get("message", "")
                 return result
 
 
@@ -140,8 +141,12 @@ async def run_openai(address: str, token: str, spec: Spec) -> Result:
             if spec.behaviour == "slow":
                 await asyncio.sleep(0.05)
         result.ending = "done"
-    except openai.APIStatusError as exc:
-        result.ending = f"error:{(exc.body or {}).get('code') if isinstance(exc.body, dict) else exc.status_code}"
+    except openai.APIConnectionError:
+        raise  # no answer at all (a timeout among them): counted as unanswered
+    except openai.APIError as exc:  # a refusal (APIStatusError), or an error event in the stream
+        body = exc.body if isinstance(exc.body, dict) else {}
+        result.ending = f"error:{body.get('code') or getattr(exc, 'status_code', None) or type(exc).__name__}"
+        result.message = str(body.get("message", exc))
     finally:
         await client.close()
     return result

@@ -16,7 +16,7 @@ from bench import soak
 from bench.load_clients import load, specs
 from bench.load_clients import soak as soak_load
 from bench.load_oracle import judge, solo
-from bench.load_stack import DEVICE_LOOP, GRAPHS, OPERATOR, Target, engines, runtime_check, set_flags
+from bench.load_stack import DEVICE_LOOP, GRAPHS, OPERATOR, Target, engines, runtime_check, set_flags, wait_healthy
 from engine import Engine, EngineConfig
 from tests.cluster import issue_tokens, operator_session
 
@@ -41,6 +41,7 @@ def target_on(request, transport: str) -> Target:
     served = request.getfixturevalue(f"{transport}_daphne")
     tokens = issue_tokens(served.env, served.db_path, USERS)
     session = operator_session(served.env, served.db_path, username=OPERATOR)[0]
+    wait_healthy(served.address)  # the transport started: /metrics names its workers
     if transport == "inprocess":
         return Target(transport, served.address, tokens, session)
     return Target(transport, served.address, tokens, session, served.env["REDIS_URL"],
