@@ -75,17 +75,36 @@ def specs(clients: int, per_client: int, users: list[str], seed: int, max_tokens
     return plan
 
 
+class ConnectTimeout(TimeoutError):
+    """No websocket handshake within RECEIVE_S."""
+
+
+class ReceiveTimeout(TimeoutError):
+    """Connected, but no frame within RECEIVE_S."""
+
+
+async def receive(ws) -> dict:
+    try:
+        return json.loads(await asyncio.wait_for(ws.recv(), RECEIVE_S))
+    except TimeoutError:
+        raise ReceiveTimeout(f"no frame within {RECEIVE_S} s") from None
+
+
 async def run_ws(address: str, token: str, spec: Spec) -> Result:
     result, request_id = Result(spec), f"r{spec.number}"
     started = time.monotonic()
     last = started
-    async with websockets.connect(f"ws://{address}/ws/v1/generate",
-                                  additional_headers={"Authorization": f"Bearer {token}"}) as ws:
+    try:
+        ws = await websockets.connect(f"ws://{address}/ws/v1/generate", open_timeout=RECEIVE_S,
+                                      additional_headers={"Authorization": f"Bearer {token}"})
+    except TimeoutError:
+        raise ConnectTimeout(f"no handshake within {RECEIVE_S} s") from None
+    async with ws:
         await ws.send(json.dumps({"type": "generate", "request_id": request_id, "prompt": spec.prompt,
                                   "params": spec.params}))
         deltas = 0
         while True:
-            frame = json.loads(await asyncio.wait_for(ws.recv(), RECEIVE_S))
+            frame = await receive(ws)
             now = time.monotonic()
             if frame["type"] == "delta":
                 if frame["index"] != len(result.token_ids):
@@ -157,7 +176,7 @@ async def run_one(address: str, tokens: dict[str, str], spec: Spec) -> Result:
     try:
         return await run(address, tokens[spec.user], spec)
     except Exception as exc:  # a client that got no answer is counted, not fatal to the run
-        return Result(spec, ending=f"unanswered:{type(exc).__name__}")
+        return Result(spec, ending=f"unanswered:{spec.api}:{type(exc).__name__}", message=str(exc)[:200])
 
 
 async def load(address: str, tokens: dict[str, str], plan: list[list[Spec]]) -> list[Result]:

@@ -181,8 +181,11 @@ def processes(target: Target) -> dict[str, int]:
     """role -> pid of each process serving the stack: "web" (listening on the address's port) and, on
     the Celery transport, "worker <id>" from each live heartbeat."""
     port = int(target.address.rsplit(":", 1)[1])
-    found = {"web": next(c.pid for c in psutil.net_connections(kind="tcp")
-                         if c.status == psutil.CONN_LISTEN and c.laddr.port == port and c.pid)}
+    web = next((c.pid for c in psutil.net_connections(kind="tcp")
+                if c.status == psutil.CONN_LISTEN and c.laddr.port == port and c.pid), None)
+    if web is None:
+        raise RuntimeError(f"no process of this user listens on {target.address}: the soak samples local processes only")
+    found = {"web": web}
     if target.redis_url and target.queue_prefix:
         client = redis.Redis.from_url(target.redis_url, socket_connect_timeout=2)
         keys = list(client.scan_iter(match=WORKER_KEY.format(prefix=target.queue_prefix, worker_id="*")))
