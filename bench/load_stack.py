@@ -129,8 +129,9 @@ async def engines(target: Target, timeout: float = 30) -> dict[str, dict]:
 
 
 async def set_flags(target: Target, values: dict[str, bool], timeout: float = 30) -> dict[str, dict]:
-    """Change runtime flags on every worker over the dashboard socket, as an operator does; returns
-    flag -> the flag_result frame (each worker's flags in force)."""
+    """Change runtime flags on every worker over the dashboard socket, as an operator does, and wait
+    until the dashboard's state shows them in force on every worker (a Celery worker's answer comes
+    before its next heartbeat); returns flag -> the flag_result frame."""
     results = {}
     async with dashboard(target.address, target.session) as ws:
         for name, value in values.items():
@@ -140,6 +141,12 @@ async def set_flags(target: Target, values: dict[str, bool], timeout: float = 30
                 if frame.get("type") in ("flag_result", "error") and frame.get("id") == name:
                     results[name] = frame
                     break
+    deadline = time.monotonic() + timeout
+    while not all(view["flags"].get(name) == value for view in (await engines(target)).values()
+                  for name, value in values.items()):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the dashboard did not show {values} in force within {timeout} s")
+        await asyncio.sleep(0.5)
     return results
 
 
