@@ -1,18 +1,30 @@
 """Load with a leak oracle: N concurrent clients over the websocket API and the OpenAI API, each answer
-compared with the same request run alone.
+compared with the same request run alone; and, with --soak, a soak that checks nothing grows.
 
-    .venv/bin/python bench/load.py [--clients 64] [--requests-per-client 2] [--users 16] [--seed 0]
-                                   [--max-tokens 48] [--address HOST:PORT --tokens FILE]
+    .venv/bin/python bench/load.py [--transport inprocess|celery] [--workers 2] [--clients 64]
+        [--requests-per-client 2] [--users 16] [--seed 0] [--max-tokens 48] [--greedy-share 0.5]
+        [--device-loop/--no-device-loop] [--graphs/--no-graphs] [--near-tie-eps 0.001]
+        [--soak SECONDS [--interval SECONDS]] [--address HOST:PORT --tokens FILE [--session COOKIE]]
 
-Without --address it starts a real in-process Daphne (as deployments start it, workbench/serve.py) over
-a fresh database, with tokens for --users users and the per-user limits off, on loopback only. Each
-request has a distinct prompt, greedy or seeded sampling, sometimes a stop string, and a max_tokens
-from 4 to --max-tokens; about 30% are canceled mid-stream, 10% drop their connection abruptly, 5% read slowly.
-Then, for every request: a completed answer must equal its solo run (token ids on the websocket API,
-text on the OpenAI API), a canceled or dropped one must be a prefix of it, and every websocket delta's
-index must continue where the last ended. Prints requests, tokens, mismatches, offset gaps, errors by
-code, TTFT and ITL percentiles; exits 1 on any mismatch, gap or unanswered request. Bounded: every
-receive has a 60 s limit. tests/workbench/test_load.py runs it small.
+Without --address it starts a real stack on loopback (bench/load_stack.py, through tests/cluster.py):
+in-process, one Daphne with the engine on a thread; celery, a private redis-server, --workers Celery GPU
+workers and one Daphne. A fresh database, tokens for --users users, the per-user limits off, the device
+loop and graphs on unless turned off (their ARC_* variables). It reads every engine's flags in force,
+device-loop bursts and graph replays from the dashboard socket before and after the run, prints them,
+and fails the run if an asked-for flag was not in force or never acted.
+
+Each request has a distinct prompt, greedy or seeded sampling, sometimes a stop string, and a max_tokens
+from 4 to --max-tokens; about 30% are canceled mid-stream, 10% drop their connection abruptly, 5% read
+slowly (bench/load_clients.py). The oracle (bench/load_oracle.py): a completed answer must equal its solo
+run, a canceled or dropped one must be a prefix of it, except where a greedy answer first differs at a
+near-tie the solo run logged (counted apart as forgiven); every websocket delta's index must continue
+where the last ended. Prints requests, tokens, endings and errors by code, mismatches, forgiven
+near-ties, offset gaps, TTFT and ITL percentiles; exits 1 on any mismatch, gap or unanswered request.
+
+--soak SECONDS runs the clients round and round over two plans for that long instead, pausing every
+--interval seconds (default: a tenth of the soak) to sample the idle stack (bench/soak.py); it prints
+the samples and a verdict per measure and exits 1 if any did not stay flat. Bounded: every receive has
+a 60 s limit, every wait for an idle stack 30 s; loopback only. tests/workbench/test_load.py runs it small.
 """
 
 from __future__ import annotations
@@ -20,231 +32,105 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import random
 import sys
 import tempfile
 import time
-from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import openai  # noqa: E402
-import websockets  # noqa: E402
+from bench import load_oracle, soak  # noqa: E402
+from bench.load_clients import Spec, load, specs  # noqa: E402
+from bench.load_clients import soak as soak_load  # noqa: E402
+from bench.load_stack import Target, engines, runtime_check, start  # noqa: E402
 
-from engine import Engine, EngineConfig, SamplingParams  # noqa: E402
-
-BASES = ["The list type", "A dictionary is", "This module provides", "Return the number of",
-         "If the file does not exist,", "The default value is", "Raise an exception when", "Each thread has"]
-RECEIVE_S = 60.0
+SOAK_PLANS = 2  # a soak repeats this many plans: the oracle's solo runs stay 2 x clients
 
 
-@dataclass
-class Spec:
-    """One request: what it asks and how its client behaves."""
-    number: int
-    api: str  # "ws" or "openai"
-    user: str
-    prompt: str
-    params: dict
-    behaviour: str  # "read", "cancel", "drop", "slow"
-    after: int  # deltas read before a cancel or drop
-
-
-@dataclass
-class Result:
-    spec: Spec
-    ending: str = "unanswered"  # done / canceled / dropped / error:<code> / unanswered
-    text: str = ""
-    token_ids: list[int] = field(default_factory=list)
-    gaps: int = 0
-    ttft: float | None = None
-    itls: list[float] = field(default_factory=list)
-
-
-def specs(clients: int, per_client: int, users: list[str], seed: int, max_tokens: int = 48) -> list[list[Spec]]:
-    rng = random.Random(seed)
-    plan = []
-    for client in range(clients):
-        mine = []
-        for k in range(per_client):
-            number = client * per_client + k
-            params: dict = {"max_tokens": rng.randint(4, max(4, max_tokens)), "ignore_eos": True}
-            params.update({"temperature": 0} if rng.random() < 0.5 else {"temperature": 0.8, "seed": rng.randint(0, 9999)})
-            if rng.random() < 0.2:
-                params["stop"] = ["."]
-            roll = rng.random()
-            behaviour = "cancel" if roll < 0.30 else "drop" if roll < 0.40 else "slow" if roll < 0.45 else "read"
-            mine.append(Spec(number, "ws" if client % 2 == 0 else "openai", users[client % len(users)],
-                             f"{BASES[number % len(BASES)]} (request {number})", params, behaviour, rng.randint(1, 3)))
-        plan.append(mine)
-    return plan
-
-
-def solo(all_specs: list[Spec]) -> dict[int, tuple[list[int], str]]:
-    """Each request alone on an engine of its own process: the oracle's answers."""
-    engine = Engine(EngineConfig(model="demo"))
-    answers = {}
-    for spec in all_specs:
-        out = engine.generate([spec.prompt], SamplingParams(**spec.params))[0]
-        answers[spec.number] = (list(out.token_ids), out.text)
-    return answers
-
-
-async def run_ws(address: str, token: str, spec: Spec) -> Result:
-    result, request_id = Result(spec), f"r{spec.number}"
+def run_load(target: Target, plan: list[list[Spec]]) -> tuple[list, float]:
     started = time.monotonic()
-    last = started
-    async with websockets.connect(f"ws://{address}/ws/v1/generate",
-                                  additional_headers={"Authorization": f"Bearer {token}"}) as ws:
-        await ws.send(json.dumps({"type": "generate", "request_id": request_id, "prompt": spec.prompt,
-                                  "params": spec.params}))
-        deltas = 0
-        while True:
-            frame = json.loads(await asyncio.wait_for(ws.recv(), RECEIVE_S))
-            now = time.monotonic()
-            if frame["type"] == "delta":
-                if frame["index"] != len(result.token_ids):
-                    result.gaps += 1
-                if result.ttft is None:
-                    result.ttft = now - started
-                elif frame["token_ids"]:
-                    result.itls.append((now - last) / len(frame["token_ids"]))
-                last = now
-                result.token_ids += frame["token_ids"]
-                result.text += frame["text"]
-                deltas += 1
-                if deltas == spec.after and spec.behaviour == "cancel":
-                    await ws.send(json.dumps({"type": "cancel", "request_id": request_id}))
-                elif deltas == spec.after and spec.behaviour == "drop":
-                    ws.transport.abort()  # no close frame: the server sees the connection vanish
-                    result.ending = "dropped"
-                    return result
-                if spec.behaviour == "slow":
-                    await asyncio.sleep(0.05)
-            elif frame["type"] == "done":
-                result.ending = "canceled" if frame["finish_reason"] == "canceled" else "done"
-                return result
-            elif frame["type"] == "error":
-                result.ending = f"error:{frame['code']}"
-                return result
+    results = asyncio.run(load(target.address, target.tokens, plan))
+    return results, time.monotonic() - started
 
 
-async def run_openai(address: str, token: str, spec: Spec) -> Result:
-    result = Result(spec)
-    client = openai.AsyncOpenAI(base_url=f"http://{address}/v1", api_key=token, max_retries=0, timeout=RECEIVE_S)
-    extra = {"ignore_eos": True}
-    kwargs = {k: v for k, v in spec.params.items() if k != "ignore_eos"}
-    started = time.monotonic()
-    last, chunks = started, 0
-    try:
-        stream = await client.completions.create(model="demo", prompt=spec.prompt, stream=True, extra_body=extra, **kwargs)
-        async for chunk in stream:
-            text = chunk.choices[0].text if chunk.choices else ""
-            if not text:
-                continue
-            now = time.monotonic()
-            if result.ttft is None:
-                result.ttft = now - started
-            else:
-                result.itls.append(now - last)
-            last, chunks = now, chunks + 1
-            result.text += text
-            if chunks == spec.after and spec.behaviour in ("cancel", "drop"):
-                await stream.close()  # HTTP has no cancel frame: going away is the cancel
-                result.ending = "canceled" if spec.behaviour == "cancel" else "dropped"
-                return result
-            if spec.behaviour == "slow":
-                await asyncio.sleep(0.05)
-        result.ending = "done"
-    except openai.APIStatusError as exc:
-        result.ending = f"error:{(exc.body or {}).get('code') if isinstance(exc.body, dict) else exc.status_code}"
-    finally:
-        await client.close()
-    return result
+def run_soak(target: Target, plans: list[list[list[Spec]]], seconds: float, interval: float) -> tuple[list, list]:
+    points: list[soak.Checkpoint] = []
+    began = time.monotonic()
 
+    async def checkpoint() -> None:
+        idle = await soak.quiesce(target)
+        points.append(await asyncio.to_thread(soak.sample, target, time.monotonic() - began, idle))
+        print(f"soak: checkpoint at {points[-1].at_s} s: {json.dumps(asdict(points[-1]))}", flush=True)
 
-async def load(address: str, tokens: dict[str, str], plan: list[list[Spec]]) -> list[Result]:
-    async def client(mine: list[Spec]) -> list[Result]:
-        done = []
-        for spec in mine:
-            run = run_ws if spec.api == "ws" else run_openai
-            try:
-                done.append(await run(address, tokens[spec.user], spec))
-            except Exception as exc:  # a client that got no answer is counted, not fatal to the run
-                done.append(Result(spec, ending=f"unanswered:{type(exc).__name__}"))
-        return done
+    async def run() -> list:
+        await checkpoint()
+        return await soak_load(target.address, target.tokens, plans, seconds, interval, checkpoint)
 
-    return [r for rs in await asyncio.gather(*(client(m) for m in plan)) for r in rs]
-
-
-def judge(results: list[Result], answers: dict[int, tuple[list[int], str]]) -> dict:
-    """The oracle: per request, what it got against what it gets alone."""
-    mismatches, endings = [], Counter(r.ending for r in results)
-    for r in results:
-        ids, text = answers[r.spec.number]
-        got, want = (r.token_ids, ids) if r.spec.api == "ws" else (r.text, text)
-        complete = r.ending == "done"
-        if (complete and got != want) or (not complete and r.ending in ("canceled", "dropped")
-                                          and want[:len(got)] != got):
-            mismatches.append(r.spec.number)
-    ttfts = sorted(r.ttft for r in results if r.ttft is not None)
-    itls = sorted(i for r in results for i in r.itls)
-    return {"requests": len(results), "tokens": sum(len(r.token_ids) for r in results), "endings": dict(endings),
-            "mismatches": mismatches, "offset_gaps": sum(r.gaps for r in results),
-            "unanswered": sum(n for e, n in endings.items() if e.startswith("unanswered")),
-            "ttft_ms": {q: round(1000 * pct(ttfts, q), 1) for q in (50, 90, 99)},
-            "itl_ms": {q: round(1000 * pct(itls, q), 1) for q in (50, 90, 99)}}
-
-
-def pct(values: list[float], q: float) -> float:
-    return values[min(len(values) - 1, int(len(values) * q / 100))] if values else float("nan")
-
-
-def own_server(workdir: Path, users: list[str]) -> tuple[object, str, dict[str, str]]:
-    from tests.cluster import issue_tokens, start_daphne
-
-    env = {**os.environ, "WORKBENCH_TRANSPORT": "inprocess", "WORKBENCH_USER_CONCURRENT_REQUESTS": "0",
-           "WORKBENCH_USER_REQUESTS_PER_MINUTE": "0"}
-    env.setdefault("WORKBENCH_SECRET_KEY", "bench-load-only-" + "x" * 40)
-    server, address, _ = start_daphne(env, workdir / "db.sqlite3")
-    return server, address, issue_tokens(env, workdir / "db.sqlite3", users)
+    return asyncio.run(run()), points
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--transport", choices=("inprocess", "celery"), default="inprocess")
+    parser.add_argument("--workers", type=int, default=2, help="Celery GPU workers (--transport celery)")
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--requests-per-client", type=int, default=2)
     parser.add_argument("--users", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-tokens", type=int, default=48, help="each request's max_tokens is 4 to this")
+    parser.add_argument("--greedy-share", type=float, default=0.5, help="share of greedy requests (the rest seeded)")
+    parser.add_argument("--device-loop", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--graphs", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--near-tie-eps", type=float, default=load_oracle.NEAR_TIE_EPS,
+                        help="a greedy answer's first differing token is forgiven within this logprob gap (nats)")
+    parser.add_argument("--soak", type=float, metavar="SECONDS", help="soak for this long and judge flatness")
+    parser.add_argument("--interval", type=float, help="seconds between the soak's checkpoints (default: soak/10)")
     parser.add_argument("--address", help="a running server (loopback); needs --tokens")
     parser.add_argument("--tokens", help="a JSON file {username: token} for --address")
+    parser.add_argument("--session", help="a staff session cookie for --address: the flags are read with it")
     args = parser.parse_args(argv)
+    if args.address and args.soak:
+        parser.error("--soak samples the processes of a stack it started: leave out --address")
     users = [f"load{i}" for i in range(args.users)]
-    server = None
     with tempfile.TemporaryDirectory() as workdir:
         if args.address:
-            address, tokens = args.address, json.loads(Path(args.tokens).read_text())
-            users = sorted(tokens)
+            tokens = json.loads(Path(args.tokens).read_text())
+            target, users = Target("given", args.address, tokens, args.session), sorted(tokens)
         else:
-            server, address, tokens = own_server(Path(workdir), users)
+            target = start(args.transport, Path(workdir), users, args.device_loop, args.graphs, args.workers)
         try:
-            plan = specs(args.clients, args.requests_per_client, users, args.seed, args.max_tokens)
-            started = time.monotonic()
-            results = asyncio.run(load(address, tokens, plan))
-            wall = time.monotonic() - started
+            before = asyncio.run(engines(target)) if target.session else {}
+            if args.soak:
+                plans = [specs(args.clients, args.requests_per_client, users, args.seed + k, args.max_tokens,
+                               k * args.clients * args.requests_per_client, args.greedy_share) for k in range(SOAK_PLANS)]
+                started = time.monotonic()
+                results, points = run_soak(target, plans, args.soak, args.interval or max(5.0, args.soak / 10))
+                wall = time.monotonic() - started
+            else:
+                plans = [specs(args.clients, args.requests_per_client, users, args.seed, args.max_tokens,
+                               greedy_share=args.greedy_share)]
+                results, wall = run_load(target, plans[0])
+            after = asyncio.run(engines(target)) if target.session else {}
         finally:
-            if server is not None:
-                server.terminate()
-                server.wait(timeout=10)
-    report = judge(results, solo([s for mine in plan for s in mine]))
-    report["wall_s"] = round(wall, 1)
+            target.stop()
+    report = load_oracle.judge(results, load_oracle.solo([s for plan in plans for mine in plan for s in mine],
+                                                         args.near_tie_eps))
+    report.update(transport=target.transport, near_tie_eps=args.near_tie_eps, wall_s=round(wall, 1))
+    failed = bool(report["mismatches"] or report["offset_gaps"] or report["unanswered"])
+    if target.session:
+        lines, runtime_ok = runtime_check(before, after, args.device_loop, args.graphs)
+        report["runtime"] = lines
+        failed |= not runtime_ok
+    else:
+        report["runtime"] = ["not read (no --session): the flags in force are unknown"]
+    if args.soak:
+        report["soak"] = soak.verdict(points)
+        report["soak_flat"] = all(row["flat"] for row in report["soak"])
+        failed |= not report["soak_flat"]
     print(json.dumps(report, indent=1))
-    return 1 if report["mismatches"] or report["offset_gaps"] or report["unanswered"] else 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -74,6 +74,25 @@ def issue_tokens(env: dict, db_path: Path, usernames: list[str]) -> dict[str, st
     return dict(line.split() for line in out.strip().splitlines())
 
 
+def operator_session(env: dict, db_path: Path, conversations: int = 0, username: str = "olga") -> tuple[str, list[int]]:
+    """A staff user `username` with the flag permission (made if absent), signed in: (the session cookie's
+    value, the ids of `conversations` new conversations it owns); made in one process, in the database
+    Daphne serves at `db_path`."""
+    script = (
+        "from django.contrib.auth import get_user_model; from django.contrib.auth.models import Permission\n"
+        "from django.test import Client; from workbench.chat.models import Conversation\n"
+        "user, _ = get_user_model().objects.get_or_create(username=sys.argv[1], defaults={'is_staff': True})\n"
+        "user.user_permissions.add(Permission.objects.get(codename='flip_flags'))\n"
+        "client = Client(); client.force_login(user)\n"
+        "ids = [Conversation.objects.create(owner=user).pk for _ in range(int(sys.argv[2]))]\n"
+        "print(client.cookies['sessionid'].value, *ids)")
+    env = {**env, "DJANGO_SETTINGS_MODULE": "workbench.settings", "WORKBENCH_DB_PATH": str(db_path)}
+    out = subprocess.run([sys.executable, "-c", f"import sys, django; django.setup(); exec({script!r})",
+                          username, str(conversations)],
+                         env=env, check=True, cwd=ROOT, capture_output=True, text=True).stdout.split()
+    return out[0], [int(pk) for pk in out[1:]]
+
+
 class RedisServer:
     """redis-server on a free port, keeping nothing on disk; stop() and start() keep the port."""
 

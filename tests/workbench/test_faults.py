@@ -16,8 +16,6 @@ import asyncio
 import json
 import socket
 import sqlite3
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -28,7 +26,7 @@ import redis
 import websockets
 
 from engine import Engine, EngineConfig, SamplingParams
-from tests.cluster import ROOT, Cluster, RedisServer
+from tests.cluster import Cluster, RedisServer, operator_session
 from workbench.serving.presence import WORKER_KEY, Heartbeat
 
 POISON = "poisoned row"  # tests/fault_worker.py's forward raises for a batch holding a prompt with this
@@ -150,23 +148,6 @@ def serves_again(stack: Stack, tag: str, timeout: float = 30) -> None:
         assert got.error in ("unavailable", "worker_lost", "overloaded"), got.end
         time.sleep(0.5)
     assert got.end["type"] == "done" and got.tokens == stack.solo[PROMPTS[0]], got.end
-
-
-def operator_session(env: dict, db_path: Path, conversations: int) -> tuple[str, list[int]]:
-    """A staff user with the flag permission, signed in (the session cookie's value), owning `conversations`
-    new conversations; made in one process, in the database Daphne serves."""
-    script = (
-        "from django.contrib.auth import get_user_model; from django.contrib.auth.models import Permission\n"
-        "from django.test import Client; from workbench.chat.models import Conversation\n"
-        "user = get_user_model().objects.create_user('olga', password='pw-olga-123', is_staff=True)\n"
-        "user.user_permissions.add(Permission.objects.get(codename='flip_flags'))\n"
-        "client = Client(); client.force_login(user)\n"
-        f"ids = [Conversation.objects.create(owner=user).pk for _ in range({conversations})]\n"
-        "print(client.cookies['sessionid'].value, *ids)")
-    env = {**env, "DJANGO_SETTINGS_MODULE": "workbench.settings", "WORKBENCH_DB_PATH": str(db_path)}
-    out = subprocess.run([sys.executable, "-c", f"import django; django.setup(); exec({script!r})"], env=env,
-                         check=True, cwd=ROOT, capture_output=True, text=True).stdout.split()
-    return out[0], [int(pk) for pk in out[1:]]
 
 
 def solo_runs() -> dict[str, list[int]]:

@@ -16,7 +16,7 @@ import queue
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, assert_never
 
 from engine import Engine, InvalidSamplingParams, PromptError, RequestError, SamplingParams
@@ -109,7 +109,14 @@ class EngineHost:
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
         self._engine: Engine | None = None
         self.startup_error: BaseException | None = None
-        self.load = Load()
+        self._load = Load()
+        # Requests handed over by another thread and not yet taken in by the engine thread (they wait
+        # for the step in flight, seconds under load): `load` counts them as held, so a Celery worker's
+        # heartbeat lists them and its web side does not take them for lost (issue 20's Celery load run:
+        # a first wave of requests all ended worker_lost while the worker's first step ran 5 s).
+        self._arriving: set[str] = set()
+        self._arriving_lock = threading.Lock()
+        self._taken_in: list[str] = []  # added to the engine (or refused) since the last published load
         self.metrics = EngineMetrics()
         self.engine_run = uuid.uuid4().hex[:12]  # this engine's start, as its records in the database name it
 
@@ -122,6 +129,15 @@ class EngineHost:
     def stop(self) -> None:
         self._commands.put(_Stop())
         self._thread.join(timeout=10)
+
+    @property
+    def load(self) -> Load:
+        """What the engine holds as of its last step, and the requests handed to it since (not yet taken
+        in): readable from any thread."""
+        load = self._load
+        with self._arriving_lock:
+            arriving = tuple(r for r in self._arriving if r not in load.request_ids)
+        return replace(load, request_ids=load.request_ids + arriving) if arriving else load
 
     @property
     def engine(self) -> Engine:
@@ -145,6 +161,8 @@ class EngineHost:
             user: str = "") -> None:
         # Stamped now: a request waits here for the step in flight, and that wait is part of its
         # queue time and time to first token (up to a whole step under load).
+        with self._arriving_lock:
+            self._arriving.add(request_id)
         self._commands.put(_Add(request_id, prompt, params, sink, user, time.monotonic()))
 
     def cancel(self, request_id: str, by_operator: bool = False) -> None:
@@ -206,6 +224,7 @@ class EngineHost:
 
     def _add(self, command: _Add) -> None:
         request_id, sink = command.request_id, command.sink
+        self._taken_in.append(request_id)  # held or answered from here on; _publish_load says so
         if self._canceled_early.pop(request_id, None) is not None:
             sink.push_threadsafe(StreamEvent(finished=True, finish_reason="canceled"))
             return
@@ -269,21 +288,25 @@ class EngineHost:
         if self._flags_waiting:
             self._publish_load()  # the flags now in force, before anyone hears they are
             for done in self._flags_waiting:
-                _tell(done, self.load.flags, None)
+                _tell(done, self._load.flags, None)
             self._flags_waiting.clear()
 
     def _publish_load(self) -> None:
         stats, request_ids, flags = self.engine.stats(), tuple(self._sinks), self.engine.flags()
-        self.load = Load(running=stats.running, waiting=stats.waiting,
-                         request_ids=request_ids, metrics=self.metrics.snapshot(stats),
-                         flags=flags, state=self._state(request_ids, flags))
+        self._load = Load(running=stats.running, waiting=stats.waiting,
+                          request_ids=request_ids, metrics=self.metrics.snapshot(stats),
+                          flags=flags, state=self._state(request_ids, flags))
+        if self._taken_in:  # after the new load: a request is always in one or the other
+            with self._arriving_lock:
+                self._arriving.difference_update(self._taken_in)
+            self._taken_in.clear()
 
     def _state(self, request_ids: tuple[str, ...], flags: Flags) -> Snapshot:
         now = time.monotonic()
         _, self._leak_cursor = self.engine.leak_events_since(self._leak_cursor)
         key = (request_ids, self._leak_cursor, tuple(flags.values()), self.sequences_in_state)
-        if self.load.state is not None and key == self._state_key and now - self._state_at < STATE_EVERY_S:
-            return self.load.state
+        if self._load.state is not None and key == self._state_key and now - self._state_at < STATE_EVERY_S:
+            return self._load.state
         self._state_key, self._state_at = key, now
         try:
             return engine_state(self.engine, self._users, with_sequences=self.sequences_in_state)
