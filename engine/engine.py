@@ -87,7 +87,7 @@ class Engine:
         self.device_loop = DeviceLoop(config.burst_length, self.loaded.device, length_limit=self.length_limit,
                                       enabled=config.device_loop, events=self.leak_events)
         limits = SchedulerLimits(max_num_seqs=config.max_num_seqs,
-                                 max_num_batched_tokens=config.max_num_batched_tokens,
+                                 max_num_batched_tokens=config.token_budget,
                                  max_model_len=self.max_model_len)
         self.scheduler = make_scheduler(config.scheduler, self.kv_cache, limits, config.swap_blocks,
                                         lookahead=self.device_loop.lookahead,  # grants each burst's KV room

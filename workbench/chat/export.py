@@ -22,7 +22,8 @@ def _message(message: Message) -> dict[str, object]:
                                  "created_at": message.created_at.isoformat()}
     if message.role == "assistant":
         record.update(finish_reason=message.finish_reason, error=message.error or None,
-                      usage={"prompt_tokens": message.prompt_tokens, "completion_tokens": message.completion_tokens},
+                      usage={"prompt_tokens": message.prompt_tokens, "completion_tokens": message.completion_tokens,
+                             "cached_tokens": message.cached_tokens},
                       timings={"time_to_first_token": message.time_to_first_token,
                                "decode_tokens_per_s": message.decode_tokens_per_s})
     return record
