@@ -7,7 +7,9 @@ Streaming use: `add_request`, then `step()` until `has_unfinished_requests()` is
 returns a `RequestOutput` delta for every request that moved. `abort` takes effect at the next step.
 
 `step()` reads as schedule -> run -> postprocess. Every state change goes through `Sequence.set_state`
-(the funnel); every finished sequence's blocks go back to the pool in the same step.
+(the funnel); every finished sequence's blocks go back to the pool in the same step. A prompt longer
+than the step's token budget (`max_num_batched_tokens`) is prefilled in chunks over several steps,
+beside the running decodes; it stays RunningPrompt until its last chunk, whose logits are sampled.
 
 A host that runs the engine on a thread of its own (workbench/serving/engine_host.py) reads it through
 the last section only: `stats()`, `apply_flags()`, `leak_events_since()`. (Over 300 lines: that
@@ -44,7 +46,7 @@ from engine.scheduler import SchedulerLimits, make_scheduler
 from engine.sequence import (Done, Error, FinishedAborted, FinishedIgnored, RunningCompletion, RunningPrompt,
                              Sequence, StopReason)
 from engine.stats import EngineStats
-from engine.step_data import NOTHING_RAN, RunnerOutput, ScheduledBatch
+from engine.step_data import NOTHING_RAN, RowOutput, RunnerOutput, ScheduledBatch
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +87,7 @@ class Engine:
         self.device_loop = DeviceLoop(config.burst_length, self.loaded.device, length_limit=self.length_limit,
                                       enabled=config.device_loop, events=self.leak_events)
         limits = SchedulerLimits(max_num_seqs=config.max_num_seqs,
-                                 max_num_batched_tokens=config.max_num_batched_tokens,
+                                 max_num_batched_tokens=config.token_budget,
                                  max_model_len=self.max_model_len)
         self.scheduler = make_scheduler(config.scheduler, self.kv_cache, limits, config.swap_blocks,
                                         lookahead=self.device_loop.lookahead,  # grants each burst's KV room
@@ -223,20 +225,28 @@ class Engine:
             if isinstance(exc, AliasedLogitsError):  # the step's bookkeeping is wrong: no row's token is trusted
                 self.leak_events.record(ALIASED_LOGITS, str(exc))
             elif len(requests) > 1:
-                return outputs + self._rows_alone(requests)
+                return outputs + self._rows_alone(requests, batch)
             for request in requests:
                 request.seq.set_state(Error(f"forward failed: {type(exc).__name__}: {exc}"))
             return outputs + [self._finish(request) for request in requests]
-        for request, row in zip(requests, self.last_step.rows):
-            outputs.append(self._postprocess(request, row.token, row.logprob))
+        for index, (request, row) in enumerate(zip(requests, self.last_step.rows)):
+            outputs += self._row_done(request, row, batch.feeds(index))
         return outputs
+
+    def _row_done(self, request: _Request, row: RowOutput, fed: int) -> list[RequestOutput]:
+        """A row's forward ran: its token postprocessed, or (a prefill chunk short of the prompt's end,
+        no token) its chunk counted as cached, with nothing to report yet."""
+        if row.token is None:
+            self._chunk_fed(request.seq, fed)
+            return []
+        return [self._postprocess(request, row.token, row.logprob)]
 
     def _sample_request(self, request: _Request) -> SampleRequest:
         seq = request.seq
         return SampleRequest(seq.params, seq.prompt_ids, seq.output_ids, request.generator, request.constraint,
                              self._suppressed(seq))
 
-    def _rows_alone(self, requests: list[_Request]) -> list[RequestOutput]:
+    def _rows_alone(self, requests: list[_Request], batch: ScheduledBatch) -> list[RequestOutput]:
         """A batched forward raised: run each row alone, so that only a row whose own forward raises
         errors, and the rest of the batch gets its token as if nothing happened (a request with a
         poisoned input must not cost everyone batched with it their answers; issue 20). Safe to
@@ -244,13 +254,16 @@ class Engine:
         tokens at the same positions; nothing was sampled (the failed step committed nothing). The
         device loop stands down for these rows first: the failed step may have taken parked tokens or
         half-run a burst, and a one-row batch reads the parked queue at row 0 (the owner tag would
-        drop every other row's queue as foreign); host decode recomputes what was parked."""
+        drop every other row's queue as foreign); host decode recomputes what was parked. A row fed a
+        prefill chunk is retried with the same chunk, so the budget and the prompt's progress hold."""
         for request in requests:
             self.device_loop.stand_down(request.seq)
-        outputs, rows = [], []
-        for request in requests:
+        outputs: list[RequestOutput] = []
+        rows: list[RowOutput] = []
+        for index, request in enumerate(requests):
+            fed = batch.feeds(index)
             try:
-                step = self.runner.run(ScheduledBatch((request.seq,)), [self._sample_request(request)])
+                step = self.runner.run(ScheduledBatch((request.seq,), chunks=(fed,)), [self._sample_request(request)])
             except Exception as exc:
                 log.warning("forward failed for %s alone: %s: %s", request.seq.request_id, type(exc).__name__, exc)
                 request.seq.set_state(Error(f"forward failed: {type(exc).__name__}: {exc}"))
@@ -258,9 +271,15 @@ class Engine:
                 continue
             [row] = step.rows
             rows.append(row)
-            outputs.append(self._postprocess(request, row.token, row.logprob))
+            outputs += self._row_done(request, row, fed)
         self.last_step = RunnerOutput(tuple(rows))
         return outputs
+
+    def _chunk_fed(self, seq: Sequence, tokens: int) -> None:
+        """A chunk of the prefill is in the cache: its full blocks are cached (findable) at once, so a
+        preemption or a same-prefix request meanwhile reuses them."""
+        seq.num_cached += tokens
+        self.scheduler.cache_computed(seq)
 
     def _postprocess(self, request: _Request, token: int, logprob: TokenLogprob | None) -> RequestOutput:
         seq = request.seq

@@ -18,6 +18,9 @@ from engine.model import ModelConfig
 from engine.scheduler import SCHEDULERS
 
 PREFIX_CACHE_SCOPES = ("user", "deployment")
+# The default step token budgets (max_num_batched_tokens unset); docs/OPERATIONS.md, "Chunked prefill".
+CPU_TOKEN_BUDGET = 256
+GPU_TOKEN_BUDGET = 2048
 
 
 @dataclass(frozen=True)
@@ -37,7 +40,10 @@ class EngineConfig:
     num_kv_blocks: int | None = None
     swap_blocks: int = 0            # host-memory blocks for swap preemption; 0: recompute only
     max_num_seqs: int = 64
-    max_num_batched_tokens: int = 4096
+    # The tokens one step may feed (chunked prefill, engine/scheduler/paged.py): a prompt longer than
+    # what the step's decodes leave is prefilled in chunks over several steps. None: the device's
+    # default (`token_budget`; docs/OPERATIONS.md, "Chunked prefill", says why these numbers).
+    max_num_batched_tokens: int | None = None
     max_model_len: int | None = None  # at most the model's max_position_embeddings
     # Whose cached prefixes a request may find (engine/prefix_cache.py): "user", its own user's only
     # (the requester's `cache_scope`); "deployment", every request's of this engine. Wider sharing is a
@@ -67,10 +73,13 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.scheduler not in SCHEDULERS:
             raise ValueError(f"scheduler must be one of {', '.join(SCHEDULERS)}, got {self.scheduler!r}")
-        for name in ("block_size", "kv_cache_mb", "max_num_seqs", "max_num_batched_tokens", "burst_length"):
+        for name in ("block_size", "kv_cache_mb", "max_num_seqs", "burst_length"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("num_kv_blocks", "max_model_len"):
+        budget = self.max_num_batched_tokens
+        if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool)):
+            raise ValueError(f"max_num_batched_tokens must be a whole number of tokens or None, got {budget!r}")
+        for name in ("num_kv_blocks", "max_model_len", "max_num_batched_tokens"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1 or None, got {getattr(self, name)}")
         if self.weights not in (None, "quantized", "dequantized"):
@@ -89,6 +98,14 @@ class EngineConfig:
         if self.weights == "quantized" and device.type != "cpu":
             raise ValueError("weights='quantized' runs on the CPU only (torch's int4 CPU kernel); "
                              f"use weights='dequantized' on {self.device!r}")
+
+    @property
+    def token_budget(self) -> int:
+        """max_num_batched_tokens, or the default for the device: a CPU step's time grows with every
+        token it feeds from the first, a GPU's hardly until a few thousand."""
+        if self.max_num_batched_tokens is not None:
+            return self.max_num_batched_tokens
+        return GPU_TOKEN_BUDGET if torch.device(self.device).type == "cuda" else CPU_TOKEN_BUDGET
 
     @property
     def weight_format(self) -> str:

@@ -3,7 +3,8 @@
 `run(batch, requests) -> RunnerOutput`. The device loop decides per row (engine/device_loop.py:
 DeviceLoop.plan): a parked token, else the burst the scheduler granted (its KV room is already in the
 block tables), else one ordinary forward and the sampler; the runner carries the plan out and says
-where each token came from. Decode-only forwards (bursts included) run the graphs' decode
+where each token came from. A row fed a prefill chunk that ends short of its prompt (chunked prefill,
+engine/scheduler/paged.py) is in that forward too, but gets no logits and no token. Decode-only forwards (bursts included) run the graphs' decode
 step (engine/graphs.py): with graphs on, the captured graph of their batch and block-count bucket is
 replayed; with graphs off, the same step runs eagerly. Logits carry the ids of the sequences they were
 computed for; sampling them for any other sequence fails the step loudly (AliasedLogitsError -> Error
@@ -60,42 +61,59 @@ class ModelRunner:
         served = {row: RowOutput(seqs[row].seq_id, token, None, TokenSource.PARKED)
                   for row, token in enumerate(plan.parked) if token is not None}
         if plan.unserved:
-            served |= self._serve(plan.unserved, seqs, plan.burst, requests)
+            served |= self._serve(plan.unserved, batch, plan.burst, requests)
         return RunnerOutput(tuple(served[row] for row in range(len(seqs))))
 
-    def _serve(self, rows: tuple[int, ...], batch: tuple[Sequence, ...], burst: BurstGrant | None,
+    def _serve(self, rows: tuple[int, ...], batch: ScheduledBatch, burst: BurstGrant | None,
                requests: list[SampleRequest]) -> dict[int, RowOutput]:
-        """The rows no parked token served: the granted burst, or (without one, or if it faulted) the forward."""
-        seqs = [batch[row] for row in rows]
+        """The rows no parked token served: the granted burst, or (without one, or if it faulted) the
+        forward. A chunk that ends short of its prompt is fed and sampled from nothing (CHUNK)."""
+        seqs = [batch.sequences[row] for row in rows]
         first = self._burst(burst, seqs) if burst is not None else None
         if first is not None:
             return {row: RowOutput(seq.seq_id, token, None, TokenSource.BURST)
                     for row, seq, token in zip(rows, seqs, first)}
-        logits = self.forward(seqs)
-        check_identity(logits, seqs)
-        sampled, records = sample(logits.values, [requests[row] for row in rows])
-        return {row: RowOutput(seq.seq_id, token, record, TokenSource.HOST)
-                for row, seq, token, record in zip(rows, seqs, sampled, records)}
+        complete = [batch.completes(row) for row in rows]
+        logits = self.forward(seqs, [batch.feeds(row) for row in rows], complete)
+        sampled_rows = [row for row, done in zip(rows, complete) if done]
+        sampled_seqs = [seq for seq, done in zip(seqs, complete) if done]
+        check_identity(logits, sampled_seqs)
+        served = {row: RowOutput(seq.seq_id, None, None, TokenSource.CHUNK)
+                  for row, seq, done in zip(rows, seqs, complete) if not done}
+        if sampled_rows:
+            tokens, records = sample(logits.values, [requests[row] for row in sampled_rows])
+            served |= {row: RowOutput(seq.seq_id, token, record, TokenSource.HOST)
+                       for row, seq, token, record in zip(sampled_rows, sampled_seqs, tokens, records)}
+        return served
 
     @torch.inference_mode()  # cheaper than no_grad: no version counters or view tracking per op
-    def forward(self, seqs: list[Sequence]) -> TaggedLogits:
-        """Logits of each sequence's last fed token; feeds every token not yet in the cache."""
+    def forward(self, seqs: list[Sequence], feeds: list[int] | None = None,
+                sampled: list[bool] | None = None) -> TaggedLogits:
+        """Logits of each sequence's last fed token. Each feeds `feeds[i]` of its uncached tokens (all
+        of them without `feeds`); with `sampled`, only the rows marked True get logits (a prefill
+        chunk that ends short of its prompt needs none)."""
         device = self.loaded.device
+        feeds = feeds if feeds is not None else [s.num_uncached for s in seqs]
+        sampled = sampled if sampled is not None else [True] * len(seqs)
+        kept = tuple(s.seq_id for s, keep in zip(seqs, sampled) if keep)
         if all(s.num_uncached == 1 for s in seqs):  # decode only: the graphs' metadata, replayed or not
             ids = device_tensor([s.last_token for s in seqs], device)
             positions = device_tensor([s.num_tokens - 1 for s in seqs], device)
             graphable = self._graphable(seqs)
             batch = self.graphs.prepare([s.block_table for s in seqs], pad_rows=graphable)
             logits = (self.graphs.replay if graphable else self.graphs.eager)(batch, ids, positions)
-            return TaggedLogits(logits, tuple(s.seq_id for s in seqs))
+            return TaggedLogits(logits, kept)
         metadata = AttentionMetadata.build(
             block_size=self.kv_cache.block_size, block_tables=[s.block_table for s in seqs],
-            cached_lens=[s.num_cached for s in seqs], query_lens=[s.num_uncached for s in seqs],
+            cached_lens=[s.num_cached for s in seqs], query_lens=feeds,
             sliding_window=self.loaded.config.sliding_window, device=device, dtype=self.loaded.dtype)
-        ids = device_tensor([t for s in seqs for t in s.uncached_tokens()], device)
+        ids = device_tensor([t for s, n in zip(seqs, feeds) for t in s.uncached_tokens()[:n]], device)
         model = self.loaded.model
         hidden = model(ids, metadata.positions, metadata, self.kv_cache)
-        return TaggedLogits(model.logits(hidden[metadata.last_token_index]), tuple(s.seq_id for s in seqs))
+        last = metadata.last_token_index
+        if not all(sampled):
+            last = last[device_tensor([row for row, keep in enumerate(sampled) if keep], device)]
+        return TaggedLogits(model.logits(hidden[last]), kept)
 
     def _burst(self, grant: BurstGrant, seqs: list[Sequence]) -> list[int] | None:
         """The granted burst's first tokens; None if it faulted."""

@@ -1,9 +1,10 @@
 """The data one engine step hands along: scheduler -> device loop -> runner -> engine, each frozen.
 
-- `ScheduledBatch`, the scheduler's output: the sequences of this forward in row order, those it
-  finished as FinishedIgnored, and the burst it granted (`BurstGrant`). Every KV block the step may
-  write, a burst's lookahead included, is in the rows' block tables before the batch exists: the runner
-  never asks the scheduler for room.
+- `ScheduledBatch`, the scheduler's output: the sequences of this forward in row order, how many
+  tokens each row feeds (a long prompt is prefilled in chunks over several steps; a row whose chunk
+  ends short of its prompt samples nothing), those it finished as FinishedIgnored, and the burst it
+  granted (`BurstGrant`). Every KV block the step may write, a burst's lookahead included, is in the
+  rows' block tables before the batch exists: the runner never asks the scheduler for room.
 - `StepPlan`, the device loop's decision for the batch (engine/device_loop.py:DeviceLoop.plan): the
   parked token each row was served, and whether the other rows run the granted burst or the host forward.
 - `RunnerOutput`, the runner's output: per row the token, its logprob record and where the token came
@@ -29,12 +30,22 @@ class BurstGrant:
 
 @dataclass(frozen=True)
 class ScheduledBatch:
-    sequences: tuple[Sequence, ...] = ()  # each feeds token_ids[num_cached:]; its index is its row
+    sequences: tuple[Sequence, ...] = ()  # each feeds token_ids[num_cached:][:feeds(row)]; its index is its row
     ignored: tuple[Sequence, ...] = ()    # newly FinishedIgnored, to report to clients
     burst: BurstGrant | None = None       # the lookahead granted for a burst; None: no burst this step
+    chunks: tuple[int, ...] = ()          # per row, the tokens it feeds; (): every row feeds all it has
 
     def __bool__(self) -> bool:
         return bool(self.sequences)
+
+    def feeds(self, row: int) -> int:
+        """The tokens this row feeds this step (the whole uncached rest, unless its prefill is chunked)."""
+        return self.chunks[row] if self.chunks else self.sequences[row].num_uncached
+
+    def completes(self, row: int) -> bool:
+        """Whether this row's forward reaches its last token, so its logits are sampled: false only
+        for a chunk of a prefill that continues next step."""
+        return self.feeds(row) == self.sequences[row].num_uncached
 
 
 @dataclass(frozen=True)
@@ -52,12 +63,13 @@ class TokenSource(enum.Enum):
     PARKED = "parked"  # drained from the row's parked slot: no launch this step
     BURST = "burst"    # the first token of a burst that ran this step
     HOST = "host"      # one forward and the sampler
+    CHUNK = "chunk"    # a prefill chunk short of the prompt's end: fed, nothing sampled (token None)
 
 
 @dataclass(frozen=True)
 class RowOutput:
     seq_id: int
-    token: int
+    token: int | None             # None only for a CHUNK row
     logprob: TokenLogprob | None  # None unless the row asks for logprobs or a confidence floor
     source: TokenSource
 

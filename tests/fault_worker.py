@@ -34,11 +34,11 @@ class PoisonedForward(RuntimeError):
 if POISON:
     _forward = ModelRunner.forward
 
-    def _poisoned_forward(self, seqs):
+    def _poisoned_forward(self, seqs, *chunking):  # chunking: each row's feeds and which rows sample
         tokenizer = self.loaded.tokenizer
         if any(POISON in tokenizer.decode(seq.prompt_ids) for seq in seqs):
             raise PoisonedForward(f"injected: a row's prompt holds {POISON!r}")
-        return _forward(self, seqs)
+        return _forward(self, seqs, *chunking)
 
     ModelRunner.forward = _poisoned_forward
 

@@ -119,12 +119,14 @@ class SchedulerBase(ABC):
             self.kv_cache.allocator.register(seq.block_table[index], seq.block_hashes[index])
         seq.num_registered = full
 
-    def _batch(self, sequences: list[Sequence], ignored: list[Sequence]) -> ScheduledBatch:
-        """The step's batch, with the burst the lookahead asks for if the pool can hold all of it now."""
+    def _batch(self, sequences: list[Sequence], ignored: list[Sequence],
+               chunks: tuple[int, ...] = ()) -> ScheduledBatch:
+        """The step's batch, with the burst the lookahead asks for if the pool can hold all of it now.
+        `chunks`: the tokens each row feeds (a chunked prefill); (): all it has."""
         seqs = tuple(sequences)
         wanted = self.lookahead(seqs) if self.lookahead is not None and seqs else None
         burst = wanted if wanted is not None and self._grant(seqs, wanted) else None
-        return ScheduledBatch(seqs, tuple(ignored), burst)
+        return ScheduledBatch(seqs, tuple(ignored), burst, chunks)
 
     def _grant(self, seqs: tuple[Sequence, ...], burst: BurstGrant) -> bool:
         """Room for every step of the burst in every row it serves, from free blocks, or none at all: a

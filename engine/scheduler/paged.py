@@ -7,6 +7,14 @@ the tokens it already generated prefilled again later; with prefix caching its o
 cached, so only what was evicted meanwhile is computed again). Then waiting sequences are admitted, oldest
 first, while blocks, the sequence limit and the token budget allow. A prompt that needs more blocks
 than the whole pool has is finished as FinishedIgnored with the reason.
+
+Chunked prefill: each step feeds at most `max_num_batched_tokens` tokens (`_chunks`). Decodes come
+first, one token each; a prompt longer than what is left is fed in chunks over several steps, in the
+same forwards as the running decodes, so a long paste does not freeze the other streams. Its blocks
+are reserved whole at admission; each chunk's full blocks are cached as soon as it is fed (the
+engine's `_chunk_fed`); a cached prefix is skipped and the chunks start after it. A sequence still
+mid-prefill feeds more than one token, so it is never served a parked token nor given a burst
+(engine/device_loop.py: both need a one-token decode).
 """
 
 from __future__ import annotations
@@ -77,12 +85,27 @@ class PagedScheduler(SchedulerBase):
     def schedule(self) -> ScheduledBatch:
         ignored: list[Sequence] = []
         preempted = self._keep_running_room()
-        budget = self.limits.max_num_batched_tokens - sum(s.num_uncached for s in self.running)
+        budget = self.limits.max_num_batched_tokens - sum(self._chunks())
         if not preempted:
             budget = self._swap_in(budget)
             if not self.swapped:  # swapped sequences come back before anyone new is admitted
                 ignored = self._admit(budget)
-        return self._batch(list(self.running), ignored)
+        return self._batch(list(self.running), ignored, tuple(self._chunks()))
+
+    def _chunks(self) -> list[int]:
+        """The tokens each running sequence feeds this step, row by row, within the token budget:
+        every decode its one token first, then each prefill, oldest first, as much of its prompt as
+        the budget has left. Every running sequence feeds at least one token, so none sits a step out
+        (its row would shift the others' parked slots) and none starves: the budget can be overrun by
+        one token per prefill past the first."""
+        left = self.limits.max_num_batched_tokens - sum(1 for s in self.running if s.num_uncached == 1)
+        chunks = []
+        for seq in self.running:
+            chunk = 1 if seq.num_uncached == 1 else max(1, min(seq.num_uncached, left))
+            if seq.num_uncached > 1:
+                left -= chunk
+            chunks.append(chunk)
+        return chunks
 
     def _keep_running_room(self) -> bool:
         """Give every running sequence a slot for the token it feeds, preempting the youngest when
@@ -122,15 +145,16 @@ class PagedScheduler(SchedulerBase):
             seq = self.swapped[0]
             assert self.swap_space is not None  # only a swap space's swap_out fills self.swapped
             needed = blocks_needed(seq.num_tokens, self.block_size)
-            if needed > self.kv_cache.allocator.num_free or budget < seq.num_uncached:
+            if needed > self.kv_cache.allocator.num_free or budget < 1:
                 break
             self.swapped.popleft()
             blocks = self.kv_cache.allocator.allocate(needed)
             self.swap_space.swap_in(seq, blocks[: len(self.swap_space.host_tables[seq.seq_id])])
             seq.block_table = blocks
-            seq.set_state(RunningCompletion())
+            # Swapped out mid-prefill, it goes on with its next chunk; otherwise it decodes.
+            seq.set_state(RunningPrompt() if seq.num_uncached > 1 else RunningCompletion())
             self.running.append(seq)
-            budget -= seq.num_uncached
+            budget -= min(seq.num_uncached, budget)
         return budget
 
     def _admit(self, budget: int) -> list[Sequence]:
@@ -143,14 +167,16 @@ class PagedScheduler(SchedulerBase):
                 continue
             if len(self.running) >= self.limits.max_num_seqs:
                 break
+            if budget < 1:  # this step's tokens are spent; it comes in next step
+                break
             self._take_cached_prefix(seq)  # what it finds cached costs neither budget nor new blocks
-            # A prompt over the token budget still runs when it would be alone, or it would never run.
-            if (seq.num_uncached > budget and self.running) or not self.reserve(seq, tokens):
+            # Blocks for the whole prompt now, its chunks or not: a chunked prefill never waits for room.
+            if not self.reserve(seq, tokens):
                 self._free_blocks(seq)  # the cached blocks it took go back, still cached
                 break
             self.waiting.remove(seq)
             seq.set_state(RunningPrompt())
             self.running.append(seq)
             self._admitted(seq)
-            budget -= seq.num_uncached
+            budget -= min(seq.num_uncached, budget)  # a prompt longer than what is left is chunked
         return ignored

@@ -117,6 +117,9 @@ function handle(frame) {
       const t = frame.timings || {};
       const parts = [frame.finish_reason];
       if (frame.usage) parts.push(`${frame.usage.completion_tokens} tokens`);
+      if (frame.usage && frame.usage.cached_tokens) {
+        parts.push(`${frame.usage.cached_tokens} of ${frame.usage.prompt_tokens} prompt tokens cached`);
+      }
       if (t.time_to_first_token != null) parts.push(`TTFT ${t.time_to_first_token.toFixed(3)} s`);
       if (t.decode_tokens_per_s != null) parts.push(`${t.decode_tokens_per_s.toFixed(1)} tok/s`);
       if (frame.error) parts.push(frame.error);

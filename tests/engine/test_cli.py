@@ -50,6 +50,7 @@ def test_bad_input_exits_2_with_one_line_naming_the_problem(tmp_path):
         (("--prompt", ""), "prompt is empty"),
         (("--model", str(tmp_path / "missing"), "--prompt", "x"), "is neither a known name"),
         (("--model", str(tmp_path), "--prompt", "x"), "config.json is missing"),
+        (("--prompt", "x", "--max-num-batched-tokens", "0"), "max_num_batched_tokens must be >= 1"),
     ]
     for args, message in cases:
         done = run_cli(*args)

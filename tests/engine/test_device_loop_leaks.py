@@ -215,8 +215,8 @@ def test_an_aliased_step_fails_instead_of_sampling_another_sequences_logits(chec
     recorded: list[TaggedLogits] = []
     real_forward = engine.runner.forward
 
-    def recording(seqs):
-        logits = real_forward(seqs)
+    def recording(seqs, *chunking):  # the runner also passes each row's feeds and which rows sample
+        logits = real_forward(seqs, *chunking)
         recorded.append(logits)
         return logits
 
@@ -226,7 +226,7 @@ def test_an_aliased_step_fails_instead_of_sampling_another_sequences_logits(chec
     stale = recorded[-1]
     # Liveness: the very same logits, tagged for their own sequence, sample without complaint.
     assert stale.seq_ids == (0,)
-    monkeypatch.setattr(engine.runner, "forward", lambda seqs: stale)  # served to B: an aliased step
+    monkeypatch.setattr(engine.runner, "forward", lambda seqs, *chunking: stale)  # served to B: an aliased step
     engine.add_request("B", PROMPT_B, SamplingParams(max_tokens=2, **GREEDY))
     [out] = engine.step()
     assert out.finished and out.finish_reason == "error" and "logits computed for sequences [0]" in out.error

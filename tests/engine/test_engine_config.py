@@ -12,6 +12,7 @@ import pytest
 
 from engine import EngineConfig
 from engine.capabilities import REGISTRY
+from engine.engine_config import CPU_TOKEN_BUDGET, GPU_TOKEN_BUDGET
 
 ROOT = Path(__file__).resolve().parents[2]
 START_FLAGS = [entry for entry in REGISTRY if entry.config_field]
@@ -78,3 +79,15 @@ def test_the_command_line_takes_the_flags_from_the_environment(tmp_path):
                             env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "HOME": str(tmp_path),
                                  "ARC_GRAPH_VERIFY_REPLAYS": "often"})
     assert result.returncode != 0 and "ARC_GRAPH_VERIFY_REPLAYS must be an integer" in result.stderr
+
+
+@pytest.mark.parametrize("budget", [0, -5, "512", 2.5, True])
+def test_a_bad_step_token_budget_is_refused_by_name(budget):
+    with pytest.raises(ValueError, match="max_num_batched_tokens must be"):
+        EngineConfig(max_num_batched_tokens=budget)
+
+
+def test_the_step_token_budget_defaults_by_device_and_a_given_one_wins():
+    assert EngineConfig().token_budget == CPU_TOKEN_BUDGET < GPU_TOKEN_BUDGET
+    assert EngineConfig(max_num_batched_tokens=96).token_budget == 96
+    assert EngineConfig(max_num_batched_tokens=96, device="cpu").max_num_batched_tokens == 96

@@ -26,10 +26,10 @@ def test_only_the_row_whose_forward_raises_errors(tiny_checkpoint, device_loop, 
     engine = Engine(EngineConfig(model=str(checkpoint), block_size=4, device_loop=device_loop))
     real_forward, real_run, batched_with_poison = ModelRunner.forward, ModelRunner.run, []
 
-    def poisoned(runner, seqs):
+    def poisoned(runner, seqs, *chunking):  # chunking: each row's feeds and which rows sample
         if any(POISON in runner.loaded.tokenizer.decode(s.prompt_ids) for s in seqs):
             raise RuntimeError("injected")
-        return real_forward(runner, seqs)
+        return real_forward(runner, seqs, *chunking)
 
     def step_batches(runner, batch, requests):  # the step's whole batch (some rows may be parked or burst)
         if any(POISON in runner.loaded.tokenizer.decode(s.prompt_ids) for s in batch.sequences):

@@ -40,7 +40,7 @@ def test_a_mode_that_decodes_like_eager_is_measured(bench, engine):
 
 
 def test_a_mode_whose_forward_fails_reports_why_instead_of_a_speed(bench, engine, monkeypatch):
-    def broken(seqs):
+    def broken(seqs, *chunking):
         raise RuntimeError("CUDA error: an illegal memory access")
 
     monkeypatch.setattr(engine.runner, "forward", broken)

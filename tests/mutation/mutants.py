@@ -96,7 +96,7 @@ MUTANTS = (
     Mutant(
         "aliased-logits check removed",
         "engine/runner.py",
-        "        check_identity(logits, seqs)\n",
+        "        check_identity(logits, sampled_seqs)\n",
         "",
         (f"{LEAKS}::test_an_aliased_step_fails_instead_of_sampling_another_sequences_logits",),
     ),

@@ -7,6 +7,7 @@ import json
 import pytest
 from channels.routing import URLRouter
 from channels.testing import WebsocketCommunicator
+from django.conf import settings
 from django.contrib.auth.models import AnonymousUser
 
 from workbench.chat.models import Conversation, Message
@@ -102,6 +103,13 @@ async def test_chat_socket_streams_stores_regenerates_and_refuses_strangers(user
 
     again = await talk(ws, {"type": "regenerate", "params": params})
     assert "".join(f["text"] for f in again if f["type"] == "delta") == streamed  # greedy: the same reply
+    # The same prompt again: the engine found its prefix cached, and the stored reply keeps how much.
+    cached = await sync_to_async(lambda: dict(conversation.messages.filter(role="assistant")
+                                              .values_list("pk", "cached_tokens")))()
+    assert cached == {frames[-1]["message_id"]: frames[-1]["usage"]["cached_tokens"],
+                      again[-1]["message_id"]: again[-1]["usage"]["cached_tokens"]}
+    if settings.WORKBENCH_TRANSPORT == "inprocess":  # over Celery the regenerate may reach the other worker's cache
+        assert again[-1]["usage"]["cached_tokens"] > 0, "liveness: the regenerated prompt hit the prefix cache"
     assert await sync_to_async(conversation.messages.count)() == 3, "the earlier reply kept as a version"
     assert await sync_to_async(lambda: conversation.shown_messages().count())() == 2
     assert again[-1]["versions"] == {"version": 2, "count": 2, "previous": frames[-1]["message_id"], "next": None}

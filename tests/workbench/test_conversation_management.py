@@ -22,7 +22,8 @@ def owned(django_user_model):
                                                sampling={"temperature": 0.2})
     asked = Message.objects.create(conversation=conversation, role="user", content="Where is the hidden key?")
     Message.objects.create(conversation=conversation, role="assistant", content="Under the blue stone.",
-                           finish_reason="stop", prompt_tokens=12, completion_tokens=5, reply_to=asked)
+                           finish_reason="stop", prompt_tokens=12, completion_tokens=5, cached_tokens=8,
+                           reply_to=asked)
     return alice, bob, conversation
 
 
@@ -93,7 +94,8 @@ def test_the_owner_renames_searches_exports_and_deletes(client, owned):
     assert (data["title"], data["system_prompt"], data["sampling"]) == ("Treasure hunt", "Be terse.", {"temperature": 0.2})
     assert [(m["role"], m["content"]) for m in data["messages"]] == [
         ("user", "Where is the hidden key?"), ("assistant", "Under the blue stone.")]
-    assert data["messages"][1]["usage"] == {"prompt_tokens": 12, "completion_tokens": 5}
+    assert data["messages"][1]["usage"] == {"prompt_tokens": 12, "completion_tokens": 5, "cached_tokens": 8}
+    assert "5 tokens · 8 of 12 prompt tokens cached" in client.get(base).content.decode(), "the reply's usage line"
 
     assert client.get(f"{base}/delete").status_code == 405  # a link cannot delete
     response = client.post(f"{base}/delete")

@@ -11,6 +11,7 @@ import sys
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
+from engine.engine_config import CPU_TOKEN_BUDGET
 from tests.cluster import ROOT
 from workbench.env import env_bool, env_float, env_int, env_list, env_str
 from workbench.secret_key import DEVELOPMENT_KEY, local_key
@@ -114,12 +115,21 @@ def start(code: str, **env: str) -> subprocess.CompletedProcess:
                                         ("WORKBENCH_DRAIN_S", "soon"), ("WORKBENCH_WORKER_CAPACITY", "2.5"),
                                         ("WORKBENCH_MAX_FRAME_BYTES", "0"), ("WORKBENCH_DEBUG", "maybe"),
                                         ("WORKBENCH_TRANSPORT", "kafka"), ("WORKBENCH_DTYPE", "float64"),
-                                        ("WORKBENCH_WEIGHTS", "int4"), ("WORKBENCH_QUEUE_PREFIX", "a b")])
+                                        ("WORKBENCH_WEIGHTS", "int4"), ("WORKBENCH_QUEUE_PREFIX", "a b"),
+                                        ("WORKBENCH_MAX_NUM_BATCHED_TOKENS", "0")])
 def test_a_bad_setting_stops_the_start_naming_variable_and_value(name, value):
     result = start("import workbench.settings", **{name: value})
     assert result.returncode != 0
     assert "ImproperlyConfigured" in result.stderr and f"{name} must be" in result.stderr
     assert f"not {value!r}" in result.stderr
+
+
+def test_the_served_engine_takes_its_step_token_budget_from_the_settings():
+    """Both transports build their engine's config in one place (workbench/serving/engine_settings.py)."""
+    read = ("import django; django.setup(); from workbench.serving.engine_settings import served_engine_config; "
+            "config = served_engine_config(); print(config.max_num_batched_tokens, config.token_budget)")
+    assert start(read).stdout.split() == ["None", str(CPU_TOKEN_BUDGET)], "unset: the engine's default for the CPU"
+    assert start(read, WORKBENCH_MAX_NUM_BATCHED_TOKENS="96").stdout.split() == ["96", "96"]
 
 
 def test_debug_is_off_unless_asked_for():

@@ -235,7 +235,8 @@ class ChatConsumer(JsonSocketConsumer):
     async def _done_fields(self, message: Message) -> dict[str, object]:
         """A stored reply's `done` fields, as the frame that ended it carried them."""
         usage = None if message.completion_tokens is None else {
-            "prompt_tokens": message.prompt_tokens, "completion_tokens": message.completion_tokens}
+            "prompt_tokens": message.prompt_tokens, "completion_tokens": message.completion_tokens,
+            "cached_tokens": message.cached_tokens}
         return {"message_id": message.pk, "finish_reason": message.finish_reason, "error": message.error or None,
                 "usage": usage, "timings": {"time_to_first_token": message.time_to_first_token,
                                             "decode_tokens_per_s": message.decode_tokens_per_s},
@@ -270,5 +271,6 @@ class ChatConsumer(JsonSocketConsumer):
         return self.conversation.add_reply(
             content=text, model=model, finish_reason=event.finish_reason or "",
             error=event.error or "", prompt_tokens=usage.get("prompt_tokens"),
-            completion_tokens=usage.get("completion_tokens"), time_to_first_token=timings.get("time_to_first_token"),
+            completion_tokens=usage.get("completion_tokens"), cached_tokens=usage.get("cached_tokens"),
+            time_to_first_token=timings.get("time_to_first_token"),
             decode_tokens_per_s=timings.get("decode_tokens_per_s"))

@@ -23,7 +23,8 @@ def _message(message: Message) -> dict[str, object]:
     if message.role == "assistant":
         record.update(model=message.model or settings.WORKBENCH_MODEL,  # blank: stored when only it was served
                       finish_reason=message.finish_reason, error=message.error or None,
-                      usage={"prompt_tokens": message.prompt_tokens, "completion_tokens": message.completion_tokens},
+                      usage={"prompt_tokens": message.prompt_tokens, "completion_tokens": message.completion_tokens,
+                             "cached_tokens": message.cached_tokens},
                       timings={"time_to_first_token": message.time_to_first_token,
                                "decode_tokens_per_s": message.decode_tokens_per_s})
     return record

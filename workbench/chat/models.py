@@ -190,6 +190,9 @@ class Message(models.Model):
     error = models.TextField(blank=True)
     prompt_tokens = models.PositiveIntegerField(null=True, blank=True)
     completion_tokens = models.PositiveIntegerField(null=True, blank=True)
+    # Of prompt_tokens, those whose keys/values the engine's prefix cache already held (the conversation
+    # so far, from the last turn); None for replies stored before it was kept.
+    cached_tokens = models.PositiveIntegerField(null=True, blank=True)
     time_to_first_token = models.FloatField(null=True, blank=True)
     decode_tokens_per_s = models.FloatField(null=True, blank=True)
     # The model that wrote it (workers may host different ones; the page's selector chooses). Blank:

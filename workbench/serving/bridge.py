@@ -35,13 +35,12 @@ _stoppers: list[Callable[[], None]] = []
 
 
 def _inprocess() -> Transport:
-    from engine import Engine, EngineConfig
+    from engine import Engine
     from workbench.serving.engine_host import EngineHost
+    from workbench.serving.engine_settings import served_engine_config
     from workbench.serving.inprocess import InProcessTransport
 
-    config = EngineConfig.from_env(model=settings.WORKBENCH_MODEL, device=settings.WORKBENCH_DEVICE,
-                                   dtype=settings.WORKBENCH_DTYPE, weights=settings.WORKBENCH_WEIGHTS,
-                                   prefix_cache_scope=settings.WORKBENCH_PREFIX_CACHE_SCOPE)
+    config = served_engine_config()
     return InProcessTransport(EngineHost(lambda: Engine(config), settings.WORKBENCH_STREAM_INTERVAL,
                                          settings.WORKBENCH_STREAM_GAP_S), config.model)
 

@@ -31,6 +31,7 @@ from django.conf import settings
 from engine import Engine, EngineConfig, InvalidSamplingParams, SamplingParams
 from workbench.serving import wire
 from workbench.serving.engine_host import STATE_EVERY_S, EngineHost
+from workbench.serving.engine_settings import served_engine_config
 from workbench.serving.outbox import Outbox
 from workbench.serving.presence import Heartbeat, Presence, admit_once
 from workbench.serving.redis_layer import OneTripChannelLayer, make_layer
@@ -317,9 +318,7 @@ def host() -> WorkerHost:
 def prepare_host() -> WorkerHost:
     """Before the worker consumes: its identity and queue (the engine loads later, in start())."""
     global _host
-    config = EngineConfig.from_env(model=settings.WORKBENCH_MODEL, device=settings.WORKBENCH_DEVICE,
-                                   dtype=settings.WORKBENCH_DTYPE, weights=settings.WORKBENCH_WEIGHTS,
-                                   prefix_cache_scope=settings.WORKBENCH_PREFIX_CACHE_SCOPE)
+    config = served_engine_config()
     _host = WorkerHost(new_worker_id(), config)
     return _host
 
