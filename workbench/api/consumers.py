@@ -99,6 +99,8 @@ class GenerateConsumer(JsonSocketConsumer):
         """A request of one choice (no `n` sent): its frames as they always were, without `choice`."""
         try:
             async for event in streams[0]:
+                if event.finished:
+                    self._forget(request_id)
                 await self._send_event(request_id, event, tokenizer, {}, event.usage)
         finally:
             self._forget(request_id)
@@ -109,17 +111,20 @@ class GenerateConsumer(JsonSocketConsumer):
         that fails ends the request with its `error` and stops the others, as on the OpenAI API."""
         events, left = merged(streams), len(streams)
         usages: list[dict | None] = [None] * len(streams)
+        engine_ids = self.engine_ids[request_id]
         try:
             async for index, event in events:
                 if event.finished:
                     usages[index], left = event.usage, left - 1
+                if event.error_code or (event.finished and not left):
+                    self._forget(request_id)
                 usage = summed_usage(usages) if event.finished and not left else None
                 await self._send_event(request_id, event, tokenizer, {"choice": index}, usage)
                 if event.error_code:
                     break
         finally:
             await events.aclose()
-            for engine_id, stream in zip(self.engine_ids.get(request_id, []), streams):
+            for engine_id, stream in zip(engine_ids, streams):
                 if not stream.closed:  # a choice failed (or the socket went): nothing else may run on
                     bridge.transport().cancel(engine_id)
             self._forget(request_id)
@@ -139,5 +144,9 @@ class GenerateConsumer(JsonSocketConsumer):
                                   "finish_reason": event.finish_reason, "usage": usage, "timings": event.timings})
 
     def _forget(self, request_id: str) -> None:
-        self.active.pop(request_id, None)
-        self.engine_ids.pop(request_id, None)
+        """Frees a request's id, from its relay task. Called before the request's last frame goes out, so a
+        client that reuses the id as soon as it hears `done` (or `error`) is not told it still runs; and
+        never frees the id again once a newer request on this socket has taken it."""
+        if self.active.get(request_id) is asyncio.current_task():
+            del self.active[request_id]
+            self.engine_ids.pop(request_id, None)
