@@ -28,9 +28,7 @@ class UnknownModel(Exception):
 def served() -> list[str]:
     """The models requests can be routed to now, in a stable order. The in-process transport's is its
     configured one, known without loading it (a page or /v1/models must not wait for a model load)."""
-    if settings.WORKBENCH_TRANSPORT != "celery" and bridge.running() is None:
-        return [settings.WORKBENCH_MODEL]
-    return bridge.transport().models()
+    return [settings.WORKBENCH_MODEL] if _engine_not_started() else bridge.transport().models()
 
 
 def default(names: list[str]) -> str:
@@ -56,6 +54,9 @@ def resolve(asked: object, names: list[str]) -> str:
 
 async def served_from_loop() -> list[str]:
     """served(), from an event loop: starting the Celery link blocks, so that on a thread."""
-    if settings.WORKBENCH_TRANSPORT != "celery" and bridge.running() is None:
-        return [settings.WORKBENCH_MODEL]
-    return (await bridge.transport_from_loop()).models()
+    return [settings.WORKBENCH_MODEL] if _engine_not_started() else (await bridge.transport_from_loop()).models()
+
+
+def _engine_not_started() -> bool:
+    """The in-process engine has not been started yet: its one model is the configured one."""
+    return settings.WORKBENCH_TRANSPORT != "celery" and bridge.running() is None
