@@ -4,9 +4,7 @@ Dequantized, every tensor goes through the `gguf` package's own dequantizer into
 Quantized (`weights="quantized"`), the linear weights stored as Q4_0, Q4_1 or Q8_0 keep those exact
 values in `QuantizedLinear` modules (engine/model/quantized.py) that replace the float `Linear`s;
 norms, biases, the embedding and every other type are dequantized as before. The tied output head
-shares the float embedding, since a lookup needs it in float anyway; a bfloat16 model served quantized
-also keeps the head's own quantized blocks for the few-row calls they compute faster
-(engine/model/quantized_head.py).
+shares the float embedding, since a lookup needs it in float anyway.
 """
 
 from __future__ import annotations
@@ -24,14 +22,10 @@ def load_gguf_weights(model: LlamaForCausalLM, checkpoint: GGUFCheckpoint, dtype
     expected = expected_tensors(model)
     seen: set[str] = set()
     kept = {}  # module path -> its GGUF tensor, for the weights served quantized
-    head = None  # the output head's GGUF tensor (the embedding's when tied), if it is a servable type
-    head_name = "model.embed_tokens.weight" if model.config.tie_word_embeddings else "lm_head.weight"
     with torch.no_grad():
         for tensor in checkpoint.tensors():
             check_tensor(expected, checkpoint.path.name, tensor.name, tensor.shape)
             seen.add(tensor.name)
-            if quantized and dtype == torch.bfloat16 and tensor.name == head_name and _servable_type(tensor):
-                head = tensor  # and dequantized below as well: lookups and many-row calls use the float copy
             if quantized and _servable_quantized(tensor):
                 kept[tensor.name.removesuffix(".weight")] = tensor
                 continue
@@ -47,12 +41,6 @@ def load_gguf_weights(model: LlamaForCausalLM, checkpoint: GGUFCheckpoint, dtype
             linear = getattr(owner, attr)
             setattr(owner, attr, QuantizedLinear.from_ggml(tensor.rows, tensor.qtype, linear.in_features,
                                                            bias=linear.bias))
-    if head is not None:
-        from engine.model.quantized import QuantizedLinear
-        from engine.model.quantized_head import QuantizedHead
-
-        model.quantized_head = QuantizedHead(QuantizedLinear.from_ggml(head.rows, head.qtype,
-                                                                       model.config.hidden_size))
 
 
 def _servable_quantized(tensor: GGUFTensor) -> bool:

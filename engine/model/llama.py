@@ -20,8 +20,6 @@ from engine.model.rope import rope_cos_sin, rope_inverse_frequencies
 
 if TYPE_CHECKING:  # kv_cache imports the model's config; a runtime import here would be circular
     from engine.kv_cache import PagedKVCache
-    # Needs the gguf package, which a float model (and the GPU image) lacks.
-    from engine.model.quantized_head import QuantizedHead
 
 
 class DecoderLayer(nn.Module):
@@ -55,9 +53,6 @@ class LlamaForCausalLM(nn.Module):
         self.model = DecoderStack(config)
         self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_weights()
-        # Set by the GGUF loader for a bfloat16 model served quantized: the file's head weight as stored,
-        # taken for the few-row calls it computes faster than lm_head (engine/model/quantized_head.py).
-        self.quantized_head: QuantizedHead | None = None
         # Kept in fp32 and outside the module's buffers so that model.to(bfloat16) cannot round it.
         self._inv_freq = {torch.device("cpu"): rope_inverse_frequencies(config)}
 
@@ -96,6 +91,6 @@ class LlamaForCausalLM(nn.Module):
         return self.model.norm(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        if self.quantized_head is not None and self.quantized_head.serves(hidden):
-            return self.quantized_head(hidden)
+        # One kernel whatever the row count: a row's logits must not depend on the rows beside it (batch
+        # invariance), so no faster route for few rows (docs/BENCHMARKS.md, session 12).
         return self.lm_head(hidden)

@@ -58,3 +58,23 @@ def test_quantized_greedy_tokens_equal_the_dequantized_models(tiny_gguf, qtype):
 def test_quantized_weights_are_refused_off_the_cpu():
     with pytest.raises(ValueError, match="weights='quantized' runs on the CPU only"):
         EngineConfig(device="meta", weights="quantized")
+
+
+def test_a_rows_bfloat16_logits_do_not_depend_on_the_rows_computed_beside_it(tiny_gguf):
+    """Batch invariance at the head in bfloat16 (`make run`'s SmolLM2 default): a decode's logits are the
+    same bits alone or beside others. A head that picks its kernel by row count (the int4 route for a few
+    rows, F.linear for many, as session 11 had) gives one request logits that differ by bfloat16's error
+    alone and batched: a different token at a near-tie, which the leak oracle and replay verification
+    would report as a leak. (Not asked in float32: there the CPU matmul itself is not bitwise
+    row-invariant, and the oracles forgive near-ties of 1e-4.)"""
+    dtype = "bfloat16"
+    path, _ = tiny_gguf("llama", "Q4_1", seed=3, embedding_qtype="Q8_0", tie_word_embeddings=True)
+    model = load_model(path, dtype=dtype, weights="quantized").model
+    torch.manual_seed(0)
+    hidden = torch.randn(9, model.config.hidden_size).to(getattr(torch, dtype))
+    with torch.no_grad():
+        alone = [model.logits(hidden[i : i + 1])[0] for i in range(len(hidden))]
+        for rows in range(2, len(hidden) + 1):
+            together = model.logits(hidden[:rows])
+            for i in range(rows):
+                assert torch.equal(together[i], alone[i]), f"row {i} of {rows} differs from its logits alone"
