@@ -7,6 +7,9 @@ time (time.process_time) around a run of decode steps at one thread moves much l
 size: `--batch` chat-templated prompts are prefilled and warmed up, then `--rounds` rounds of `--steps`
 decode steps are timed; the minimum round is the figure (the one least disturbed), printed with the
 load average. Compare two versions of the code by running this on each, one after the other, twice.
+`--threads N` runs torch at N threads instead of 1 (CPU time then sums the threads). `--kernels` also
+profiles one more round and prints the share of each of the costliest ops (torch.profiler self time),
+which says how much of a step is the weight kernels and how much the small ops around them.
 """
 
 from __future__ import annotations
@@ -31,11 +34,13 @@ def main() -> None:
     parser.add_argument("--batches", default="1,8")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--kernels", action="store_true", help="print the costliest ops' share of a step")
     args = parser.parse_args()
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     engine = Engine(EngineConfig(model=args.model, weights=args.weights, dtype=args.dtype))
     params = SamplingParams(max_tokens=100_000, temperature=0, ignore_eos=True)
-    print(f"{args.model} {args.weights} {args.dtype}, 1 thread, load average {os.getloadavg()}")
+    print(f"{args.model} {args.weights} {args.dtype}, {args.threads} thread(s), load average {os.getloadavg()}")
     for batch in (int(b) for b in args.batches.split(",")):
         ids = [f"b{batch}-{i}" for i in range(batch)]
         for i, request_id in enumerate(ids):
@@ -49,6 +54,8 @@ def main() -> None:
             for _ in range(args.steps):
                 engine.step()
             rounds.append((time.process_time() - start) / args.steps)
+        if args.kernels:
+            print_kernel_shares(engine, args.steps)
         for request_id in ids:
             engine.abort(request_id)
         while engine.has_unfinished_requests():
@@ -57,6 +64,21 @@ def main() -> None:
         print(f"batch {batch}: {best * 1e3:.2f} ms CPU a decode step (min of {args.rounds} rounds, median "
               f"{sorted(rounds)[len(rounds) // 2] * 1e3:.2f}), {batch / best:.1f} tok/s of decode by CPU time; "
               f"load average {os.getloadavg()[0]:.1f}")
+
+
+def print_kernel_shares(engine: Engine, steps: int, top: int = 6) -> None:
+    """The costliest ops of `steps` decode steps by self CPU time, each as a share of the total and in
+    ms a step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as profiler:
+        for _ in range(steps):
+            engine.step()
+    events = sorted(profiler.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    total = sum(e.self_cpu_time_total for e in events)
+    shares = ", ".join(f"{e.key} {100 * e.self_cpu_time_total / total:.0f}% "
+                       f"({e.self_cpu_time_total / steps / 1e3:.2f} ms)" for e in events[:top])
+    print(f"  profiled: {total / steps / 1e3:.2f} ms a step; {shares}")
 
 
 if __name__ == "__main__":

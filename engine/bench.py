@@ -10,7 +10,7 @@ prefill included.
 An HF directory (`demo` included): ours in four modes (host decode, the device decode loop in bursts
 of `--burst-length`, captured decode graphs, both) beside HF transformers on that directory.
 A GGUF file (`smollm2` included): ours with quantized weights in float32 and bfloat16 and with
-dequantized float32 weights (host decode only: the loop and graphs modes are left out, as they do not
+dequantized float32 and bfloat16 weights (bf16 matmuls run on AMX where the CPU has it) (host decode only: the loop and graphs modes are left out, as they do not
 pay on the CPU, see docs/BENCHMARKS.md), beside HF transformers loading the same file (fp32) and
 llama.cpp through `llama-cpp-python` on the same file with the same thread count, when installed
 (engine/bench_llama_cpp.py; 8 streams there are its batched API, 8 sequence ids in one context).
@@ -47,7 +47,7 @@ AGREEMENT_TOKENS = 32
 # (runner, reference) whose greedy tokens should be identical: the same weights in the same float type.
 EXPECTED_EQUAL = [("host", "HF"), ("deq fp32", "HF"), ("quant fp32", "deq fp32")]
 # Printed for information: bf16 rounding, and llama.cpp's own kernels (activations quantized to 8 bits).
-COMPARED = EXPECTED_EQUAL + [("quant bf16", "quant fp32"), ("llama.cpp", "quant fp32")]
+COMPARED = EXPECTED_EQUAL + [("quant bf16", "quant fp32"), ("deq bf16", "deq fp32"), ("llama.cpp", "quant fp32")]
 
 Generate = Callable[[list[list[int]]], list[list[int]]]  # prompt token ids -> new token ids, per prompt
 
@@ -112,7 +112,8 @@ def _runners(args: argparse.Namespace, transformers: ModuleType) -> tuple[dict[s
     modes = {name: Engine(EngineConfig.from_env(model=args.model, weights=weights, dtype=dtype))
              for name, weights, dtype in (("quant fp32", "quantized", "float32"),
                                           ("quant bf16", "quantized", "bfloat16"),
-                                          ("deq fp32", "dequantized", "float32"))}
+                                          ("deq fp32", "dequantized", "float32"),
+                                          ("deq bf16", "dequantized", "bfloat16"))}
     engine = modes["deq fp32"]
     hf = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
                                                            dtype=torch.float32).eval()
