@@ -28,7 +28,7 @@ MAX_TOKENS = 12
 # Three in four greedy: the loop bursts only an all-greedy decode batch, which the half-and-half
 # mix seldom gives four clients.
 GREEDY_SHARE = 0.75
-SOAK_S, SOAK_INTERVAL_S = 24.0, 6.0
+SOAK_S, SOAK_INTERVAL_S = 12.0, 3.0
 
 
 @pytest.fixture(scope="module")
