@@ -38,8 +38,10 @@ def test_decodes_progress_every_step_of_a_long_prefill(tiny_checkpoint):
         outputs = {o.request_id: o for o in engine.step()}
         assert {"a", "b"} <= outputs.keys() and all(len(outputs[r].token_ids) == 1 for r in ("a", "b")), \
             f"step {chunk_steps + 1} of the long prefill: the decodes did not each get a token: {outputs}"
-        if "long" in outputs:
-            break  # its last chunk ran: it sampled its first token
+        if "long" in outputs:  # it sampled its first token: only its last chunk may have
+            assert 6 * (chunk_steps + 1) == len(LONG), \
+                f"a token was sampled after {6 * (chunk_steps + 1)} of the prompt's {len(LONG)} tokens were fed"
+            break
         chunk_steps += 1
         [source] = [row.source for row in engine.last_step.rows if row.seq_id == long_seq.seq_id]
         assert source is TokenSource.CHUNK and isinstance(long_seq.state, RunningPrompt)
@@ -66,7 +68,7 @@ def test_chunked_answer_equals_unchunked_after_a_cached_prefix(tiny_checkpoint):
             assert output.usage is None or output.usage.cached_tokens == 100
         steps += 1
     assert steps == 7 + 39, "50 uncached tokens in chunks of 8 (7 steps, the last one samples), then 39 decodes"
-    assert tokens == expected.token_ids
+    assert tokens == expected.token_ids, "the chunked answer after a cached prefix differs from the unchunked one"
 
 
 def test_abort_mid_prefill_leaves_the_pool_whole(tiny_checkpoint):

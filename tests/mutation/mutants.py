@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 LEAKS = "tests/engine/test_device_loop_leaks.py"
 PREFIX = "tests/engine/test_prefix_cache.py"
+CHUNKED = "tests/engine/test_chunked_prefill.py"
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,24 @@ MUTANTS = (
         "            return False\n",
         "",
         (f"{PREFIX}::test_a_burst_is_never_granted_room_in_a_block_another_sequence_holds",),
+    ),
+    Mutant(
+        # A chunk's last logits are a plausible token: emitted, the rest of the prompt is never prefilled.
+        "a prefill chunk sampled before its prompt's end",
+        "engine/step_data.py",
+        "        return self.feeds(row) == self.sequences[row].num_uncached\n",
+        "        return True\n",
+        (f"{CHUNKED}::test_decodes_progress_every_step_of_a_long_prefill",),
+    ),
+    Mutant(
+        # A chunk placed at position 0: it overwrites the prompt's start (a cached prefix's shared blocks
+        # included) and its own positions are never written.
+        "a prefill chunk's cached-length offset skipped",
+        "engine/runner.py",
+        "            cached_lens=[s.num_cached for s in seqs], query_lens=feeds,\n",
+        "            cached_lens=[0 if n < s.num_uncached else s.num_cached for s, n in zip(seqs, feeds)],\n"
+        "            query_lens=feeds,\n",
+        (f"{CHUNKED}::test_chunked_answer_equals_unchunked_after_a_cached_prefix",),
     ),
     Mutant(
         "a SequenceState variant added without a funnel arm",
