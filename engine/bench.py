@@ -61,6 +61,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch (and llama.cpp) threads "
                         "(default: torch's choice)")
     parser.add_argument("--burst-length", type=int, default=8)
+    parser.add_argument("--skip", default="", help="runners to leave out, comma-separated (e.g. 'quant fp32', "
+                        "whose scalar kernel makes it the slowest row by far)")
 
 
 def _median_seconds(run: Callable[[], None], repeats: int) -> float:
@@ -167,6 +169,11 @@ def run_bench(args: argparse.Namespace) -> int:
         args.max_tokens = 128 if is_gguf(resolve_model_path(args.model)) else 64
     print(f"load average at start {os.getloadavg()}, {os.cpu_count()} CPUs", flush=True)
     runners, references, engine, closing = _runners(args, transformers)
+    for name in filter(None, (n.strip() for n in args.skip.split(","))):
+        if name not in runners:
+            print(f"error: --skip {name!r}: no such runner (runners: {', '.join(runners)})", file=sys.stderr)
+            return 2
+        del runners[name]
     prompts = _prompts(engine)
     print(f"model {args.model}: {engine.loaded.config.num_hidden_layers} layers, {len(prompts)} prompts "
           f"({'chat-templated' if engine.tokenizer.chat_template else 'raw text'}), {args.max_tokens} new "

@@ -36,7 +36,7 @@ from engine.cuda_capture import capture, root_cause
 from engine.host_copy import device_tensor
 from engine.kv_cache import PagedKVCache, blocks_needed
 from engine.model import LlamaForCausalLM
-from engine.model.attention import decode_metadata
+from engine.model.attention_metadata import decode_metadata
 
 log = logging.getLogger(__name__)
 

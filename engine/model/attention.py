@@ -1,114 +1,24 @@
-"""Grouped-query self-attention over the paged KV cache, and the metadata that drives it.
+"""Grouped-query self-attention over the paged KV cache.
 
 The batch is a flat run of tokens from several sequences (prefills and decodes mixed). Attention never
-looks up global state: `AttentionMetadata` says, per token, its position and cache slot, and per
-sequence, where its queries start, how long its history is and which blocks hold it. The metadata is
-built once per step and shared by every layer, so the per-layer work is write-slots, gather, attend.
+looks up global state: `AttentionMetadata` (engine/model/attention_metadata.py) says, per token, its
+position and cache slot, and splits the step into its decodes, attended together as in a step of
+decodes only, and its prefills, each attended alone over its own keys. The metadata is built once
+per step and shared by every layer, so the per-layer work is write-slots, gather, attend.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from engine.host_copy import device_tensor
+from engine.model.attention_metadata import AttentionMetadata, DecodeGroup, PrefillGroup
 from engine.model.config import ModelConfig
 from engine.model.layers import Linear, fuse_projections
 from engine.model.rope import apply_rope
-
-
-@dataclass(frozen=True)
-class AttentionMetadata:
-    positions: torch.Tensor      # [N] position of each flat token
-    slot_mapping: torch.Tensor   # [N] cache slot each token's key/value is written to
-    block_tables: torch.Tensor   # [B, max_blocks] each sequence's blocks, padded with its last (masked)
-    query_index: torch.Tensor    # [B, Tq] flat index of each sequence's i-th query (padding points at 0)
-    valid_queries: torch.Tensor  # [N] indices into the flattened [B * Tq] padded queries that are real
-    attn_mask: torch.Tensor      # [B, 1, Tq, max_blocks * block_size] additive: 0 may attend, -inf not
-    last_token_index: torch.Tensor  # [B] flat index of each sequence's last token (whose logits are sampled)
-    decode_only: bool               # every sequence feeds exactly one token
-    block_size: int
-
-    @classmethod
-    def build(cls, *, block_size: int, block_tables: list[list[int]], cached_lens: list[int],
-              query_lens: list[int], sliding_window: int | None = None,
-              device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> "AttentionMetadata":
-        """Metadata for one step. Sequence b already has cached_lens[b] tokens in its blocks and feeds
-        query_lens[b] new tokens (its whole prompt for a prefill, 1 for a decode)."""
-        if not (len(block_tables) == len(cached_lens) == len(query_lens)) or not query_lens:
-            raise ValueError("block_tables, cached_lens and query_lens must be non-empty and of one length")
-        for b, table in enumerate(block_tables):
-            if len(table) * block_size < cached_lens[b] + query_lens[b]:
-                raise ValueError(f"sequence {b}: {cached_lens[b] + query_lens[b]} tokens do not fit its "
-                                 f"{len(table)} blocks")
-        # Plain Python lists first, one tensor per field at the end: this runs every step, and many
-        # small tensor operations cost more than the arithmetic.
-        max_q, max_blocks = max(query_lens), max(len(t) for t in block_tables)
-        positions: list[int] = []
-        slots: list[int] = []
-        query_index: list[list[int]] = []
-        query_pos: list[list[int]] = []
-        last: list[int] = []
-        flat = 0
-        for table, cached, count in zip(block_tables, cached_lens, query_lens):
-            new = range(cached, cached + count)
-            positions.extend(new)
-            slots.extend(table[p // block_size] * block_size + p % block_size for p in new)
-            query_index.append(list(range(flat, flat + count)) + [0] * (max_q - count))
-            query_pos.append(list(new) + [-1] * (max_q - count))
-            flat += count
-            last.append(flat - 1)
-        # Padded with the sequence's own last block: masked either way, but a sequence never reads
-        # another sequence's memory, whatever state it is in.
-        padded_tables = [t + t[-1:] * (max_blocks - len(t)) for t in block_tables]
-        valid_queries = [b * max_q + i for b, count in enumerate(query_lens) for i in range(count)]
-        device = torch.device(device)
-
-        # Every field from host lists in one pinned, non-blocking copy each (engine/host_copy.py); the
-        # mask, the largest, is built on the device from the query positions.
-        query_pos_t = device_tensor(query_pos, device)[:, :, None]                  # [B, Tq, 1]
-        key_pos = torch.arange(max_blocks * block_size, device=device)[None, None]  # [1, 1, Tk]
-        allowed = key_pos <= query_pos_t  # causal; also excludes keys past the sequence's length
-        if sliding_window is not None:
-            allowed &= key_pos > query_pos_t - sliding_window
-        valid = query_pos_t[:, :, 0] >= 0
-        # Padding rows attend key 0 only, so softmax never sees an all-masked row (NaN); they are dropped.
-        allowed |= (~valid[:, :, None]) & (key_pos == 0)
-        # Additive, in the activation dtype (SDPA's fused kernels want the bias to match the queries),
-        # made once per step: a boolean mask would be converted again by every layer.
-        mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, float("-inf")).unsqueeze(1)
-        return cls(
-            positions=device_tensor(positions, device),
-            slot_mapping=device_tensor(slots, device),
-            block_tables=device_tensor(padded_tables, device),
-            query_index=device_tensor(query_index, device),
-            valid_queries=device_tensor(valid_queries, device),
-            attn_mask=mask,
-            last_token_index=device_tensor(last, device),
-            decode_only=max_q == 1,
-            block_size=block_size,
-        )
-
-
-def decode_metadata(block_tables: torch.Tensor, positions: torch.Tensor, block_size: int,
-                    sliding_window: int | None, dtype: torch.dtype) -> AttentionMetadata:
-    """Metadata for a batch of one-token decodes, from device tensors by tensor operations only: what
-    a captured graph can recompute on replay from its static buffers, with no host values."""
-    batch, max_blocks = block_tables.shape
-    rows = torch.arange(batch, device=positions.device)
-    slots = block_tables[rows, positions // block_size] * block_size + positions % block_size
-    key_pos = torch.arange(max_blocks * block_size, device=positions.device)[None, :]
-    allowed = key_pos <= positions[:, None]
-    if sliding_window is not None:
-        allowed &= key_pos > positions[:, None] - sliding_window
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=positions.device).masked_fill_(~allowed, float("-inf"))
-    return AttentionMetadata(positions=positions, slot_mapping=slots, block_tables=block_tables,
-                             query_index=rows[:, None], valid_queries=rows, attn_mask=mask[:, None, None, :],
-                             last_token_index=rows, decode_only=True, block_size=block_size)
 
 
 class Attention(nn.Module):
@@ -161,31 +71,55 @@ class Attention(nn.Module):
         return out.transpose(1, 2)
 
     @staticmethod
-    def _gather_blocks(cache: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
-        """[slots, Hkv, D] cache -> [B, Hkv, max_blocks * block_size, D], each sequence's blocks in order."""
-        batch, max_blocks = metadata.block_tables.shape
-        by_block = cache.view(-1, metadata.block_size, *cache.shape[1:])  # [blocks, block_size, Hkv, D]
-        gathered = by_block.index_select(0, metadata.block_tables.view(-1))
-        return gathered.view(batch, max_blocks * metadata.block_size, *cache.shape[1:]).transpose(1, 2)
+    def _gather_blocks(cache: torch.Tensor, block_tables: torch.Tensor, block_size: int) -> torch.Tensor:
+        """[slots, Hkv, D] cache -> [B, Hkv, blocks * block_size, D], each row's blocks ([B, blocks]) in order."""
+        batch, blocks = block_tables.shape
+        by_block = cache.view(-1, block_size, *cache.shape[1:])  # [all blocks, block_size, Hkv, D]
+        gathered = by_block.index_select(0, block_tables.view(-1))
+        return gathered.view(batch, blocks * block_size, *cache.shape[1:]).transpose(1, 2)
 
     def _paged(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                metadata: AttentionMetadata, cache: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         key_cache, value_cache = cache  # [slots, Hkv, D]
         key_cache.index_copy_(0, metadata.slot_mapping, k)
         value_cache.index_copy_(0, metadata.slot_mapping, v)
-        keys, values = self._gather_blocks(key_cache, metadata), self._gather_blocks(value_cache, metadata)
-        gqa = self.num_kv_heads != self.num_heads
-        if metadata.decode_only and q.dtype != torch.float32 and q.device.type == "cpu":
-            return self._decode_attention_float32_math(q, keys, values, metadata.attn_mask)
-        if metadata.decode_only:  # one query per sequence: no padding to add or strip
-            out = F.scaled_dot_product_attention(q.unsqueeze(2), keys, values, attn_mask=metadata.attn_mask,
-                                                 enable_gqa=gqa)
-            return out.squeeze(2)                                 # [B, H, D]
-        queries = q[metadata.query_index].transpose(1, 2)        # [B, H, Tq, D]
-        out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=metadata.attn_mask, enable_gqa=gqa)
-        out = out.transpose(1, 2).flatten(0, 1)                   # [B * Tq, H, D]
-        # An index list built on the host: a boolean mask here would sync with the device every layer.
-        return out.index_select(0, metadata.valid_queries)       # [N, H, D] in flat token order
+        decodes = metadata.decodes
+        if metadata.decode_only:
+            assert decodes is not None  # a step has at least one sequence
+            return self._decode(q, cache, decodes, metadata.block_size)  # [N, H, D]: token b is decode b
+        out = q.new_empty(q.shape)                                        # [N, H, D] in flat token order
+        if decodes is not None:
+            assert decodes.token_index is not None  # set whenever prefills share the step
+            rows = self._decode(q.index_select(0, decodes.token_index), cache, decodes, metadata.block_size)
+            out.index_copy_(0, decodes.token_index, rows)
+        for prefill in metadata.prefills:
+            out[prefill.start: prefill.stop] = self._prefill(q, k, v, cache, prefill, metadata.block_size)
+        return out
+
+    def _decode(self, q: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor], decodes: DecodeGroup,
+                block_size: int) -> torch.Tensor:
+        """[Bd, H, D] queries, one per sequence -> [Bd, H, D]: the one path every decode takes, in a step
+        of decodes only (and its captured graph) or beside prefills, so its result does not depend on them."""
+        keys, values = (self._gather_blocks(c, decodes.block_tables, block_size) for c in cache)
+        if q.dtype != torch.float32 and q.device.type == "cpu":
+            return self._decode_attention_float32_math(q, keys, values, decodes.attn_mask)
+        out = F.scaled_dot_product_attention(q.unsqueeze(2), keys, values, attn_mask=decodes.attn_mask,
+                                             enable_gqa=self.num_kv_heads != self.num_heads)
+        return out.squeeze(2)
+
+    def _prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor],
+                 prefill: PrefillGroup, block_size: int) -> torch.Tensor:
+        """One prefill's queries over its own keys only -> [q, H, D]: nothing padded, nobody else's keys."""
+        queries = q[prefill.start: prefill.stop].transpose(0, 1)[None]  # [1, H, q, D]
+        if prefill.block_table is None:  # nothing cached before it: its keys are this step's
+            keys, values = (t[prefill.start: prefill.stop].transpose(0, 1)[None] for t in (k, v))
+        else:
+            table = prefill.block_table[None]
+            keys, values = (self._gather_blocks(c, table, block_size)[:, :, : prefill.key_len] for c in cache)
+        out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=prefill.attn_mask,
+                                             is_causal=prefill.attn_mask is None,
+                                             enable_gqa=self.num_kv_heads != self.num_heads)
+        return out[0].transpose(0, 1)
 
     def _decode_attention_float32_math(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                                mask: torch.Tensor) -> torch.Tensor:

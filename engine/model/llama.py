@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from engine.model.attention import Attention, AttentionMetadata
+from engine.model.attention import Attention
+from engine.model.attention_metadata import AttentionMetadata
 from engine.model.config import ModelConfig
 from engine.model.layers import Embedding, Linear, RMSNorm, SwiGLUMLP
 from engine.model.rope import rope_cos_sin, rope_inverse_frequencies

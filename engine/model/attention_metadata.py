@@ -1,0 +1,161 @@
+"""What one step's attention needs to know, built once per step and shared by every layer.
+
+The batch is a flat run of tokens from several sequences. A step is split as vLLM splits prefill and
+decode metadata: the decodes (sequences fed one token) attend together, exactly as in a step of
+decodes only, over block tables and a mask sized to the decodes; each prefill (a whole prompt or a
+chunk of one, more than one token) attends alone over its own keys. A decode's attention is then the
+same computation whether or not a prefill shares its step, and nobody pays for anybody else's length:
+before this split every sequence was padded to the step's longest query run and longest block table,
+so a 256-token chunk deep into a long prompt made each decode beside it attend as 256 queries over
+the whole prompt's keys (issue 18).
+
+Everything is built from host lists with one device copy per tensor (engine/host_copy.py); the
+per-layer code only slices and indexes with what is here, so no layer waits on the device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.host_copy import device_tensor
+
+
+@dataclass(frozen=True)
+class DecodeGroup:
+    """The step's one-token sequences, attended together in one call."""
+    token_index: torch.Tensor | None  # [Bd] flat index of each decode's token; None: the step is decodes only
+    block_tables: torch.Tensor        # [Bd, max_blocks] each decode's blocks, padded (masked) to the longest
+    attn_mask: torch.Tensor           # [Bd, 1, 1, max_blocks * block_size] additive: 0 may attend, -inf not
+
+
+@dataclass(frozen=True)
+class PrefillGroup:
+    """One sequence fed more than one token: its queries over its own keys only."""
+    start: int                        # its queries are the flat tokens [start, stop)
+    stop: int
+    block_table: torch.Tensor | None  # [blocks] its keys are the first key_len slots of these blocks;
+                                      # None: nothing cached, its keys are the step's own
+    key_len: int
+    attn_mask: torch.Tensor | None    # [1, 1, queries, key_len] additive; None: plain causal (is_causal)
+
+
+@dataclass(frozen=True)
+class AttentionMetadata:
+    positions: torch.Tensor       # [N] position of each flat token
+    slot_mapping: torch.Tensor    # [N] cache slot each token's key/value is written to
+    last_token_index: torch.Tensor  # [B] flat index of each sequence's last token (whose logits are sampled)
+    decodes: DecodeGroup | None   # None when every sequence of the step is a prefill
+    prefills: tuple[PrefillGroup, ...]
+    block_size: int
+
+    @property
+    def decode_only(self) -> bool:
+        """Every sequence feeds exactly one token (a captured graph's step)."""
+        return not self.prefills
+
+    @classmethod
+    def build(cls, *, block_size: int, block_tables: list[list[int]], cached_lens: list[int],
+              query_lens: list[int], sliding_window: int | None = None,
+              device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> "AttentionMetadata":
+        """Metadata for one step. Sequence b already has cached_lens[b] tokens in its blocks and feeds
+        query_lens[b] new tokens (its whole prompt or a chunk for a prefill, 1 for a decode)."""
+        if not (len(block_tables) == len(cached_lens) == len(query_lens)) or not query_lens:
+            raise ValueError("block_tables, cached_lens and query_lens must be non-empty and of one length")
+        for b, table in enumerate(block_tables):
+            if len(table) * block_size < cached_lens[b] + query_lens[b]:
+                raise ValueError(f"sequence {b}: {cached_lens[b] + query_lens[b]} tokens do not fit its "
+                                 f"{len(table)} blocks")
+        # Plain Python lists first, one tensor per field at the end: this runs every step, and many
+        # small tensor operations cost more than the arithmetic.
+        device = torch.device(device)
+        positions: list[int] = []
+        slots: list[int] = []
+        last: list[int] = []
+        decode_rows: list[int] = []
+        decode_tokens: list[int] = []
+        prefills: list[PrefillGroup] = []
+        flat = 0
+        for b, (table, cached, count) in enumerate(zip(block_tables, cached_lens, query_lens)):
+            new = range(cached, cached + count)
+            positions.extend(new)
+            slots.extend(table[p // block_size] * block_size + p % block_size for p in new)
+            if count == 1:
+                decode_rows.append(b)
+                decode_tokens.append(flat)
+            else:
+                prefills.append(_prefill_group(flat, table, cached, count, block_size, sliding_window, device, dtype))
+            flat += count
+            last.append(flat - 1)
+        decodes = None
+        if decode_rows:
+            decodes = _decode_group(
+                token_index=decode_tokens if prefills else None,
+                block_tables=[block_tables[b] for b in decode_rows],
+                positions=[cached_lens[b] for b in decode_rows],
+                block_size=block_size, sliding_window=sliding_window, device=device, dtype=dtype)
+        return cls(positions=device_tensor(positions, device), slot_mapping=device_tensor(slots, device),
+                   last_token_index=device_tensor(last, device), decodes=decodes, prefills=tuple(prefills),
+                   block_size=block_size)
+
+
+def _decode_group(*, token_index: list[int] | None, block_tables: list[list[int]], positions: list[int],
+                  block_size: int, sliding_window: int | None, device: torch.device,
+                  dtype: torch.dtype) -> DecodeGroup:
+    max_blocks = max(len(t) for t in block_tables)
+    # Padded with the sequence's own last block: masked either way, but a sequence never reads
+    # another sequence's memory, whatever state it is in.
+    padded = [t + t[-1:] * (max_blocks - len(t)) for t in block_tables]
+    return DecodeGroup(
+        token_index=None if token_index is None else device_tensor(token_index, device),
+        block_tables=device_tensor(padded, device),
+        attn_mask=_decode_mask(device_tensor(positions, device), max_blocks * block_size, sliding_window, dtype))
+
+
+def _decode_mask(positions: torch.Tensor, keys: int, sliding_window: int | None, dtype: torch.dtype) -> torch.Tensor:
+    """[B, 1, 1, keys] additive mask of one query per sequence at `positions`, built on the device. In the
+    activation dtype (SDPA's fused kernels want the bias to match the queries), made once per step: a
+    boolean mask would be converted again by every layer."""
+    key_pos = torch.arange(keys, device=positions.device)[None, :]
+    allowed = key_pos <= positions[:, None]  # also excludes keys past the sequence's length
+    if sliding_window is not None:
+        allowed &= key_pos > positions[:, None] - sliding_window
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=positions.device).masked_fill_(~allowed, float("-inf"))
+    return mask[:, None, None, :]
+
+
+def _prefill_group(start: int, table: list[int], cached: int, count: int, block_size: int,
+                   sliding_window: int | None, device: torch.device, dtype: torch.dtype) -> PrefillGroup:
+    """One prefill's queries [start, start + count) at positions cached.. over the keys they may see."""
+    stop = start + count
+    windowed = sliding_window is not None and cached + count > sliding_window
+    if cached == 0 and not windowed:
+        return PrefillGroup(start, stop, block_table=None, key_len=count, attn_mask=None)
+    # With a sliding window the first query sees nothing before cached + 1 - window: blocks wholly
+    # before that are not read at all.
+    first_block = max(0, cached + 1 - sliding_window) // block_size if sliding_window is not None else 0
+    key_start = first_block * block_size
+    query_pos = torch.arange(cached, cached + count, device=device)[:, None]   # [q, 1]
+    key_pos = torch.arange(key_start, cached + count, device=device)[None, :]  # [1, T]
+    allowed = key_pos <= query_pos  # causal, with every cached key before every query (bottom-right)
+    if sliding_window is not None:
+        allowed &= key_pos > query_pos - sliding_window
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, float("-inf"))
+    # Nothing cached (a whole prompt longer than the window): its keys are the step's own.
+    needed = table[first_block: -(-(cached + count) // block_size)] if cached else None
+    return PrefillGroup(start, stop, block_table=None if needed is None else device_tensor(needed, device),
+                        key_len=cached + count - key_start, attn_mask=mask[None, None])
+
+
+def decode_metadata(block_tables: torch.Tensor, positions: torch.Tensor, block_size: int,
+                    sliding_window: int | None, dtype: torch.dtype) -> AttentionMetadata:
+    """Metadata for a batch of one-token decodes, from device tensors by tensor operations only: what
+    a captured graph can recompute on replay from its static buffers, with no host values."""
+    batch, max_blocks = block_tables.shape
+    rows = torch.arange(batch, device=positions.device)
+    slots = block_tables[rows, positions // block_size] * block_size + positions % block_size
+    mask = _decode_mask(positions, max_blocks * block_size, sliding_window, dtype)
+    return AttentionMetadata(positions=positions, slot_mapping=slots, last_token_index=rows,
+                             decodes=DecodeGroup(token_index=None, block_tables=block_tables, attn_mask=mask),
+                             prefills=(), block_size=block_size)
