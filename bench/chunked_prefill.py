@@ -1,14 +1,15 @@
 """Chunked prefill benchmark: the running streams' inter-token latency while a long prompt arrives (issue 18).
 
     .venv/bin/python bench/chunked_prefill.py [--model smollm2] [--streams 4] [--long-tokens 4000]
-                                              [--stream-tokens 96] [--budget N] [--device cpu]
+                                              [--stream-tokens 96] [--budget N[,N...]] [--device cpu]
 
 `--streams` greedy streams decode `--stream-tokens` tokens each. In the "alone" run nothing else
 arrives; in the "long prompt" run a prompt of `--long-tokens` tokens arrives once the streams have
 each produced a quarter of their tokens. Both runs are made twice in one process, on two engines of
 the same weights: unchunked (the step's token budget holds the whole long prompt, so its prefill is
-one step that every stream waits for) and chunked (the budget `--budget`, the engine's default for
-the device unless given). An inter-token latency is the time between two successive tokens of one
+one step that every stream waits for) and chunked (at most `--budget` prompt tokens a step beside
+the decodes, `max_prefill_beside_decodes`, the engine's default for the device unless given; several
+comma-separated budgets make one chunked engine each, to compare them in one run). An inter-token latency is the time between two successive tokens of one
 stream as the engine hands them out (`Engine.step`); every stream's gaps are pooled.
 
 Printed per engine: ITL p50 / p99 / max alone and with the long prompt, the ratio of the p99s (the
@@ -69,15 +70,21 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=4)
     parser.add_argument("--stream-tokens", type=int, default=96)
     parser.add_argument("--long-tokens", type=int, default=4000)
-    parser.add_argument("--budget", type=int, default=None,
-                        help="the chunked engine's max_num_batched_tokens (default: the engine's for the device)")
+    parser.add_argument("--budget", default=None,
+                        help="the chunked engines' max_prefill_beside_decodes, comma-separated (default: the "
+                             "engine's for the device)")
     args = parser.parse_args()
-    chunked_config = EngineConfig.from_env(model=args.model, device=args.device, max_num_batched_tokens=args.budget)
-    budgets = {"unchunked": args.long_tokens + args.streams, "chunked": chunked_config.token_budget}
+    chunk_budgets = [int(b) for b in args.budget.split(",")] if args.budget else [None]
+    whole = args.long_tokens + args.streams
+    budgets = {"unchunked": whole}
+    for budget in chunk_budgets:
+        config = EngineConfig.from_env(model=args.model, device=args.device, max_prefill_beside_decodes=budget)
+        beside = config.prefill_budget_beside_decodes or config.token_budget
+        budgets[f"chunked {beside}"] = beside
     rows = {}
     for name, budget in budgets.items():
-        engine = Engine(EngineConfig.from_env(model=args.model, device=args.device, max_num_batched_tokens=budget,
-                                              device_loop=False))
+        engine = Engine(EngineConfig.from_env(model=args.model, device=args.device, max_num_batched_tokens=whole,
+                                              max_prefill_beside_decodes=budget, device_loop=False))
         vocab = engine.loaded.config.vocab_size
         # Random ids: no prefix of it is cached, and no two runs share one.
         long_prompt = [random.Random(budget).randrange(100, vocab) for _ in range(args.long_tokens)]
@@ -87,18 +94,19 @@ def main() -> None:
         rows[name] = (budget, alone, loaded, ttft)
     print(f"{args.streams} streams x {args.stream_tokens} tokens, a {args.long_tokens}-token prompt arriving "
           f"after a quarter of them; model {args.model}, device {args.device}")
-    print(f"{'engine':10} {'budget':>6} {'ITL alone p50/p99/max ms':>26} {'with long prompt p50/p99/max ms':>33} "
+    print(f"{'engine':13} {'budget':>6} {'ITL alone p50/p99/max ms':>26} {'with long prompt p50/p99/max ms':>33} "
           f"{'p99 ratio':>9} {'long TTFT s':>11}")
     for name, (budget, alone, loaded, ttft) in rows.items():
         a = [percentile(alone, q) * 1000 for q in (50, 99, 100)]
         b = [percentile(loaded, q) * 1000 for q in (50, 99, 100)]
-        print(f"{name:10} {budget:6d} {a[0]:8.1f} {a[1]:8.1f} {a[2]:8.1f} {b[0]:10.1f} {b[1]:10.1f} {b[2]:11.1f} "
+        print(f"{name:13} {budget:6d} {a[0]:8.1f} {a[1]:8.1f} {a[2]:8.1f} {b[0]:10.1f} {b[1]:10.1f} {b[2]:11.1f} "
               f"{b[1] / a[1]:9.2f} {ttft:11.2f}")
-    unchunked, chunked = rows["unchunked"], rows["chunked"]
-    print(f"with the long prompt, ITL p99 unchunked / chunked: "
-          f"{percentile(unchunked[2], 99) / percentile(chunked[2], 99):.1f}x; "
-          f"chunked p99 with / alone: {percentile(chunked[2], 99) / percentile(chunked[1], 99):.2f} (goal <= 2); "
-          f"long prompt TTFT chunked / unchunked: {chunked[3] / unchunked[3]:.2f}")
+    unchunked = rows.pop("unchunked")
+    for name, chunked in rows.items():
+        print(f"{name}: with the long prompt, ITL p99 unchunked / chunked: "
+              f"{percentile(unchunked[2], 99) / percentile(chunked[2], 99):.1f}x; "
+              f"chunked p99 with / alone: {percentile(chunked[2], 99) / percentile(chunked[1], 99):.2f} (goal <= 2); "
+              f"long prompt TTFT chunked / unchunked: {chunked[3] / unchunked[3]:.2f}")
 
 
 if __name__ == "__main__":

@@ -42,7 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--weights", default=None, choices=["quantized", "dequantized"],
                           help="GGUF weights as stored or expanded to --dtype (default: quantized on the CPU)")
     generate.add_argument("--max-num-batched-tokens", type=int, default=None, metavar="N",
-                          help="tokens one step may feed; a longer prompt is prefilled in chunks "
+                          help="tokens one step may feed; a longer prompt is prefilled in chunks (default: 2048)")
+    generate.add_argument("--max-prefill-beside-decodes", type=int, default=None, metavar="N",
+                          help="prompt tokens a step may feed while any stream decodes "
                                "(default: the engine's for the device)")
     generate.add_argument("--json", action="store_true", help='print {"text", "token_ids", "finish_reason", "usage"}')
     bench = commands.add_parser("bench", help="our throughput against HF transformers on the same weights")
@@ -61,7 +63,8 @@ def run_generate(args: argparse.Namespace) -> int:
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed,
                             ignore_eos=args.ignore_eos)
     engine = Engine(EngineConfig.from_env(model=args.model, device=args.device, dtype=args.dtype,
-                                         weights=args.weights, max_num_batched_tokens=args.max_num_batched_tokens))
+                                         weights=args.weights, max_num_batched_tokens=args.max_num_batched_tokens,
+                                         max_prefill_beside_decodes=args.max_prefill_beside_decodes))
     prompt: str | list[int] = args.prompt
     if args.chat:
         prompt = engine.tokenizer.encode_chat([{"role": "user", "content": args.prompt}])

@@ -8,8 +8,8 @@ returns a `RequestOutput` delta for every request that moved. `abort` takes effe
 
 `step()` reads as schedule -> run -> postprocess. Every state change goes through `Sequence.set_state`
 (the funnel); every finished sequence's blocks go back to the pool in the same step. A prompt longer
-than the step's token budget (`max_num_batched_tokens`) is prefilled in chunks over several steps,
-beside the running decodes; it stays RunningPrompt until its last chunk, whose logits are sampled.
+than the step's token budget (`max_num_batched_tokens`, and while anyone decodes
+`max_prefill_beside_decodes`) is prefilled in chunks over several steps, beside the running decodes; it stays RunningPrompt until its last chunk, whose logits are sampled.
 
 A host that runs the engine on a thread of its own (workbench/serving/engine_host.py) reads it through
 the last section only: `stats()`, `apply_flags()`, `leak_events_since()`. (Over 300 lines: that
@@ -88,6 +88,7 @@ class Engine:
                                       enabled=config.device_loop, events=self.leak_events)
         limits = SchedulerLimits(max_num_seqs=config.max_num_seqs,
                                  max_num_batched_tokens=config.token_budget,
+                                 max_prefill_beside_decodes=config.prefill_budget_beside_decodes,
                                  max_model_len=self.max_model_len)
         self.scheduler = make_scheduler(config.scheduler, self.kv_cache, limits, config.swap_blocks,
                                         lookahead=self.device_loop.lookahead,  # grants each burst's KV room

@@ -18,9 +18,9 @@ from engine.model import ModelConfig
 from engine.scheduler import SCHEDULERS
 
 PREFIX_CACHE_SCOPES = ("user", "deployment")
-# The default step token budgets (max_num_batched_tokens unset); docs/OPERATIONS.md, "Chunked prefill".
-CPU_TOKEN_BUDGET = 256
-GPU_TOKEN_BUDGET = 2048
+# The defaults of the step's token budgets; docs/OPERATIONS.md, "Chunked prefill", says why these numbers.
+DEFAULT_TOKEN_BUDGET = 2048        # max_num_batched_tokens unset, either device
+CPU_PREFILL_BESIDE_DECODES = 16    # max_prefill_beside_decodes unset, on a CPU; a GPU has no such limit
 
 
 @dataclass(frozen=True)
@@ -41,9 +41,13 @@ class EngineConfig:
     swap_blocks: int = 0            # host-memory blocks for swap preemption; 0: recompute only
     max_num_seqs: int = 64
     # The tokens one step may feed (chunked prefill, engine/scheduler/paged.py): a prompt longer than
-    # what the step's decodes leave is prefilled in chunks over several steps. None: the device's
-    # default (`token_budget`; docs/OPERATIONS.md, "Chunked prefill", says why these numbers).
+    # what the step's decodes leave is prefilled in chunks over several steps. None: DEFAULT_TOKEN_BUDGET.
     max_num_batched_tokens: int | None = None
+    # While any stream decodes, the prompt tokens a step may feed beside them: what bounds the
+    # streams' inter-token latency when a long prompt arrives. None: the device's default
+    # (`prefill_budget_beside_decodes`: 16 on a CPU, where every prompt token lengthens the step;
+    # no limit beyond the step's budget on a GPU).
+    max_prefill_beside_decodes: int | None = None
     max_model_len: int | None = None  # at most the model's max_position_embeddings
     # Whose cached prefixes a request may find (engine/prefix_cache.py): "user", its own user's only
     # (the requester's `cache_scope`); "deployment", every request's of this engine. Wider sharing is a
@@ -76,10 +80,11 @@ class EngineConfig:
         for name in ("block_size", "kv_cache_mb", "max_num_seqs", "burst_length"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        budget = self.max_num_batched_tokens
-        if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool)):
-            raise ValueError(f"max_num_batched_tokens must be a whole number of tokens or None, got {budget!r}")
-        for name in ("num_kv_blocks", "max_model_len", "max_num_batched_tokens"):
+        for name in ("max_num_batched_tokens", "max_prefill_beside_decodes"):
+            budget = getattr(self, name)
+            if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool)):
+                raise ValueError(f"{name} must be a whole number of tokens or None, got {budget!r}")
+        for name in ("num_kv_blocks", "max_model_len", "max_num_batched_tokens", "max_prefill_beside_decodes"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1 or None, got {getattr(self, name)}")
         if self.weights not in (None, "quantized", "dequantized"):
@@ -101,11 +106,17 @@ class EngineConfig:
 
     @property
     def token_budget(self) -> int:
-        """max_num_batched_tokens, or the default for the device: a CPU step's time grows with every
-        token it feeds from the first, a GPU's hardly until a few thousand."""
-        if self.max_num_batched_tokens is not None:
-            return self.max_num_batched_tokens
-        return GPU_TOKEN_BUDGET if torch.device(self.device).type == "cuda" else CPU_TOKEN_BUDGET
+        """max_num_batched_tokens, or its default."""
+        return self.max_num_batched_tokens or DEFAULT_TOKEN_BUDGET
+
+    @property
+    def prefill_budget_beside_decodes(self) -> int | None:
+        """max_prefill_beside_decodes, or the default for the device (None: no limit but the step's
+        budget): a CPU step's time grows with every token it feeds from the first, a GPU's hardly
+        until a few thousand."""
+        if self.max_prefill_beside_decodes is not None:
+            return self.max_prefill_beside_decodes
+        return None if torch.device(self.device).type == "cuda" else CPU_PREFILL_BESIDE_DECODES
 
     @property
     def weight_format(self) -> str:

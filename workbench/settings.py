@@ -3,7 +3,7 @@
 WORKBENCH_SECRET_KEY, WORKBENCH_DEBUG (off unless set), WORKBENCH_ALLOWED_HOSTS (comma-separated),
 DATABASE_URL (any database dj-database-url reads, e.g. postgres://...; unset: SQLite at WORKBENCH_DB_PATH),
 WORKBENCH_MODEL ("demo" or a model directory), WORKBENCH_DEVICE, WORKBENCH_DTYPE, WORKBENCH_PREFIX_CACHE_SCOPE,
-WORKBENCH_MAX_NUM_BATCHED_TOKENS, WORKBENCH_MAX_FRAME_BYTES,
+WORKBENCH_MAX_NUM_BATCHED_TOKENS, WORKBENCH_MAX_PREFILL_BESIDE_DECODES, WORKBENCH_MAX_FRAME_BYTES,
 WORKBENCH_STATIC_ROOT; the transport: WORKBENCH_TRANSPORT ("inprocess" or "celery"), REDIS_URL,
 WORKBENCH_QUEUE_PREFIX, WORKBENCH_WORKER_CAPACITY, WORKBENCH_HEARTBEAT_S, WORKBENCH_WORKER_LOST_S,
 WORKBENCH_DRAIN_S; the limits: WORKBENCH_SOCKET_MESSAGE_BYTES, WORKBENCH_USER_CONCURRENT_REQUESTS,
@@ -122,8 +122,13 @@ WORKBENCH_WEIGHTS = env_str("WORKBENCH_WEIGHTS", choices=("quantized", "dequanti
 # whether another's prompt began with a guessed text; docs/OPERATIONS.md, "Prefix caching").
 WORKBENCH_PREFIX_CACHE_SCOPE = env_str("WORKBENCH_PREFIX_CACHE_SCOPE", "user", choices=("user", "deployment"))
 # The tokens one engine step may feed (EngineConfig.max_num_batched_tokens): a longer prompt is
-# prefilled in chunks beside the running streams. Unset: the engine's default for the device.
+# prefilled in chunks. Unset: the engine's default (2048).
 WORKBENCH_MAX_NUM_BATCHED_TOKENS = env_int("WORKBENCH_MAX_NUM_BATCHED_TOKENS", 0, minimum=1, unit="tokens") or None
+# While any stream decodes, the prompt tokens a step may feed beside them (EngineConfig.
+# max_prefill_beside_decodes): the bound on the streams' inter-token latency while a long prompt
+# arrives. Unset: the engine's default for the device (16 on a CPU, none on a GPU).
+WORKBENCH_MAX_PREFILL_BESIDE_DECODES = env_int("WORKBENCH_MAX_PREFILL_BESIDE_DECODES", 0, minimum=1,
+                                               unit="tokens") or None
 # Tokens a request's deltas gather before they go out (workbench/serving/stream_interval.py): 1 sends
 # every step's tokens; N sends N times fewer messages, for servers where per-message cost dominates.
 # The first tokens and the last event always go at once. Read by the process that runs the engine.

@@ -42,6 +42,7 @@ Lookahead = Callable[[tuple[Sequence, ...]], BurstGrant | None]
 class SchedulerLimits:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 4096
+    max_prefill_beside_decodes: int | None = None  # prompt tokens a step feeds while any stream decodes
     max_model_len: int = 2048
 
 

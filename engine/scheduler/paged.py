@@ -85,20 +85,31 @@ class PagedScheduler(SchedulerBase):
     def schedule(self) -> ScheduledBatch:
         ignored: list[Sequence] = []
         preempted = self._keep_running_room()
-        budget = self.limits.max_num_batched_tokens - sum(self._chunks())
+        budget = self._prompt_budget() - sum(chunk for seq, chunk in zip(self.running, self._chunks())
+                                             if seq.num_uncached > 1)
         if not preempted:
             budget = self._swap_in(budget)
             if not self.swapped:  # swapped sequences come back before anyone new is admitted
                 ignored = self._admit(budget)
         return self._batch(list(self.running), ignored, tuple(self._chunks()))
 
+    def _prompt_budget(self) -> int:
+        """The prompt tokens this step may feed: the step's budget less one token per decode, and
+        while anyone decodes, at most max_prefill_beside_decodes (a step's time, on a CPU, grows with
+        every token it feeds, and each decode waits for the whole step). With no decode to delay, a
+        prompt takes the whole budget."""
+        decodes = sum(1 for s in self.running if s.num_uncached == 1)
+        left = self.limits.max_num_batched_tokens - decodes
+        beside = self.limits.max_prefill_beside_decodes
+        return min(left, beside) if decodes and beside is not None else left
+
     def _chunks(self) -> list[int]:
         """The tokens each running sequence feeds this step, row by row, within the token budget:
         every decode its one token first, then each prefill, oldest first, as much of its prompt as
-        the budget has left. Every running sequence feeds at least one token, so none sits a step out
-        (its row would shift the others' parked slots) and none starves: the budget can be overrun by
-        one token per prefill past the first."""
-        left = self.limits.max_num_batched_tokens - sum(1 for s in self.running if s.num_uncached == 1)
+        the prompt budget has left. Every running sequence feeds at least one token, so none sits a
+        step out (its row would shift the others' parked slots) and none starves: the budget can be
+        overrun by one token per prefill past the first."""
+        left = self._prompt_budget()
         chunks = []
         for seq in self.running:
             chunk = 1 if seq.num_uncached == 1 else max(1, min(seq.num_uncached, left))

@@ -53,6 +53,26 @@ def test_decodes_progress_every_step_of_a_long_prefill(tiny_checkpoint):
     assert engine.device_loop.bursts > bursts_before, "liveness: the decodes burst once the prefill is done"
 
 
+def test_a_prompt_takes_the_whole_step_budget_unless_a_stream_decodes(tiny_checkpoint):
+    """max_prefill_beside_decodes bounds a step's prompt tokens only while someone decodes: alone, a
+    long prompt goes in chunks of the step's budget; beside decodes, in chunks of the smaller bound."""
+    engine = make(tiny_checkpoint("llama", seed=9), device_loop=False, max_num_batched_tokens=64,
+                  max_prefill_beside_decodes=5)
+    engine.add_request("alone", LONG, SamplingParams(max_tokens=30, temperature=0, ignore_eos=True))
+    [alone] = engine.live_sequences()
+    engine.step()
+    assert alone.num_cached == 64, "no stream decodes: the prompt takes the step's whole budget"
+    engine.step()
+    engine.step()  # 150 = 64 + 64 + 22: it samples its first token and decodes from here on
+    engine.add_request("beside", [token + 1 for token in LONG], GREEDY)  # nothing of it cached
+    [beside] = [seq for seq in engine.live_sequences() if seq.request_id == "beside"]
+    fed = []
+    for _ in range(3):
+        engine.step()
+        fed.append(beside.num_cached)
+    assert fed == [5, 10, 15], "beside a decode, a step feeds at most max_prefill_beside_decodes prompt tokens"
+
+
 def test_chunked_answer_equals_unchunked_after_a_cached_prefix(tiny_checkpoint):
     checkpoint = tiny_checkpoint("llama", seed=6)
     whole = make(checkpoint, max_num_batched_tokens=4096, device_loop=False)

@@ -12,7 +12,7 @@ import pytest
 
 from engine import EngineConfig
 from engine.capabilities import REGISTRY
-from engine.engine_config import CPU_TOKEN_BUDGET, GPU_TOKEN_BUDGET
+from engine.engine_config import CPU_PREFILL_BESIDE_DECODES, DEFAULT_TOKEN_BUDGET
 
 ROOT = Path(__file__).resolve().parents[2]
 START_FLAGS = [entry for entry in REGISTRY if entry.config_field]
@@ -82,12 +82,14 @@ def test_the_command_line_takes_the_flags_from_the_environment(tmp_path):
 
 
 @pytest.mark.parametrize("budget", [0, -5, "512", 2.5, True])
-def test_a_bad_step_token_budget_is_refused_by_name(budget):
-    with pytest.raises(ValueError, match="max_num_batched_tokens must be"):
-        EngineConfig(max_num_batched_tokens=budget)
+@pytest.mark.parametrize("name", ["max_num_batched_tokens", "max_prefill_beside_decodes"])
+def test_a_bad_step_token_budget_is_refused_by_name(name, budget):
+    with pytest.raises(ValueError, match=f"{name} must be"):
+        EngineConfig(**{name: budget})
 
 
-def test_the_step_token_budget_defaults_by_device_and_a_given_one_wins():
-    assert EngineConfig().token_budget == CPU_TOKEN_BUDGET < GPU_TOKEN_BUDGET
+def test_the_step_token_budgets_default_by_device_and_a_given_one_wins():
+    assert EngineConfig().token_budget == DEFAULT_TOKEN_BUDGET
     assert EngineConfig(max_num_batched_tokens=96).token_budget == 96
-    assert EngineConfig(max_num_batched_tokens=96, device="cpu").max_num_batched_tokens == 96
+    assert EngineConfig().prefill_budget_beside_decodes == CPU_PREFILL_BESIDE_DECODES < DEFAULT_TOKEN_BUDGET
+    assert EngineConfig(max_prefill_beside_decodes=96).prefill_budget_beside_decodes == 96

@@ -11,7 +11,7 @@ import sys
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from engine.engine_config import CPU_TOKEN_BUDGET
+from engine.engine_config import CPU_PREFILL_BESIDE_DECODES, DEFAULT_TOKEN_BUDGET
 from tests.cluster import ROOT
 from workbench.env import env_bool, env_float, env_int, env_list, env_str
 from workbench.secret_key import DEVELOPMENT_KEY, local_key
@@ -116,7 +116,8 @@ def start(code: str, **env: str) -> subprocess.CompletedProcess:
                                         ("WORKBENCH_MAX_FRAME_BYTES", "0"), ("WORKBENCH_DEBUG", "maybe"),
                                         ("WORKBENCH_TRANSPORT", "kafka"), ("WORKBENCH_DTYPE", "float64"),
                                         ("WORKBENCH_WEIGHTS", "int4"), ("WORKBENCH_QUEUE_PREFIX", "a b"),
-                                        ("WORKBENCH_MAX_NUM_BATCHED_TOKENS", "0")])
+                                        ("WORKBENCH_MAX_NUM_BATCHED_TOKENS", "0"),
+                                        ("WORKBENCH_MAX_PREFILL_BESIDE_DECODES", "-1")])
 def test_a_bad_setting_stops_the_start_naming_variable_and_value(name, value):
     result = start("import workbench.settings", **{name: value})
     assert result.returncode != 0
@@ -124,12 +125,14 @@ def test_a_bad_setting_stops_the_start_naming_variable_and_value(name, value):
     assert f"not {value!r}" in result.stderr
 
 
-def test_the_served_engine_takes_its_step_token_budget_from_the_settings():
+def test_the_served_engine_takes_its_step_token_budgets_from_the_settings():
     """Both transports build their engine's config in one place (workbench/serving/engine_settings.py)."""
     read = ("import django; django.setup(); from workbench.serving.engine_settings import served_engine_config; "
-            "config = served_engine_config(); print(config.max_num_batched_tokens, config.token_budget)")
-    assert start(read).stdout.split() == ["None", str(CPU_TOKEN_BUDGET)], "unset: the engine's default for the CPU"
-    assert start(read, WORKBENCH_MAX_NUM_BATCHED_TOKENS="96").stdout.split() == ["96", "96"]
+            "config = served_engine_config(); print(config.token_budget, config.prefill_budget_beside_decodes)")
+    unset = [str(DEFAULT_TOKEN_BUDGET), str(CPU_PREFILL_BESIDE_DECODES)]
+    assert start(read).stdout.split() == unset, "unset: the engine's defaults for the CPU"
+    assert start(read, WORKBENCH_MAX_NUM_BATCHED_TOKENS="96", WORKBENCH_MAX_PREFILL_BESIDE_DECODES="12"
+                 ).stdout.split() == ["96", "12"]
 
 
 def test_debug_is_off_unless_asked_for():

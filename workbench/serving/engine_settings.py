@@ -16,4 +16,5 @@ def served_engine_config() -> EngineConfig:
     return EngineConfig.from_env(model=settings.WORKBENCH_MODEL, device=settings.WORKBENCH_DEVICE,
                                  dtype=settings.WORKBENCH_DTYPE, weights=settings.WORKBENCH_WEIGHTS,
                                  prefix_cache_scope=settings.WORKBENCH_PREFIX_CACHE_SCOPE,
-                                 max_num_batched_tokens=settings.WORKBENCH_MAX_NUM_BATCHED_TOKENS)
+                                 max_num_batched_tokens=settings.WORKBENCH_MAX_NUM_BATCHED_TOKENS,
+                                 max_prefill_beside_decodes=settings.WORKBENCH_MAX_PREFILL_BESIDE_DECODES)
