@@ -9,8 +9,11 @@ each produced a quarter of their tokens. Both runs are made twice in one process
 the same weights: unchunked (the step's token budget holds the whole long prompt, so its prefill is
 one step that every stream waits for) and chunked (at most `--budget` prompt tokens a step beside
 the decodes, `max_prefill_beside_decodes`, the engine's default for the device unless given; several
-comma-separated budgets make one chunked engine each, to compare them in one run). An inter-token latency is the time between two successive tokens of one
-stream as the engine hands them out (`Engine.step`); every stream's gaps are pooled.
+comma-separated budgets make one chunked engine each, to compare them in one run). An inter-token
+latency is the time between two successive tokens of one stream as the engine hands them out
+(`Engine.step`); every stream's gaps are pooled. Every stream gets its token in the same step, so
+the p99 of few steps is close to the worst step: read the p99 with the long prompt beside the
+p50/max alone, not the ratio alone.
 
 Printed per engine: ITL p50 / p99 / max alone and with the long prompt, the ratio of the p99s (the
 issue's goal: within 2x, chunked), and the long prompt's time to first token (what chunking costs

@@ -9,7 +9,8 @@ returns a `RequestOutput` delta for every request that moved. `abort` takes effe
 `step()` reads as schedule -> run -> postprocess. Every state change goes through `Sequence.set_state`
 (the funnel); every finished sequence's blocks go back to the pool in the same step. A prompt longer
 than the step's token budget (`max_num_batched_tokens`, and while anyone decodes
-`max_prefill_beside_decodes`) is prefilled in chunks over several steps, beside the running decodes; it stays RunningPrompt until its last chunk, whose logits are sampled.
+`max_prefill_beside_decodes`) is prefilled in chunks over several steps, beside the running decodes;
+it stays RunningPrompt until its last chunk, whose logits are sampled.
 
 A host that runs the engine on a thread of its own (workbench/serving/engine_host.py) reads it through
 the last section only: `stats()`, `apply_flags()`, `leak_events_since()`. (Over 300 lines: that
