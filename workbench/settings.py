@@ -126,7 +126,7 @@ WORKBENCH_PREFIX_CACHE_SCOPE = env_str("WORKBENCH_PREFIX_CACHE_SCOPE", "user", c
 WORKBENCH_MAX_NUM_BATCHED_TOKENS = env_int("WORKBENCH_MAX_NUM_BATCHED_TOKENS", 0, minimum=1, unit="tokens") or None
 # While any stream decodes, the prompt tokens a step may feed beside them (EngineConfig.
 # max_prefill_beside_decodes): the bound on the streams' inter-token latency while a long prompt
-# arrives. Unset: the engine's default for the device (16 on a CPU, none on a GPU).
+# arrives. Unset: the engine's default for the device (256 on a CPU, none on a GPU).
 WORKBENCH_MAX_PREFILL_BESIDE_DECODES = env_int("WORKBENCH_MAX_PREFILL_BESIDE_DECODES", 0, minimum=1,
                                                unit="tokens") or None
 # Tokens a request's deltas gather before they go out (workbench/serving/stream_interval.py): 1 sends
