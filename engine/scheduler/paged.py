@@ -85,13 +85,13 @@ class PagedScheduler(SchedulerBase):
     def schedule(self) -> ScheduledBatch:
         ignored: list[Sequence] = []
         preempted = self._keep_running_room()
-        budget = self._prompt_budget() - sum(chunk for seq, chunk in zip(self.running, self._chunks())
-                                             if seq.num_uncached > 1)
+        _, budget = self._chunks()  # what the running prefills leave of this step's prompt budget
         if not preempted:
             budget = self._swap_in(budget)
             if not self.swapped:  # swapped sequences come back before anyone new is admitted
                 ignored = self._admit(budget)
-        return self._batch(list(self.running), ignored, tuple(self._chunks()))
+        chunks, _ = self._chunks()  # again: admission and swap-in added rows
+        return self._batch(list(self.running), ignored, tuple(chunks))
 
     def _prompt_budget(self) -> int:
         """The prompt tokens this step may feed: the step's budget less one token per decode, and
@@ -103,8 +103,9 @@ class PagedScheduler(SchedulerBase):
         beside = self.limits.max_prefill_beside_decodes
         return min(left, beside) if decodes and beside is not None else left
 
-    def _chunks(self) -> list[int]:
-        """The tokens each running sequence feeds this step, row by row, within the token budget:
+    def _chunks(self) -> tuple[list[int], int]:
+        """The tokens each running sequence feeds this step, row by row, and the prompt budget they
+        leave (negative where it was overrun), within the token budget:
         every decode its one token first, then each prefill, oldest first, as much of its prompt as
         the prompt budget has left. Every running sequence feeds at least one token, so none sits a
         step out (its row would shift the others' parked slots) and none starves: the budget can be
@@ -116,7 +117,7 @@ class PagedScheduler(SchedulerBase):
             if seq.num_uncached > 1:
                 left -= chunk
             chunks.append(chunk)
-        return chunks
+        return chunks, left
 
     def _keep_running_room(self) -> bool:
         """Give every running sequence a slot for the token it feeds, preempting the youngest when
