@@ -248,8 +248,11 @@ class Pending:
     def __init__(self, socket: Socket) -> None:
         self.socket, self.accepted, self.ids = socket, {}, itertools.count()
 
-    def running(self, request_id: object) -> bool:
-        return any(rid == request_id and request_frames(self.socket.frames, rid, at)[1] is None
+    def running(self, request_id: object, before: int) -> bool:
+        """Whether a request under this id had not ended by frame `before` (the server's answer that
+        says it runs: its end may arrive while that answer is being checked)."""
+        frames = self.socket.frames[:before]
+        return any(rid == request_id and request_frames(frames, rid, at)[1] is None
                    for at, (rid, _) in self.accepted.items())
 
     async def add(self, at: int, request_id: str) -> None:
@@ -280,7 +283,9 @@ async def check_single(pending: Pending, case: tuple[str, str | bytes | dict, st
         return
     assert answer["code"] in CODES and answer["message"], answer  # internal_error is a bug
     if answer["code"] == "duplicate_request_id":
-        assert kind in ("any", "field", "unicode") and pending.running(answer["request_id"]), (case, answer)
+        answered_at = start + socket.frames[start:end].index(answer)
+        assert kind in ("any", "field", "unicode") and pending.running(answer["request_id"], answered_at), \
+            (case, answer)
     elif kind == "field":
         assert about in answer["message"], f"the error names the field {about!r}: {answer}"
     elif kind == "surrogate":
