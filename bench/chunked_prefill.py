@@ -1,4 +1,4 @@
-"""Chunked prefill benchmark: the running streams' inter-token latency while a long prompt arrives (issue 18).
+"""Chunked prefill benchmark: the running streams' inter-token latency while a long prompt arrives.
 
     .venv/bin/python bench/chunked_prefill.py [--model smollm2] [--streams 4] [--long-tokens 4000]
                                               [--stream-tokens 96] [--budget N[,N...]] [--device cpu]

@@ -28,7 +28,7 @@ import torch
 from safetensors.torch import save_file
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.loader import DEMO_MODEL_DIR
+from engine.loading.loader import DEMO_MODEL_DIR
 from engine.model import LlamaForCausalLM, ModelConfig
 
 LLAMA_3_2_1B = dict(model_type="llama", vocab_size=128256, hidden_size=2048, intermediate_size=8192,

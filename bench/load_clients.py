@@ -56,7 +56,7 @@ def specs(clients: int, per_client: int, users: list[str], seed: int, max_tokens
     """Per client, `per_client` requests: distinct prompts, greedy (a `greedy_share` of them) or seeded,
     sometimes a stop string, max_tokens 4..`max_tokens`; ~30% cancel, ~10% drop, ~5% read slowly.
     Numbers start at `first_number`. The device loop bursts only a decode batch whose every row is
-    greedy (engine/device_loop.py can_burst), so the share decides how often it acts."""
+    greedy (engine/decode/device_loop.py can_burst), so the share decides how often it acts."""
     rng = random.Random(seed)
     plan = []
     for client in range(clients):

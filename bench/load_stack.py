@@ -30,7 +30,7 @@ import redis
 import websockets
 from prometheus_client.parser import text_string_to_metric_families
 
-from workbench.serving.presence import WORKER_KEY, Heartbeat
+from workbench.serving.celery.presence import WORKER_KEY, Heartbeat
 
 DEVICE_LOOP, GRAPHS = "ARC_GRAPH_DEVICE_LOOP", "ARC_GRAPHS"
 OPERATOR = "load-operator"

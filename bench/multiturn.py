@@ -1,4 +1,4 @@
-"""Multi-turn chat benchmark: prefix caching on vs off, side by side in one run (issue 18).
+"""Multi-turn chat benchmark: prefix caching on vs off, side by side in one run.
 
     .venv/bin/python bench/multiturn.py [--model smollm2] [--users 8] [--turns 10] [--max-tokens 32]
                                         [--device cpu]

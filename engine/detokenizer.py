@@ -9,7 +9,7 @@ When a stop string appears (it may span several tokens), the visible text ends j
 
 from __future__ import annotations
 
-from engine.tokenizer import Tokenizer
+from engine.loading.tokenizer import Tokenizer
 
 REPLACEMENT_CHAR = "\ufffd"
 

@@ -13,8 +13,8 @@ than the step's token budget (`max_num_batched_tokens`, and while anyone decodes
 it stays RunningPrompt until its last chunk, whose logits are sampled.
 
 A host that runs the engine on a thread of its own (workbench/serving/engine_host.py) reads it through
-the last section only: `stats()`, `apply_flags()`, `leak_events_since()`. (Over 300 lines: that
-section is the host's whole contract, and belongs beside the methods it reports on.)
+the last section only: `stats()`, `apply_flags()`, `leak_events_since()`: the host's whole contract,
+kept beside the methods it reports on.
 """
 
 from __future__ import annotations
@@ -29,24 +29,24 @@ from typing import Any, Callable
 
 import torch
 
+from engine.decode.device_loop import DeviceLoop
+from engine.decode.graphs import DecodeGraphs
+from engine.decode.leak_events import ALIASED_LOGITS, LeakEvent, LeakEventLog
+from engine.decode.runner import AliasedLogitsError, ModelRunner
 from engine.detokenizer import IncrementalDetokenizer
-from engine.device_loop import DeviceLoop
 from engine.engine_config import EngineConfig
 from engine.grammar import Constraint, GrammarTokenizer, ResponseFormatError
-from engine.graphs import DecodeGraphs
-from engine.kv_cache import PagedKVCache, blocks_needed
-from engine.leak_events import ALIASED_LOGITS, LeakEvent, LeakEventLog
-from engine.loader import load_model
+from engine.host.runtime_flags import RuntimeFlags
+from engine.host.stats import EngineStats
+from engine.loading.loader import load_model
+from engine.loading.tokenizer import Tokenizer
 from engine.outputs import GenerationResult, RequestOutput, Usage, timings_of
-from engine.runner import AliasedLogitsError, ModelRunner
-from engine.runtime_flags import RuntimeFlags
 from engine.sampler import SampleRequest, TokenLogprob
 from engine.sampling_params import InvalidSamplingParams, SamplingParams
-from engine.tokenizer import Tokenizer
 from engine.scheduler import SchedulerLimits, make_scheduler
+from engine.scheduler.kv_cache import PagedKVCache, blocks_needed
 from engine.sequence import (Done, Error, FinishedAborted, FinishedIgnored, RunningCompletion, RunningPrompt,
                              Sequence, StopReason)
-from engine.stats import EngineStats
 from engine.step_data import NOTHING_RAN, RowOutput, RunnerOutput, ScheduledBatch
 
 log = logging.getLogger(__name__)
@@ -99,7 +99,7 @@ class Engine:
                               verify_every=config.verify_replays, verify_always=config.verify_always,
                               layer_bisect=config.layer_bisect)
         self.runner = ModelRunner(self.loaded, self.kv_cache, self.device_loop, graphs, config.graphs)
-        self.last_step: RunnerOutput = NOTHING_RAN  # the last step's rows, for inspection (engine/inspection.py)
+        self.last_step: RunnerOutput = NOTHING_RAN  # the last step's rows, for inspection (engine/host/inspection.py)
         # Called after the device loop with each sequence the funnel stands down (metrics, tests).
         self.stand_down_listeners: list[Callable[[Sequence], None]] = []
         self._requests: dict[str, _Request] = {}
@@ -172,14 +172,14 @@ class Engine:
             self.abort(request_id)
 
     def set_flag(self, name: str, value: bool | int) -> None:
-        """Change a runtime flag (engine/capabilities.py); applied at the next step boundary."""
+        """Change a runtime flag (engine/host/capabilities.py); applied at the next step boundary."""
         self.runtime_flags.request(name, value)
 
     def flags(self) -> dict[str, bool | int]:
         return self.runtime_flags.in_force()
 
     def live_sequences(self) -> list[Sequence]:
-        """Every sequence not yet finished, in arrival order (for inspection: engine/inspection.py)."""
+        """Every sequence not yet finished, in arrival order (for inspection: engine/host/inspection.py)."""
         return [request.seq for request in self._requests.values()]
 
     def has_unfinished_requests(self) -> bool:
@@ -251,7 +251,7 @@ class Engine:
     def _rows_alone(self, requests: list[_Request], batch: ScheduledBatch) -> list[RequestOutput]:
         """A batched forward raised: run each row alone, so that only a row whose own forward raises
         errors, and the rest of the batch gets its token as if nothing happened (a request with a
-        poisoned input must not cost everyone batched with it their answers; issue 20). Safe to
+        poisoned input must not cost everyone batched with it their answers). Safe to
         repeat: a forward only writes the KV slots of the tokens it feeds, and a retry feeds the same
         tokens at the same positions; nothing was sampled (the failed step committed nothing). The
         device loop stands down for these rows first: the failed step may have taken parked tokens or

@@ -12,10 +12,10 @@ from typing import Any
 
 import torch
 
-from engine.capabilities import REGISTRY, env_value
-from engine.kv_cache import blocks_needed
+from engine.host.capabilities import REGISTRY, env_value
 from engine.model import ModelConfig
 from engine.scheduler import SCHEDULERS
+from engine.scheduler.kv_cache import blocks_needed
 
 PREFIX_CACHE_SCOPES = ("user", "deployment")
 # The defaults of the step's token budgets; docs/OPERATIONS.md, "Chunked prefill", says why these numbers.
@@ -49,11 +49,11 @@ class EngineConfig:
     # no limit beyond the step's budget on a GPU).
     max_prefill_beside_decodes: int | None = None
     max_model_len: int | None = None  # at most the model's max_position_embeddings
-    # Whose cached prefixes a request may find (engine/prefix_cache.py): "user", its own user's only
+    # Whose cached prefixes a request may find (engine/scheduler/block_pool.py): "user", its own user's only
     # (the requester's `cache_scope`); "deployment", every request's of this engine. Wider sharing is a
     # timing side channel between users (docs/OPERATIONS.md, "Prefix caching").
     prefix_cache_scope: str = "user"
-    # The start-time runtime flags (engine/capabilities.py names the ARC_* variable of each; their
+    # The start-time runtime flags (engine/host/capabilities.py names the ARC_* variable of each; their
     # defaults there are these): off unless asked for, here or through from_env.
     prefix_caching: bool = True
     device_loop: bool = False
@@ -66,7 +66,7 @@ class EngineConfig:
 
     @classmethod
     def from_env(cls, **overrides: Any) -> EngineConfig:
-        """A config whose runtime flags come from their ARC_* variables (engine/capabilities.py, each flag
+        """A config whose runtime flags come from their ARC_* variables (engine/host/capabilities.py, each flag
         with a config field), unless `overrides` gives them; `overrides` sets any other field as the
         constructor does. A malformed variable is a ValueError naming it."""
         # Any: these are the constructor's own keyword arguments, which it types and checks one by one;

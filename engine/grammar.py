@@ -9,7 +9,7 @@ llama.cpp use for the same job. This module is the only one that imports it.
   and `{"type": "grammar", "grammar": <Lark>}`, as one llguidance grammar (a JSON string), checked
   without a tokenizer so an API can refuse a bad one before the request reaches an engine.
   `{"type": "text"}` (or none) is no constraint.
-- `GrammarTokenizer`: llguidance's view of our tokenizer (engine/tokenizer.py, also a GGUF's rebuilt
+- `GrammarTokenizer`: llguidance's view of our tokenizer (engine/loading/tokenizer.py, also a GGUF's rebuilt
   one): the same `tokenizers` backend, serialized, over the model's logits width, with the model's EOS
   ids as the tokens that end a grammar. Building it costs ~0.5 s, so an engine builds it once, on the
   first constrained request.
@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from engine.tokenizer import Tokenizer
+from engine.loading.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
     import llguidance

@@ -108,7 +108,7 @@ class Sequence:
         self.params = params
         self.block_table: list[int] = []
         self.num_cached = 0  # tokens whose keys/values are in this sequence's blocks
-        # Prefix caching (engine/prefix_cache.py): whose cached blocks this sequence may find and add to,
+        # Prefix caching (engine/scheduler/block_pool.py): whose cached blocks this sequence may find and add to,
         # the chained hashes of its full blocks so far, how many of its blocks are already named by
         # theirs, and the prompt tokens its first admission found cached (None until admitted).
         self.cache_scope = cache_scope

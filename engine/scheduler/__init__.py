@@ -4,9 +4,9 @@
 `default`: one length bucket per step with an urgency waitlist; blocks reserved at admission.
 """
 
-from engine.kv_cache import PagedKVCache
 from engine.scheduler.base import Lookahead, SchedulerBase, SchedulerLimits
 from engine.scheduler.default import DefaultScheduler
+from engine.scheduler.kv_cache import PagedKVCache
 from engine.scheduler.paged import PagedScheduler
 from engine.step_data import ScheduledBatch
 

@@ -11,7 +11,7 @@ its steps. The burst's rows and steps come from the `lookahead` the scheduler is
 loop's `DeviceLoop.lookahead`); the scheduler grants them only from free blocks, so a burst never
 causes a preemption.
 
-Prefix caching (engine/prefix_cache.py): on admission a sequence takes a reference to every cached
+Prefix caching (engine/scheduler/block_pool.py): on admission a sequence takes a reference to every cached
 full block of its tokens' prefix found under its own cache scope and feeds only the rest; the last
 token is always fed, since its logits are sampled, so at most (tokens - 1) // block_size blocks are
 taken. As its blocks fill (`cache_computed`) they are named by their hashes and become immutable. No
@@ -27,8 +27,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
-from engine.kv_cache import PagedKVCache, blocks_needed
-from engine.prefix_cache import chain_hashes
+from engine.scheduler.block_pool import chain_hashes
+from engine.scheduler.kv_cache import PagedKVCache, blocks_needed
 from engine.sequence import FinishedIgnored, Sequence
 from engine.step_data import BurstGrant, ScheduledBatch
 

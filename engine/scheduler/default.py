@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from engine.kv_cache import PagedKVCache, blocks_needed
 from engine.scheduler.base import Lookahead, SchedulerBase, SchedulerLimits
+from engine.scheduler.kv_cache import PagedKVCache, blocks_needed
 from engine.sequence import RunningPrompt, Sequence
 from engine.step_data import ScheduledBatch
 

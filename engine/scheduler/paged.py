@@ -14,7 +14,7 @@ same forwards as the running decodes, so a long paste does not freeze the other 
 are reserved whole at admission; each chunk's full blocks are cached as soon as it is fed (the
 engine's `_chunk_fed`); a cached prefix is skipped and the chunks start after it. A sequence still
 mid-prefill feeds more than one token, so it is never served a parked token nor given a burst
-(engine/device_loop.py: both need a one-token decode).
+(engine/decode/device_loop.py: both need a one-token decode).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from collections import deque
 
 import torch
 
-from engine.kv_cache import BlockAllocator, PagedKVCache, blocks_needed
 from engine.scheduler.base import Lookahead, SchedulerBase, SchedulerLimits
+from engine.scheduler.kv_cache import BlockAllocator, PagedKVCache, blocks_needed
 from engine.sequence import RunningCompletion, RunningPrompt, Sequence, Swapped, Waiting
 from engine.step_data import ScheduledBatch
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.capabilities import REGISTRY, UnknownFlag, capability, env_value
+from engine.host.capabilities import REGISTRY, UnknownFlag, capability, env_value
 
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCTION = [p for part in ("engine", "kernels", "workbench") for p in (ROOT / part).rglob("*.py")]

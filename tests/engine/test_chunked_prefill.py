@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.device_loop import KILL_SWITCH
+from engine.decode.device_loop import KILL_SWITCH
 from engine.sequence import RunningPrompt
 from engine.step_data import TokenSource
 

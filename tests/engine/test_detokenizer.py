@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from engine.detokenizer import REPLACEMENT_CHAR, IncrementalDetokenizer
-from engine.tokenizer import Tokenizer
+from engine.loading.tokenizer import Tokenizer
 
 MIXED_TEXT = "Hello 😀 world, 你好世界, café naïve 🎉! Ünïcödé ends here"
 STORY = "The quick brown fox says STOP here and then more, 你好世界 again 😀 done"

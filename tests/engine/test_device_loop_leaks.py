@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.device_loop import KILL_SWITCH
-from engine.runner import TaggedLogits
+from engine.decode.device_loop import KILL_SWITCH
+from engine.decode.runner import TaggedLogits
 from engine.sequence import Done, Error, FinishedAborted, StopReason, Waiting
 from tests.gguf_files import copy_gguf
 
@@ -159,7 +159,7 @@ def test_a_waitlisted_sequence_with_no_state_change_cannot_leak_into_the_next(ch
     engine = loop_engine(checkpoint, scheduler="default")
     engine.add_request("A", list(range(100, 105)), greedy)   # different lengths: different buckets,
     engine.add_request("B", list(range(200, 212)), sampled)  # so the waitlist moves them aside in turn
-    with caplog.at_level(logging.WARNING, logger="engine.device_loop"):
+    with caplog.at_level(logging.WARNING, logger="engine.decode.device_loop"):
         outputs = run_to_end(engine)
     loop = engine.device_loop
     assert loop.bursts >= 2 and loop.parked.foreign_dropped > 0, "liveness: the interleave really happened"

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from engine import Engine, EngineConfig, RequestError, SamplingParams
-from engine.loader import ModelLoadError, load_model
+from engine.loading.loader import ModelLoadError, load_model
 
 GREEDY = dict(temperature=0, ignore_eos=True)
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from engine import EngineConfig
-from engine.capabilities import REGISTRY
 from engine.engine_config import CPU_PREFILL_BESIDE_DECODES, DEFAULT_TOKEN_BUDGET
+from engine.host.capabilities import REGISTRY
 
 ROOT = Path(__file__).resolve().parents[2]
 START_FLAGS = [entry for entry in REGISTRY if entry.config_field]

@@ -1,4 +1,4 @@
-"""A forward that raises for one row of a batch errors that row's request only (issue 20's fault 3):
+"""A forward that raises for one row of a batch errors that row's request only:
 the engine runs the failed step's rows one by one, and every other request ends as it would alone."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.runner import ModelRunner
+from engine.decode.runner import ModelRunner
 from tests.engine.test_funnel import assert_pool_whole
 
 PROMPTS = ["def parse(text):", "class Stack:", "import os\n", "for item in"]

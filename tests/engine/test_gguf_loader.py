@@ -14,7 +14,7 @@ import pytest
 import torch
 import transformers
 
-from engine.loader import ModelLoadError, load_model, load_model_config, load_tokenizer
+from engine.loading.loader import ModelLoadError, load_model, load_model_config, load_tokenizer
 from tests.gguf_files import copy_gguf, write_gguf
 
 IDS = torch.tensor([5, 17, 300, 42, 1000, 7, 4095, 0, 63])

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.loader import load_model
+from engine.loading.loader import load_model
 from engine.model.quantized import QuantizedLinear
 
 PROMPTS = ["def main():", "The quick brown fox", "import os\nimport sys\n", "é ü 漢字 🙂"]
@@ -63,7 +63,7 @@ def test_quantized_weights_are_refused_off_the_cpu():
 def test_a_rows_bfloat16_logits_do_not_depend_on_the_rows_computed_beside_it(tiny_gguf):
     """Batch invariance at the head in bfloat16 (`make run`'s SmolLM2 default): a decode's logits are the
     same bits alone or beside others. A head that picks its kernel by row count (the int4 route for a few
-    rows, F.linear for many, as session 11 had) gives one request logits that differ by bfloat16's error
+    rows, F.linear for many) gives one request logits that differ by bfloat16's error
     alone and batched: a different token at a near-tie, which the leak oracle and replay verification
     would report as a leak. (Not asked in float32: there the CPU matmul itself is not bitwise
     row-invariant, and the oracles forgive near-ties of 1e-4.)"""

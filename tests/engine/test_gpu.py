@@ -9,8 +9,8 @@ import torch
 import transformers
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.graphs import GraphMode
-from engine.loader import load_model
+from engine.decode.graphs import GraphMode
+from engine.loading.loader import load_model
 
 pytestmark = pytest.mark.gpu
 GREEDY = dict(temperature=0, ignore_eos=True)

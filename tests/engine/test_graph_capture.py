@@ -21,9 +21,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.graphs import DecodeGraphs, GraphMode
-from engine.kv_cache import PagedKVCache
+from engine.decode.graphs import DecodeGraphs, GraphMode
 from engine.model import LlamaForCausalLM, ModelConfig
+from engine.scheduler.kv_cache import PagedKVCache
 from kernels.commit_token import commit_token
 from kernels.fault_word import fault_word
 from kernels.ring_argmax import ring_argmax

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.graphs import DecodeGraphs, GraphMode
+from engine.decode.graphs import DecodeGraphs, GraphMode
 
 GREEDY = dict(temperature=0, ignore_eos=True)
 PROMPTS = ["class Node:", "import os", [5, 6, 7], "def f(x):\n    return"]

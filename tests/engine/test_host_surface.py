@@ -9,9 +9,9 @@ import dataclasses
 import pytest
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.device_loop import KILL_SWITCH
-from engine.leak_events import FOREIGN_PARKED_DROPPED, LeakEventLog
-from engine.stats import EngineStats
+from engine.decode.device_loop import KILL_SWITCH
+from engine.decode.leak_events import FOREIGN_PARKED_DROPPED, LeakEventLog
+from engine.host.stats import EngineStats
 
 GREEDY = SamplingParams(max_tokens=14, temperature=0, ignore_eos=True)
 SAMPLED = SamplingParams(max_tokens=14, temperature=0.8, seed=3, ignore_eos=True)  # never bursts

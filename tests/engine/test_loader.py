@@ -17,7 +17,7 @@ import torch
 import transformers
 from safetensors.torch import load_file, save_file
 
-from engine.loader import DEMO_MODEL_DIR, ModelLoadError, load_model, resolve_model_path
+from engine.loading.loader import DEMO_MODEL_DIR, ModelLoadError, load_model, resolve_model_path
 
 WEIGHTS = "model.safetensors"
 

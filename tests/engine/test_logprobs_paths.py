@@ -1,5 +1,5 @@
 """Logprobs and the ending masks, whatever path produced the tokens beside them: a request that asks
-for logprobs stays on the host (engine/device_loop.py, can_burst), and its values must be the same
+for logprobs stays on the host (engine/decode/device_loop.py, can_burst), and its values must be the same
 with the device loop on, while other sequences in its batch burst and drain parked tokens, as off.
 min_tokens masks EOS and the stop tokens in the sampler until that many tokens are out."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.device_loop import KILL_SWITCH
+from engine.decode.device_loop import KILL_SWITCH
 from engine.step_data import TokenSource
 
 GREEDY = dict(temperature=0, ignore_eos=True)

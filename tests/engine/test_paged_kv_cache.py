@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.kv_cache import BlockAllocator, OutOfBlocks, PagedKVCache, blocks_needed
 from engine.model import AttentionMetadata, LlamaForCausalLM, ModelConfig
+from engine.scheduler.kv_cache import BlockAllocator, OutOfBlocks, PagedKVCache, blocks_needed
 
 CONFIG = ModelConfig(model_type="llama", vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=128)

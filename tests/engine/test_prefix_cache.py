@@ -1,4 +1,4 @@
-"""Prefix caching (engine/prefix_cache.py): reuse that never crosses scopes and never corrupts a holder.
+"""Prefix caching (engine/scheduler/block_pool.py): reuse that never crosses scopes and never corrupts a holder.
 
 The pool's own rules (reference counts, idle cached blocks reused least recently used first), then the
 leak tests, each with a liveness control and a mutant in tests/mutation/mutants.py: another scope never
@@ -12,10 +12,10 @@ from __future__ import annotations
 import pytest
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.device_loop import KILL_SWITCH
-from engine.inspection import engine_state
+from engine.decode.device_loop import KILL_SWITCH
+from engine.host.inspection import engine_state
 from engine.outputs import GenerationResult
-from engine.prefix_cache import BlockPool, OutOfBlocks, block_hash, chain_hashes
+from engine.scheduler.block_pool import BlockPool, OutOfBlocks, block_hash, chain_hashes
 from engine.step_data import BurstGrant
 
 GREEDY = dict(temperature=0, ignore_eos=True)

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.device_loop import KILL_SWITCH
+from engine.decode.device_loop import KILL_SWITCH
 from engine.sequence import Done, RunningPrompt, StopReason
 from engine.step_data import TokenSource
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.device_loop import KILL_SWITCH
-from engine.kv_cache import blocks_needed
+from engine.decode.device_loop import KILL_SWITCH
+from engine.scheduler.kv_cache import blocks_needed
 from engine.step_data import NOTHING_RAN, BurstGrant, ScheduledBatch, TokenSource
 
 GREEDY = dict(temperature=0, ignore_eos=True)

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from engine.loader import load_tokenizer
-from engine.tokenizer import ChatTemplateError, Tokenizer, TokenizerError
+from engine.loading.loader import load_tokenizer
+from engine.loading.tokenizer import ChatTemplateError, Tokenizer, TokenizerError
 
 TEXTS = [
     "The quick brown fox jumps over the lazy dog.",

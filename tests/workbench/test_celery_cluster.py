@@ -26,8 +26,9 @@ from tests.workbench.test_websocket_api import (MAX_TOKENS_AFTER_CANCEL, connect
                                                  greedy_solo, wait_for)
 from workbench.celery import app as celery_app
 from workbench.chat.models import Conversation, Message
-from workbench.serving import bridge, wire
-from workbench.serving.redis_layer import make_layer
+from workbench.serving import bridge
+from workbench.serving.celery import wire
+from workbench.serving.celery.redis_layer import make_layer
 from workbench.serving.streams import StreamEvent
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -296,8 +296,8 @@ async def test_a_socket_opened_before_logging_out_stops_answering(users):
 
 def test_fitting_keeps_the_most_turns_that_fit_starting_at_a_user_message():
     """Against the plain search it replaces: every suffix from a user message, longest first."""
-    from engine.loader import resolve_model_path
-    from engine.tokenizer import Tokenizer
+    from engine.loading.loader import resolve_model_path
+    from engine.loading.tokenizer import Tokenizer
     from workbench.chat.fitting import fitted_prompt, model_length
 
     tokenizer = Tokenizer.from_dir(resolve_model_path("demo"))

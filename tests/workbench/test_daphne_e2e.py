@@ -257,7 +257,8 @@ def test_response_format_and_a_forced_tool_call_travel_to_the_celery_workers(dap
     jsonschema.validate(json.loads(thing.choices[0].message.content), THING)
     assert thing.choices[0].finish_reason == "stop"
 
-    forced = client.chat.completions.create(model="demo", messages=MESSAGES, tools=[LOOKUP], max_tokens=40,
+    # Sampled at OpenAI's default temperature 1, so seeded: unseeded, some draws ran past max_tokens.
+    forced = client.chat.completions.create(model="demo", messages=MESSAGES, tools=[LOOKUP], max_tokens=40, seed=4,
                                             tool_choice={"type": "function", "function": {"name": "lookup"}})
     [call] = forced.choices[0].message.tool_calls
     assert forced.choices[0].finish_reason == "tool_calls" and call.function.name == "lookup"

@@ -19,12 +19,12 @@ from django.contrib.auth.models import AnonymousUser
 from django.db import OperationalError
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.device_loop import KILL_SWITCH
-from engine.leak_events import FOREIGN_PARKED_DROPPED
+from engine.decode.device_loop import KILL_SWITCH
+from engine.decode.leak_events import FOREIGN_PARKED_DROPPED
 from tests.workbench.test_chat import as_user
 from tests.workbench.test_websocket_api import connect
-from workbench.ops.models import FlagChange, LeakEvent, ReplayCheck
 from workbench.ops import recorder
+from workbench.ops.models import FlagChange, LeakEvent, ReplayCheck
 from workbench.ops.recorder import Recorder
 from workbench.ops.routing import websocket_urlpatterns
 from workbench.serving import bridge

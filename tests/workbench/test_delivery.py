@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from tests.cluster import RedisServer
-from workbench.serving.outbox import Outbox
-from workbench.serving.sequencing import DeliveryGap, InOrder
+from workbench.serving.celery.outbox import Outbox
+from workbench.serving.celery.sequencing import DeliveryGap, InOrder
 from workbench.serving.streams import StreamEvent, deliver
 
 
@@ -142,7 +142,7 @@ async def test_the_one_trip_send_is_read_by_channels_redis_and_refuses_when_full
     from channels.exceptions import ChannelFull
     from channels_redis.core import RedisChannelLayer
 
-    from workbench.serving.redis_layer import OneTripChannelLayer
+    from workbench.serving.celery.redis_layer import OneTripChannelLayer
 
     sender = OneTripChannelLayer(hosts=["redis://127.0.0.1:6379/0"], capacity=2, prefix="wbtest-onetrip")
     receiver = RedisChannelLayer(hosts=["redis://127.0.0.1:6379/0"], capacity=2, prefix="wbtest-onetrip")
@@ -172,7 +172,7 @@ def redis_without_bzmpop():
 async def test_the_batch_receive_takes_what_waits_in_order_and_reads_channels_redis_sends(redis_7, request):
     from channels_redis.core import RedisChannelLayer
 
-    from workbench.serving.redis_layer import OneTripChannelLayer
+    from workbench.serving.celery.redis_layer import OneTripChannelLayer
 
     url = "redis://127.0.0.1:6379/0" if redis_7 else request.getfixturevalue("redis_without_bzmpop")
     receiver = OneTripChannelLayer(hosts=[url], prefix="wbtest-batch")

@@ -1,4 +1,4 @@
-"""Fault injection on the multi-process stack (issue 20): real Redis (a private redis-server, so it can be
+"""Fault injection on the multi-process stack: real Redis (a private redis-server, so it can be
 stopped), two real Celery workers (tests/fault_worker.py: the workbench worker with a poisoned-prompt
 forward hook and a small KV pool), a real Daphne, clients over loopback websockets.
 
@@ -27,7 +27,7 @@ import websockets
 
 from engine import Engine, EngineConfig, SamplingParams
 from tests.cluster import Cluster, RedisServer, operator_session
-from workbench.serving.presence import WORKER_KEY, Heartbeat
+from workbench.serving.celery.presence import WORKER_KEY, Heartbeat
 
 POISON = "poisoned row"  # tests/fault_worker.py's forward raises for a batch holding a prompt with this
 KV_BLOCKS = 5  # per worker: 80 tokens of KV, a few requests' worth (the preemption storm's pool)

@@ -13,13 +13,14 @@ import pytest
 from django.conf import settings
 from django.test import AsyncClient
 
+from engine import Engine, EngineConfig, SamplingParams
 from tests.cluster import Cluster
 from tests.workbench.test_celery_cluster import served_by
-from engine import Engine, EngineConfig, SamplingParams
 from tests.workbench.test_websocket_api import connect, frames_until_done, wait_for
 from workbench.ops.models import FlagChange
-from workbench.serving import bridge, wire
-from workbench.serving.redis_layer import make_layer
+from workbench.serving import bridge
+from workbench.serving.celery import wire
+from workbench.serving.celery.redis_layer import make_layer
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
 

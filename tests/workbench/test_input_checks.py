@@ -1,5 +1,5 @@
 """The consumers' checks as plain functions, without a socket: the shared prompt/params rules
-(workbench/api/request_input.py), the websocket API's and the chat's frame checks, and what a chat turn
+(workbench/protocol/request_input.py), the websocket API's and the chat's frame checks, and what a chat turn
 does to a conversation (Conversation.take_turn)."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import pytest
 
 from engine import SamplingParams
 from workbench.api import frames as api_frames
-from workbench.api import request_input
-from workbench.api.json_socket import FrameError
 from workbench.chat import frames as chat_frames
 from workbench.chat.models import Conversation, Message, ReplyUnderWay
+from workbench.protocol import request_input
+from workbench.protocol.json_socket import FrameError
 
 
 def refusal(check, *args) -> tuple[str, str]:

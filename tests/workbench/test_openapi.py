@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from hypothesis_jsonschema import from_schema
 from jsonschema import Draft202012Validator
 
-from workbench.api import openapi
-from workbench.api.openai_views import accepted_fields
+from workbench.api.openai import openapi
+from workbench.api.openai.views import accepted_fields
 
 pytestmark = pytest.mark.django_db(transaction=True)
 SCHEMAS = {"chat": "ChatCompletionRequest", "completion": "CompletionRequest"}

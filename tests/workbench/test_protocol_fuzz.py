@@ -34,7 +34,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from engine import SamplingParams
-from engine.capabilities import REGISTRY
+from engine.host.capabilities import REGISTRY
 from tests.cluster import issue_tokens
 from tests.conftest import ADMIN_PASSWORD
 from tests.workbench.daphne_session import Session

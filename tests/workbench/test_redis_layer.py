@@ -1,4 +1,4 @@
-"""The channels-redis internals workbench/serving/redis_layer.py depends on, pinned.
+"""The channels-redis internals workbench/serving/celery/redis_layer.py depends on, pinned.
 
 OneTripChannelLayer reimplements channels-redis's send and a receive over the same keys, so a release
 that renames or reshapes what it reads must fail here, before a worker's deltas go astray; and the
@@ -17,7 +17,7 @@ import pytest
 from channels_redis.core import RedisChannelLayer
 from packaging.requirements import Requirement
 
-from workbench.serving.redis_layer import OneTripChannelLayer, make_layer
+from workbench.serving.celery.redis_layer import OneTripChannelLayer, make_layer
 
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 

@@ -299,8 +299,8 @@ def test_a_celery_worker_applies_its_stream_settings(tmp_path, setting):
 
 def sse_text_before_a_forward_error(thread: EngineHost) -> tuple[str, list[str]]:
     """Stream a completion over the OpenAI view's SSE generator while the engine's 4th forward fails."""
-    from workbench.api import tool_calls
-    from workbench.api.openai_views import _Choice, _sse
+    from workbench.api.openai import tool_calls
+    from workbench.api.openai.views import _Choice, _sse
 
     real_run, calls = thread.engine.runner.run, []
 

@@ -4,7 +4,7 @@ json_schema requests, all 40 sent at once so that the engine batches them, all p
 json_schema answer that validates, streamed and not; tool_choice="required" giving a valid call
 (streamed as tool-call deltas too), the tool's result sent back and answered; and bad tools or
 response_format refused naming the field. SmolLM2's chat template takes no tools, so this is also the
-system-prompt path (workbench/api/tool_calls.py)."""
+system-prompt path (workbench/api/openai/tool_calls.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""workbench/api/tool_calls.py without a server: a forced call from a tiny random model is a valid call,
+"""workbench/api/openai/tool_calls.py without a server: a forced call from a tiny random model is a valid call,
 calls parse out of whole and streamed text alike, messages with tool_calls and tool results render for
 a template without tools, a template that reads `tools` renders them itself (and `tool_choice: "none"`
 shows them to neither kind), and bad tools are refused naming the field."""
@@ -12,11 +12,11 @@ import jsonschema
 import pytest
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.loader import DEMO_MODEL_DIR
-from engine.tokenizer import Tokenizer
-from workbench.api import request_input
-from workbench.api import tool_calls
-from workbench.api.request_input import InvalidInput
+from engine.loading.loader import DEMO_MODEL_DIR
+from engine.loading.tokenizer import Tokenizer
+from workbench.api.openai import tool_calls
+from workbench.protocol import request_input
+from workbench.protocol.request_input import InvalidInput
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "parameters": {"type": "object", "additionalProperties": False, "required": ["city", "days"],
@@ -126,7 +126,7 @@ def test_bad_tools_are_refused_naming_the_field(body, param):
 
 def test_the_websocket_apis_params_take_response_format():
     """The websocket API and the chat socket read params through request_input: response_format is one."""
-    from workbench.api import request_input
+    from workbench.protocol import request_input
 
     params = request_input.sampling_params({"response_format": {"type": "json_object"}})
     assert params.constrained

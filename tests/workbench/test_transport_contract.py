@@ -10,7 +10,7 @@ import inspect
 import pytest
 
 from engine import Engine, EngineConfig
-from workbench.serving.celery_transport import CeleryTransport
+from workbench.serving.celery.transport import CeleryTransport
 from workbench.serving.engine_host import EngineHost
 from workbench.serving.inprocess import InProcessTransport
 from workbench.serving.transport import Transport

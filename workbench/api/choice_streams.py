@@ -11,7 +11,7 @@ from collections.abc import AsyncGenerator
 
 from engine import SamplingParams
 from engine.sampling_params import is_integer
-from workbench.api.request_input import BAD_PARAMS, InvalidInput
+from workbench.protocol.request_input import BAD_PARAMS, InvalidInput
 from workbench.serving.streams import RequestStream, StreamEvent
 
 MAX_N = 8  # choices per request: each is a sequence in the engine, and a request must not fill it alone

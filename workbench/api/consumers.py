@@ -1,7 +1,7 @@
 """The websocket API, /ws/v1/generate: several generations multiplexed on one socket (docs/PROTOCOL.md).
 
 Thin on purpose: its frames are checked by workbench/api/frames.py, the request goes to the serving
-bridge, and its stream is relayed. Every bad frame gets an `error` frame (workbench/api/json_socket.py)
+bridge, and its stream is relayed. Every bad frame gets an `error` frame (workbench/protocol/json_socket.py)
 and changes nothing else: the socket and every other request on it keep working.
 """
 
@@ -10,12 +10,13 @@ from __future__ import annotations
 import asyncio
 import uuid
 
-from engine.tokenizer import Tokenizer
+from engine.loading.tokenizer import Tokenizer
 from workbench.api import frames
 from workbench.api.auth import token_still_valid
 from workbench.api.choice_streams import choice_params, merged, summed_usage
-from workbench.api.json_socket import FrameError, JsonSocketConsumer
-from workbench.api.logprobs_shape import socket_logprobs
+from workbench.api.openai.logprobs_shape import socket_logprobs
+from workbench.protocol.json_socket import FrameError, JsonSocketConsumer
+from workbench.protocol.model_choice import model_of
 from workbench.serving import bridge, limits, served_models
 from workbench.serving.streams import RequestStream, StreamEvent
 
@@ -69,7 +70,7 @@ class GenerateConsumer(JsonSocketConsumer):
 
     async def _generate(self, frame: dict[str, object]) -> None:
         request_id = frames.new_request_id(frame, self.active)
-        model = frames.model(frame, await served_models.served_from_loop(), request_id)
+        model = model_of(frame, await served_models.served_from_loop(), request_id)
         transport = await bridge.transport_from_loop()
         try:
             tokenizer = transport.tokenizer_for(model)

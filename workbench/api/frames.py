@@ -1,6 +1,6 @@
 """The websocket API's frames (/ws/v1/generate, docs/PROTOCOL.md) checked, as plain functions that need
 no socket: each returns what the frame asks for or raises FrameError with the code the client gets.
-The prompt and the parameters are checked by the rules every API shares (workbench/api/request_input.py)."""
+The prompt and the parameters are checked by the rules every API shares (workbench/protocol/request_input.py)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from collections.abc import Collection
 from typing import Literal
 
 from engine import SamplingParams
-from engine.tokenizer import Tokenizer
-from workbench.api import choice_streams, request_input
-from workbench.api.json_input import LONE_SURROGATE
-from workbench.api.json_socket import FrameError
-from workbench.serving import served_models
+from engine.loading.tokenizer import Tokenizer
+from workbench.api import choice_streams
+from workbench.protocol import request_input
+from workbench.protocol.json_input import LONE_SURROGATE
+from workbench.protocol.json_socket import FrameError
 
 MAX_REQUEST_ID_CHARS = 128
 MAX_ACTIVE_REQUESTS = 64
@@ -55,15 +55,6 @@ def cancelled_request_id(frame: dict[str, object], running: Collection[str]) -> 
         raise FrameError("unknown_request_id", f"no running request {request_id!r} on this socket",
                          request_id_of(frame))
     return request_id
-
-
-def model(frame: dict[str, object], served: list[str], request_id: str | None = None) -> str:
-    """The served model a frame's `model` names (left out: the default one; served_models.py)."""
-    try:
-        return served_models.resolve(frame.get("model"), served)
-    except served_models.UnknownModel as exc:
-        raise FrameError("invalid_request" if exc.not_a_string else "model_not_found", exc.message,
-                         request_id) from None
 
 
 def generation(frame: dict[str, object], tokenizer: Tokenizer,

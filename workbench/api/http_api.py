@@ -1,6 +1,6 @@
 """What every authenticated HTTP API view shares: OpenAI's error shape, the bearer token, the JSON body.
 
-The OpenAI views (/v1, openai_views.py) and vLLM's tokenizer endpoints (/tokenize, /detokenize,
+The OpenAI views (/v1, workbench/api/openai/views.py) and vLLM's tokenizer endpoints (/tokenize, /detokenize,
 tokenize_views.py) answer errors alike, {"error": {message, type, param, code}} with a 4xx status,
 read the body within WORKBENCH_MAX_FRAME_BYTES, and refuse a `model` that no worker serves (404)
 and, by name, every field they do not serve.
@@ -17,12 +17,12 @@ from django.contrib.auth.base_user import AbstractBaseUser
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, JsonResponse
 
-from engine.tokenizer import Tokenizer
+from engine.loading.tokenizer import Tokenizer
 
-from workbench.api import request_input
 from workbench.api.auth import bearer_token
-from workbench.api.json_input import JsonInputError, parse_object
 from workbench.api.models import ApiToken
+from workbench.protocol import request_input
+from workbench.protocol.json_input import JsonInputError, parse_object
 from workbench.serving import served_models
 from workbench.serving.transport import Transport
 

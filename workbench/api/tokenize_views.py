@@ -23,10 +23,10 @@ from collections.abc import Callable, Coroutine, Mapping
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from engine.tokenizer import Tokenizer
-from workbench.api import request_input
+from engine.loading.tokenizer import Tokenizer
 from workbench.api.http_api import ApiError, authenticate, check_model, json_body, refuse_unless_off, tokenizer_of
 from workbench.chat.fitting import model_length
+from workbench.protocol import request_input
 from workbench.serving import bridge, served_models
 
 TOKENIZE_FIELDS = {"model", "prompt", "messages", "add_special_tokens", "add_generation_prompt"}

@@ -4,7 +4,7 @@ Only the conversation's owner connects (anyone else is refused before accept). T
 stored before generation starts; the reply is stored when it ends, also when stopped (with the partial
 text and finish_reason "canceled") or when it fails ("error"). Thin on purpose: frames are checked by
 workbench/chat/frames.py, what a turn does to the conversation is Conversation.take_turn, and errors
-go out through the one error path of workbench/api/json_socket.py, except those of a reply under way:
+go out through the one error path of workbench/protocol/json_socket.py, except those of a reply under way:
 they go out as its frames do (LiveReply.publish), to every socket following it and after every delta
 before them.
 """
@@ -20,12 +20,12 @@ from channels.db import database_sync_to_async
 from django.db import DatabaseError
 
 from engine import SamplingParams
-from engine.tokenizer import TokenizerError
-from workbench.api import frames as api_frames
-from workbench.api.json_socket import FrameError, JsonSocketConsumer
+from engine.loading.tokenizer import TokenizerError
 from workbench.chat import frames, live, versions
 from workbench.chat.fitting import fitted_prompt
 from workbench.chat.models import Conversation, Message, NotShown, ReplyUnderWay, Turn
+from workbench.protocol.json_socket import FrameError, JsonSocketConsumer
+from workbench.protocol.model_choice import model_of
 from workbench.serving import bridge, limits, served_models
 from workbench.serving.streams import StreamEvent
 
@@ -126,7 +126,7 @@ class ChatConsumer(JsonSocketConsumer):
             return
         text, params = frames.turn_request(kind, content)
         edited = frames.edited_message(content) if kind == "edit" else None
-        model = api_frames.model(content, await served_models.served_from_loop())
+        model = model_of(content, await served_models.served_from_loop())
         user = self.scope["user"]
         assert user is not None  # connect refused a socket without one
         # Admitted before the turn is taken: a refused one stores nothing.

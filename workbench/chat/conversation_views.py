@@ -15,12 +15,12 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect
 from django.views.decorators.http import require_GET, require_POST
 
-from workbench.api.json_input import JsonInputError, parse_object
-from workbench.api.request_input import InvalidInput
 from workbench.chat import export, preferences, versions
 from workbench.chat.models import ChatDefaults, Conversation, Message, ReplyUnderWay
 from workbench.chat.stored_text import nul_refusal
 from workbench.chat.titles import MAX_RENAME_CHARS
+from workbench.protocol.json_input import JsonInputError, parse_object
+from workbench.protocol.request_input import InvalidInput
 
 
 def _owned(request: HttpRequest, conversation_id: int) -> Conversation:

@@ -12,8 +12,8 @@ from functools import lru_cache
 
 from django.conf import settings
 
-from engine.loader import load_model_config
-from engine.tokenizer import Tokenizer, TokenizerError
+from engine.loading.loader import load_model_config
+from engine.loading.tokenizer import Tokenizer, TokenizerError
 
 
 @lru_cache(maxsize=None)

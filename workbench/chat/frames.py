@@ -1,6 +1,6 @@
 """The chat socket's frames (/ws/chat/<id>) checked, as plain functions that need no socket: each returns
 what the page asks for or raises FrameError with the code the page gets. The parameters follow the
-rules every API shares (workbench/api/request_input.py).
+rules every API shares (workbench/protocol/request_input.py).
 
     <- {"type": "send", "content": "...", "params": {...}, "model": "..."}
                                                              a new message, answered (by `model`, one of
@@ -21,10 +21,10 @@ from __future__ import annotations
 from typing import Literal
 
 from engine import SamplingParams
-from workbench.api import request_input
-from workbench.api.json_socket import FrameError
 from workbench.chat.models import Turn
 from workbench.chat.stored_text import nul_refusal
+from workbench.protocol import request_input
+from workbench.protocol.json_socket import FrameError
 
 MAX_MESSAGE_CHARS = 20_000
 # No max_tokens from the page: the reply may run to the end of the model's context.

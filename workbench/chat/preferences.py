@@ -1,16 +1,16 @@
 """What the chat page keeps between loads: a system prompt and the sampling settings the page offers,
 saved per conversation and as the user's default (which a new conversation starts from).
 
-Checked by the same rules as a reply's parameters (workbench/api/request_input.py), so a saved setting
+Checked by the same rules as a reply's parameters (workbench/protocol/request_input.py), so a saved setting
 is always one the chat socket accepts; an unknown or bad field is refused by name and nothing is saved.
 """
 
 from __future__ import annotations
 
-from workbench.api import request_input
-from workbench.api.request_input import InvalidInput
 from workbench.chat.frames import DEFAULTS, MAX_MESSAGE_CHARS
 from workbench.chat.stored_text import nul_refusal
+from workbench.protocol import request_input
+from workbench.protocol.request_input import InvalidInput
 
 # The sampling controls on the page (templates/chat/_settings.html), and only those: the page shows
 # what was saved, so a saved key it has no control for would act unseen.

@@ -3,11 +3,11 @@ API token, is refused before accept). The user is read afresh from the database 
 and every RECHECK_S, so an operator who loses staff status or the permission loses them here too.
 
 Every PUSH_EVERY_S it sends what changed of the transport's view of every worker (device, model,
-flags, load, and the engine's inspection snapshot, engine/inspection.py) together with the flag
+flags, load, and the engine's inspection snapshot, engine/host/inspection.py) together with the flag
 registry; operators with the `ops.flip_flags` permission may send flag changes, answered with every
 worker's answer and logged like the HTTP ones (workbench/ops/flag_changes.py, which also checks them);
 staff may cancel any request a worker holds, logged in the audit log (workbench/ops/request_cancels.py).
-Frames are limited and refused like every socket's (workbench/api/json_socket.py).
+Frames are limited and refused like every socket's (workbench/protocol/json_socket.py).
 
     -> {"type": "state", "workers": {worker: {...}}, "flags": [...], "changes": [latest audit rows]}
     <- {"type": "set_flag", "id": any, "name": "ARC_GRAPH_DEVICE_LOOP", "value": false, "worker": "w1"}
@@ -27,9 +27,9 @@ import logging
 from channels.db import database_sync_to_async
 from django.contrib.auth import get_user_model
 
-from engine.capabilities import UnknownFlag
-from workbench.api.json_socket import FrameError, JsonSocketConsumer
+from engine.host.capabilities import UnknownFlag
 from workbench.ops import flag_changes, request_cancels
+from workbench.protocol.json_socket import FrameError, JsonSocketConsumer
 from workbench.serving import bridge
 
 log = logging.getLogger(__name__)

@@ -3,7 +3,7 @@ who may, what a change looks like, and the change itself: logged first, sent, ev
 
 from __future__ import annotations
 
-from engine.capabilities import REGISTRY, capability, checked_value
+from engine.host.capabilities import REGISTRY, capability, checked_value
 from workbench.ops.models import FlagChange
 
 FLIP_PERMISSION = "ops.flip_flags"

@@ -7,7 +7,7 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
-from engine.leak_events import ALIASED_LOGITS, FOREIGN_PARKED_DROPPED
+from engine.decode.leak_events import ALIASED_LOGITS, FOREIGN_PARKED_DROPPED
 
 
 class FlagChange(models.Model):
@@ -69,7 +69,7 @@ class LeakEvent(models.Model):
 
 
 class ReplayCheck(models.Model):
-    """One graph replay verified against the eager forward of the same inputs (engine/graphs.py)."""
+    """One graph replay verified against the eager forward of the same inputs (engine/decode/graphs.py)."""
     worker = models.CharField(max_length=128)
     engine_run = models.CharField(max_length=32)
     replay = models.PositiveBigIntegerField()

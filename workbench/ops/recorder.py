@@ -1,7 +1,7 @@
 """Stores the engines' leak-prevention events and replay-verification checks in the database.
 
 Each web process whose transport is running records what its transport sees of every worker (the
-inspection snapshot, engine/inspection.py: the latest events and checks, numbered per engine start).
+inspection snapshot, engine/host/inspection.py: the latest events and checks, numbered per engine start).
 Several web processes see the same workers: the unique constraints keep one row per event, and a row
 already stored is skipped.
 

@@ -11,9 +11,9 @@ from django.contrib.auth.views import redirect_to_login
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 
-from engine.capabilities import UnknownFlag
-from workbench.api.json_input import JsonInputError, parse_object
+from engine.host.capabilities import UnknownFlag
 from workbench.ops import flag_changes
+from workbench.protocol.json_input import JsonInputError, parse_object
 from workbench.serving import bridge
 
 

@@ -46,7 +46,7 @@ def _inprocess() -> Transport:
 
 
 def _celery() -> Transport:
-    from workbench.serving.celery_transport import CeleryTransport
+    from workbench.serving.celery.transport import CeleryTransport
 
     return CeleryTransport()
 

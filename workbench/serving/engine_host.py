@@ -6,7 +6,7 @@ and hands each output to its request's sink (a RequestStream for the in-process 
 the worker's outbox in a Celery worker, worker.py). A cancel therefore reaches the engine at its next
 step. What other threads may read (load, flags, metrics, the inspection snapshot) is published as one
 immutable Load after each step; the engine is read only through its public surface (Engine.stats(),
-apply_flags(), leak_events_since(), flags()) and engine/inspection.py.
+apply_flags(), leak_events_since(), flags()) and engine/host/inspection.py.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from dataclasses import dataclass, replace
 from typing import Callable, assert_never
 
 from engine import Engine, InvalidSamplingParams, PromptError, RequestError, SamplingParams
-from engine.inspection import engine_state
+from engine.host.inspection import engine_state
+from engine.loading.tokenizer import Tokenizer, TokenizerError
 from engine.outputs import RequestOutput
-from engine.tokenizer import Tokenizer, TokenizerError
 from workbench.serving.metrics import EngineMetrics
 from workbench.serving.stream_interval import DeltaHold
 from workbench.serving.streams import Sink, StreamEvent, deliver
@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 # A cancel can overtake its request (the Celery task and the cancel travel separately): such a cancel
 # is remembered this long, and the request, when it comes, ends canceled without running.
 EARLY_CANCEL_MEMORY_S = 120.0
-# The inspection snapshot (engine/inspection.py) is refreshed at most this often, and at once when a
+# The inspection snapshot (engine/host/inspection.py) is refreshed at most this often, and at once when a
 # request arrives or finishes or a leak event is recorded: the dashboard sees every change that matters
 # without the engine paying for a snapshot on every step.
 STATE_EVERY_S = 0.1
@@ -52,7 +52,7 @@ class Load:
     request_ids: tuple[str, ...] = ()
     metrics: Snapshot | None = None  # EngineMetrics.snapshot
     flags: Flags | None = None  # the runtime flags in force
-    state: Snapshot | None = None  # engine/inspection.py's engine_state, for the operator dashboard
+    state: Snapshot | None = None  # engine/host/inspection.py's engine_state, for the operator dashboard
 
 
 # What other threads ask of the engine thread, applied between steps in the order asked.
@@ -112,8 +112,8 @@ class EngineHost:
         self._load = Load()
         # Requests handed over by another thread and not yet taken in by the engine thread (they wait
         # for the step in flight, seconds under load): `load` counts them as held, so a Celery worker's
-        # heartbeat lists them and its web side does not take them for lost (issue 20's Celery load run:
-        # a first wave of requests all ended worker_lost while the worker's first step ran 5 s).
+        # heartbeat lists them and its web side does not take them for lost (under load a first wave of
+        # requests would all end worker_lost while the worker's first step ran for seconds).
         self._arriving: set[str] = set()
         self._arriving_lock = threading.Lock()
         self._taken_in: list[str] = []  # added to the engine (or refused) since the last published load

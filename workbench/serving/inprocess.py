@@ -12,7 +12,7 @@ import asyncio
 from typing import Callable
 
 from engine import SamplingParams
-from engine.tokenizer import Tokenizer
+from engine.loading.tokenizer import Tokenizer
 from workbench.serving.engine_host import EngineHost
 from workbench.serving.streams import RequestStream, StreamEvent
 from workbench.serving.transport import FLAG_ANSWER_S, FlagAnswer, Flags, Snapshot, WorkerView

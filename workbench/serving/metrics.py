@@ -12,8 +12,8 @@ import time
 from bisect import bisect_left
 from collections import Counter
 
+from engine.host.stats import EngineStats
 from engine.outputs import RequestOutput
-from engine.stats import EngineStats
 
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)

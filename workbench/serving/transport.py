@@ -1,7 +1,7 @@
 """Transport: what the web side (consumers, views, the ops app) may ask of the serving layer.
 
 Two classes implement it: InProcessTransport (workbench/serving/inprocess.py, the engine on a thread of
-this process) and CeleryTransport (workbench/serving/celery_transport.py, GPU workers over Redis). The
+this process) and CeleryTransport (workbench/serving/celery/transport.py, GPU workers over Redis). The
 bridge (bridge.py) hands out one of them typed as this protocol, so a type checker holds both to it
 and a consumer cannot reach past it. Operators' calls name workers: the in-process transport has one,
 LOCAL_WORKER; the Celery transport's are its live workers' ids.
@@ -12,14 +12,14 @@ from __future__ import annotations
 from typing import Callable, NotRequired, Protocol, TypedDict, runtime_checkable
 
 from engine import SamplingParams
-from engine.tokenizer import Tokenizer
+from engine.loading.tokenizer import Tokenizer
 from workbench.serving.streams import RequestStream
 
 # A flag change is in force after the engine's next step boundary: milliseconds, unless it is stuck.
 FLAG_ANSWER_S = 10.0
 
-Flags = dict[str, bool | int]  # the runtime flags in force on one worker, by name (engine/capabilities.py)
-Snapshot = dict[str, object]  # JSON-ready data: a metrics snapshot (metrics.py), an inspection (engine/inspection.py)
+Flags = dict[str, bool | int]  # the runtime flags in force on one worker, by name (engine/host/capabilities.py)
+Snapshot = dict[str, object]  # JSON-ready data: a metrics snapshot (metrics.py), an inspection (engine/host/inspection.py)
 
 
 class FlagAnswer(TypedDict, total=False):
@@ -37,7 +37,7 @@ class WorkerView(TypedDict):
     waiting: int
     draining: bool
     flags: Flags
-    state: Snapshot  # engine/inspection.py's engine_state, or {"error": ...}
+    state: Snapshot  # engine/host/inspection.py's engine_state, or {"error": ...}
     heartbeat_age_s: NotRequired[int]  # a Celery worker's, whole seconds since its last heartbeat
 
 

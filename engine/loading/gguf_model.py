@@ -1,0 +1,196 @@
+"""A GGUF checkpoint (llama.cpp's single-file format) read as our model: config, tokenizer, tensors.
+
+    checkpoint = GGUFCheckpoint(path)
+    checkpoint.config, checkpoint.tokenizer, checkpoint.eos_token_ids
+    for name, tensor in checkpoint.tensors(): ...   # HF parameter names, llama.cpp's row order undone
+
+The file is read with the `gguf` package's reader (memory-mapped; no parsing of our own) and its
+dequantizers. Metadata becomes an HF-style config dict, so `ModelConfig.from_hf_dict` applies the same
+defaults and checks as for config.json. llama.cpp's converter permutes the rows of the Llama Q and K
+projections (it rotates pairs of adjacent features, HF rotates halves); `GGUFTensor.rows` undoes that,
+for float and quantized data alike, since the permutation moves whole output rows. Every way a file can
+be wrong (an architecture, tokenizer or tensor type we do not run, a missing key, a tensor whose shape
+disagrees with the metadata) raises `ModelLoadError` naming it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from engine.loading.model_errors import ModelLoadError
+from engine.loading.tokenizer import Tokenizer, TokenizerError
+from engine.model import ConfigError, ModelConfig
+
+# general.architecture -> our model_type. llama.cpp writes most Mistral models as "llama".
+ARCHITECTURES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2"}
+# Architectures whose converter permuted the Q/K rows (llama.cpp's `permute` in convert_hf_to_gguf).
+_PERMUTED_QK = {"llama", "mistral"}
+_REQUIRED = object()
+
+_GLOBAL_TENSORS = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+                   "output.weight": "lm_head.weight"}
+_LAYER_TENSORS = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+                  "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
+                  "ffn_norm": "post_attention_layernorm", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+                  "ffn_down": "mlp.down_proj"}
+_LAYER_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+
+
+@dataclass(frozen=True)
+class GGUFTensor:
+    """One tensor of the file under its HF name. `raw` is the file's data (float, or uint8 ggml blocks
+    laid out [rows, bytes per row]); `row_order` puts its rows in HF's order (None: already are)."""
+
+    name: str
+    gguf_name: str
+    qtype: Any                     # gguf.GGMLQuantizationType
+    shape: tuple[int, ...]         # HF order: [out, in] for a weight
+    raw: np.ndarray
+    row_order: np.ndarray | None
+
+    @property
+    def rows(self) -> np.ndarray:
+        """The raw data with HF's row order (a copy when reordered, the mapped file otherwise)."""
+        return self.raw if self.row_order is None else self.raw[self.row_order]
+
+    def dequantized(self) -> np.ndarray:
+        """float32 values in HF's shape and row order."""
+        import gguf
+
+        try:
+            values = gguf.quants.dequantize(self.rows, self.qtype)
+        except NotImplementedError:
+            raise ModelLoadError(f"tensor {self.gguf_name!r} has type {self.qtype.name}, which the gguf "
+                                 "package cannot dequantize") from None
+        return np.asarray(values, dtype=np.float32).reshape(self.shape)
+
+
+class GGUFCheckpoint:
+    def __init__(self, path: Path) -> None:
+        import gguf  # imported here: only GGUF models need it
+
+        self.path = path
+        try:
+            self._reader = gguf.GGUFReader(str(path))
+        except Exception as exc:  # the reader raises ValueError, struct.error, ... on a malformed file
+            raise ModelLoadError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc})") from exc
+        architecture = self.metadata("general.architecture")
+        if architecture not in ARCHITECTURES:
+            raise ModelLoadError(f"{path}: architecture {architecture!r} is not supported; "
+                                 f"supported: {', '.join(ARCHITECTURES)}")
+        self.architecture = architecture
+
+    def metadata(self, key: str, default: Any = _REQUIRED) -> Any:
+        field = self._reader.fields.get(key)
+        if field is None:
+            if default is _REQUIRED:
+                raise ModelLoadError(f"{self.path}: metadata key {key!r} is missing")
+            return default
+        value = field.contents()
+        # Scalars come back as numpy types; plain Python keeps them from leaking into configs and JSON.
+        return value.item() if isinstance(value, np.generic) else value
+
+    def _arch(self, key: str, default: Any = _REQUIRED) -> Any:
+        return self.metadata(f"{self.architecture}.{key}", default)
+
+    @cached_property
+    def _tensor_names(self) -> set[str]:
+        return {tensor.name for tensor in self._reader.tensors}
+
+    @cached_property
+    def config(self) -> ModelConfig:
+        heads = self._arch("attention.head_count")
+        hidden = self._arch("embedding_length")
+        head_dim = self._arch("attention.key_length", None) or hidden // heads
+        if self._arch("attention.value_length", head_dim) != head_dim:
+            raise ModelLoadError(f"{self.path}: key and value head sizes differ; not supported")
+        if self._arch("rope.dimension_count", head_dim) != head_dim:
+            raise ModelLoadError(f"{self.path}: RoPE over {self._arch('rope.dimension_count')} of {head_dim} "
+                                 "head features (partial rotary) is not supported")
+        if "rope_freqs.weight" in self._tensor_names:
+            raise ModelLoadError(f"{self.path}: per-frequency RoPE factors (rope_freqs.weight, Llama 3.1's "
+                                 "scaling) are not supported yet")
+        raw = {
+            "model_type": ARCHITECTURES[self.architecture],
+            "vocab_size": self._arch("vocab_size", None) or len(self.metadata("tokenizer.ggml.tokens")),
+            "hidden_size": hidden,
+            "intermediate_size": self._arch("feed_forward_length"),
+            "num_hidden_layers": self._arch("block_count"),
+            "num_attention_heads": heads,
+            "num_key_value_heads": self._arch("attention.head_count_kv", heads),
+            "head_dim": head_dim,
+            "max_position_embeddings": self._arch("context_length"),
+            "rms_norm_eps": self._arch("attention.layer_norm_rms_epsilon"),
+            "rope_theta": self._arch("rope.freq_base", 10000.0),
+            "rope_scaling": self._rope_scaling(),
+            "tie_word_embeddings": "output.weight" not in self._tensor_names,
+            "attention_bias": "blk.0.attn_q.bias" in self._tensor_names,
+            "sliding_window": self._arch("attention.sliding_window", None),
+        }
+        try:
+            return ModelConfig.from_hf_dict(raw)
+        except ConfigError as exc:
+            raise ModelLoadError(f"{self.path}: {exc}") from exc
+
+    def _rope_scaling(self) -> dict | None:
+        kind = self._arch("rope.scaling.type", "none")
+        if kind == "none":
+            return None
+        if kind == "linear":
+            return {"rope_type": "linear", "factor": self._arch("rope.scaling.factor")}
+        raise ModelLoadError(f"{self.path}: rope.scaling.type {kind!r} is not supported; supported: none, linear")
+
+    @cached_property
+    def eos_token_ids(self) -> frozenset[int]:
+        """EOS and, where the file names them, end-of-turn and end-of-message: llama.cpp ends a
+        generation on any of them."""
+        keys = ("eos_token_id", "eot_token_id", "eom_token_id")
+        return frozenset(v for v in (self.metadata(f"tokenizer.ggml.{k}", None) for k in keys) if v is not None)
+
+    @cached_property
+    def tokenizer(self) -> Tokenizer:
+        from engine.loading.gguf_tokenizer import tokenizer_from_gguf
+
+        try:
+            return tokenizer_from_gguf(self.metadata, str(self.path))
+        except TokenizerError as exc:
+            raise ModelLoadError(str(exc)) from exc
+
+    def tensors(self) -> Iterator[GGUFTensor]:
+        """Every tensor of the file under its HF name and in HF's shape (the loader checks the shapes)."""
+        config = self.config
+        for tensor in self._reader.tensors:
+            name = self._hf_name(tensor.name)
+            shape = tuple(int(n) for n in reversed(tensor.shape))  # ggml lists the fastest dimension first
+            row_order = None
+            if self.architecture in _PERMUTED_QK and name.endswith(("q_proj.weight", "q_proj.bias",
+                                                                      "k_proj.weight", "k_proj.bias")):
+                heads = config.num_attention_heads if ".q_proj." in name else config.num_key_value_heads
+                row_order = _unpermute_rows(shape[0], heads)
+            raw = tensor.data
+            if raw.ndim == 1 and len(shape) == 2:
+                raw = raw.reshape(shape[0], -1)
+            yield GGUFTensor(name, tensor.name, tensor.tensor_type, shape, raw, row_order)
+
+    def _hf_name(self, gguf_name: str) -> str:
+        if gguf_name in _GLOBAL_TENSORS:
+            return _GLOBAL_TENSORS[gguf_name]
+        match = _LAYER_NAME.fullmatch(gguf_name)
+        if match is None or match.group(2) not in _LAYER_TENSORS:
+            raise ModelLoadError(f"{self.path}: unexpected tensor {gguf_name!r} for this architecture")
+        layer, part, kind = match.groups()
+        return f"model.layers.{layer}.{_LAYER_TENSORS[part]}.{kind}"
+
+
+def _unpermute_rows(rows: int, heads: int) -> np.ndarray:
+    """Row indices that undo llama.cpp's permutation: within each head its converter put feature
+    pairs (i, i + D/2) next to each other (rows 2i, 2i + 1); HF keeps the two halves apart."""
+    if rows % (2 * heads):
+        raise ModelLoadError(f"a Q/K projection of {rows} rows cannot hold {heads} heads of even size")
+    return np.arange(rows).reshape(heads, rows // heads // 2, 2).transpose(0, 2, 1).reshape(-1)

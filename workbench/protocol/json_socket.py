@@ -1,0 +1,81 @@
+"""JsonSocketConsumer: the one base of the three websocket consumers (the API's, the chat's, the
+dashboard's), with the one frame-size rule and the one error path they share.
+
+A frame is counted in bytes (the UTF-8 of a text frame, a binary frame's own bytes) against
+WORKBENCH_MAX_FRAME_BYTES before any JSON is parsed, so an oversized frame costs no parse on any socket.
+It is then parsed by workbench/protocol/json_input.py (lone surrogates and deep nesting refused) and handed
+to `receive_json`. Whatever a frame does wrong is raised as FrameError and becomes one structured
+`error` frame; anything else it raises is logged and answered with `internal_error`: a bug costs that
+frame its answer, never the socket and every request on it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import ClassVar
+
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.conf import settings
+
+from workbench.protocol.json_input import JsonInputError, parse_object
+
+log = logging.getLogger(__name__)
+
+
+class FrameError(Exception):
+    """A refused frame: its error code and message, and `echo`, the client's name for what was refused
+    (a request_id, a change's id) on sockets whose error frames carry one; `retry_after`, for a
+    refusal by a limit, the seconds after which the client may try again (sent as a field)."""
+
+    def __init__(self, code: str, message: str, echo: object = None, retry_after: int | None = None) -> None:
+        super().__init__(message)
+        self.code, self.message, self.echo, self.retry_after = code, message, echo, retry_after
+
+
+class JsonSocketConsumer(AsyncJsonWebsocketConsumer):
+    # The field of this socket's error frames that echoes FrameError.echo (None: they carry none).
+    error_echo: ClassVar[str | None] = None
+    # The code for a frame that is not a JSON object (None: json_input's own, invalid_json or
+    # invalid_request): each socket keeps the codes its clients already handle.
+    bad_json_code: ClassVar[str | None] = None
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: object) -> None:
+        try:
+            await self.receive_json(self._frame(text_data, bytes_data))
+        except FrameError as exc:
+            await self.send_error(exc.code, exc.message, exc.echo, exc.retry_after)
+        except Exception:
+            log.exception("a websocket frame failed")
+            await self.send_error("internal_error", "the server failed on this frame (it is logged); "
+                                                    "the socket stays open")
+
+    def _frame(self, text_data: str | None, bytes_data: bytes | None) -> dict[str, object]:
+        # surrogatepass: a test client may send a str UTF-8 cannot carry; it is counted, then refused by the parse.
+        size = len(bytes_data or b"") if text_data is None else len(text_data.encode("utf-8", "surrogatepass"))
+        if size > settings.WORKBENCH_MAX_FRAME_BYTES:
+            raise FrameError("frame_too_large", f"frames are limited to {settings.WORKBENCH_MAX_FRAME_BYTES} bytes")
+        if text_data is None:
+            raise FrameError("invalid_frame", "frames must be JSON text, not binary")
+        try:
+            return parse_object(text_data)
+        except JsonInputError as exc:
+            raise FrameError(self.bad_json_code or exc.code, exc.message, self.echo_of(exc.partial)) from None
+
+    def echo_of(self, refused: dict[str, object] | None) -> object:
+        """What an error about the parsed but refused frame `refused` echoes (by default nothing: the
+        frame holds text UTF-8 cannot carry, which an echo must not send back)."""
+        return None
+
+    async def receive_json(self, content: dict[str, object], **kwargs: object) -> None:
+        raise NotImplementedError
+
+    async def send_error(self, code: str, message: str, echo: object = None, retry_after: int | None = None) -> None:
+        """The one way an error frame is sent on these sockets."""
+        about = {} if self.error_echo is None else {self.error_echo: echo}
+        retry = {} if retry_after is None else {"retry_after": retry_after}
+        await self.send_json({"type": "error", **about, "code": code, "message": message, **retry})
+
+    @classmethod
+    async def encode_json(cls, content: object) -> str:
+        return json.dumps(content, ensure_ascii=False)

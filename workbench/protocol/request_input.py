@@ -1,0 +1,80 @@
+"""What a client may ask of a generation, checked by one set of rules on every way in: the websocket
+API (workbench/api/frames.py), the chat socket (workbench/chat/frames.py) and the OpenAI views.
+
+The rules (docs/PROTOCOL.md, "Values"): JSON types as they are, never coerced. A boolean is `true` or
+`false` (not 1, 0 or "true"); an integer is a JSON integer (not a boolean, not 4.0, not "4"); a number
+is an integer or a finite float (not a boolean); `params` is an object. The value checks themselves
+are SamplingParams' (engine/sampling_params.py), so the engine and every API agree by construction;
+this module adds what is the same for every API around them and names one error code per kind of
+mistake: `invalid_request` for the prompt or messages, `invalid_params` for a sampling parameter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from engine import InvalidSamplingParams, SamplingParams
+from engine.loading.tokenizer import Tokenizer, TokenizerError
+from engine.sampling_params import is_integer
+
+BAD_PROMPT = "invalid_request"
+BAD_PARAMS = "invalid_params"
+
+
+class InvalidInput(ValueError):
+    """A refused prompt or parameter: the error code, a message for the client, and the field it names."""
+
+    def __init__(self, code: str, message: str, param: str) -> None:
+        super().__init__(message)
+        self.code, self.message, self.param = code, message, param
+
+
+def sampling_params(values: object, defaults: Mapping[str, object] | None = None,
+                    logprobs_allowed: bool = False) -> SamplingParams:
+    """The client's `params` object as SamplingParams, over `defaults` (the API's, for keys it leaves out).
+    `logprobs_allowed`: the API sends logprobs back (the websocket and OpenAI APIs; the chat page does not)."""
+    if not isinstance(values, dict):
+        raise InvalidInput(BAD_PARAMS, "params: must be an object", "params")
+    try:
+        params = SamplingParams.from_dict({**(defaults or {}), **values})
+    except InvalidSamplingParams as exc:
+        raise InvalidInput(BAD_PARAMS, str(exc), exc.parameter) from None
+    if params.logprobs is not None and not logprobs_allowed:
+        raise InvalidInput(BAD_PARAMS, "logprobs: not sent over this API; leave it out", "logprobs")
+    return params
+
+
+def prompt(value: object) -> str | list[int]:
+    """A plain prompt: text, or a list of token ids (JSON integers; the engine checks the vocabulary)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(is_integer(token) for token in value):
+        return value
+    raise InvalidInput(BAD_PROMPT, "prompt must be a string or a list of token ids", "prompt")
+
+
+def chat_prompt(tokenizer: Tokenizer, messages: object, add_generation_prompt: bool = True,
+                add_special_tokens: bool = False, tools: list[dict] | None = None) -> list[int]:
+    """The token ids of OpenAI-shaped `messages` under the model's chat template (the tokenizer checks
+    each message and says which one is wrong). `add_special_tokens`: the tokenizer's own (a BOS) on top
+    of what the template writes, as vLLM's /tokenize offers; generation never asks for it. `tools`: the
+    tool definitions, for a template that takes them (workbench/api/openai/tool_calls.py)."""
+    if not isinstance(messages, list):
+        raise InvalidInput(BAD_PROMPT, "messages must be a non-empty list of {role, content} objects", "messages")
+    try:
+        if add_special_tokens:
+            return tokenizer.encode(tokenizer.apply_chat_template(messages, add_generation_prompt, tools))
+        return tokenizer.encode_chat(messages, add_generation_prompt, tools)
+    except TokenizerError as exc:
+        raise InvalidInput(BAD_PROMPT, str(exc), "messages") from None
+
+
+def known_token_ids(tokenizer: Tokenizer, value: object, param: str) -> list[int]:
+    """A list of the model's token ids (JSON integers, each within its vocabulary), as `param`."""
+    if not isinstance(value, list) or not all(is_integer(token) for token in value):
+        raise InvalidInput(BAD_PROMPT, f"{param} must be a list of token ids (integers)", param)
+    for at, token in enumerate(value):
+        if not 0 <= token < tokenizer.vocab_size:
+            raise InvalidInput(BAD_PROMPT, f"{param}[{at}]: {token} is not a token id of this model "
+                                           f"(0 to {tokenizer.vocab_size - 1})", param)
+    return value
