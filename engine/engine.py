@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 import torch
 
-from engine.decode.device_loop import DeviceLoop
+from engine.decode.device_loop import KILL_SWITCH, DeviceLoop, KillSwitch
 from engine.decode.graphs import DecodeGraphs
 from engine.decode.leak_events import ALIASED_LOGITS, LeakEvent, LeakEventLog
 from engine.decode.runner import AliasedLogitsError, ModelRunner
@@ -71,7 +71,9 @@ class _Request:
 
 
 class Engine:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, kill_switch: KillSwitch = KILL_SWITCH) -> None:
+        """`kill_switch`: what stops the device loop on a fault; the process's by default, so a fault in any
+        engine of the process stands down every engine's loop (an engine given its own switch stands alone)."""
         self.config = config
         self.loaded = load_model(config.model, device=config.device, dtype=config.dtype,
                                  weights=config.weight_format)
@@ -86,7 +88,7 @@ class Engine:
                                      self.loaded.device)
         self.leak_events = LeakEventLog()  # what the owner tag and the logits identity check caught
         self.device_loop = DeviceLoop(config.burst_length, self.loaded.device, length_limit=self.length_limit,
-                                      enabled=config.device_loop, events=self.leak_events)
+                                      enabled=config.device_loop, events=self.leak_events, kill_switch=kill_switch)
         limits = SchedulerLimits(max_num_seqs=config.max_num_seqs,
                                  max_num_batched_tokens=config.token_budget,
                                  max_prefill_beside_decodes=config.prefill_budget_beside_decodes,
@@ -406,7 +408,7 @@ class Engine:
 
     def stats(self) -> EngineStats:
         """The counts a host reports (load, heartbeat, metrics), as of now; call on the engine's thread."""
-        allocator, records, scheduler = self.kv_cache.allocator, self.runner.graphs.verify.records, self.scheduler
+        allocator, records, scheduler = self.kv_cache.pool, self.runner.graphs.verify.records, self.scheduler
         return EngineStats(running=len(scheduler.running), waiting=len(scheduler.waiting),
                            kv_cache_usage=1 - allocator.num_free / allocator.num_blocks,
                            prefix_cache_usage=allocator.num_cached / allocator.num_blocks,

@@ -48,7 +48,8 @@ log = logging.getLogger(__name__)
 
 
 class KillSwitch:
-    """Process-wide: one fault stops the device loop in every engine of the process."""
+    """One fault stops the device loop of every engine that shares the switch: by default the process's
+    KILL_SWITCH, so a fault in one engine stands down the loop of every engine of the process."""
 
     def __init__(self) -> None:
         self.killed = False
@@ -85,13 +86,14 @@ BurstForward = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
 
 class DeviceLoop:
     def __init__(self, burst_length: int, device: torch.device, *, length_limit: int, enabled: bool = False,
-                 events: LeakEventLog | None = None) -> None:
+                 events: LeakEventLog | None = None, kill_switch: KillSwitch = KILL_SWITCH) -> None:
         if burst_length < 1:
             raise ValueError(f"burst_length must be >= 1, got {burst_length}")
         self.enabled = enabled
         self.burst_length = burst_length
         self.length_limit = length_limit  # no burst runs a sequence past this many tokens
         self.device = device
+        self.kill_switch = kill_switch
         self.parked = ParkedQueue(events)
         self.generation = 0
         self.eligible: set[int] = set()
@@ -101,7 +103,7 @@ class DeviceLoop:
 
     @property
     def active(self) -> bool:
-        return self.enabled and not KILL_SWITCH.killed
+        return self.enabled and not self.kill_switch.killed
 
     # -- a step's decisions ---------------------------------------------------------------------
 
@@ -215,7 +217,7 @@ class DeviceLoop:
         state.ring_head = steps
         self.bursts += 1
         if bool(state.fault):  # the burst's one host sync, together with the ring read below
-            KILL_SWITCH.kill(f"non-finite logits in a burst for seqs {[s.seq_id for s in seqs]}")
+            self.kill_switch.kill(f"non-finite logits in a burst for seqs {[s.seq_id for s in seqs]}")
             self.generation += 1  # host decode serves these rows now: the device buffers are garbage
             return None
         tokens = state.ring[:steps, : len(seqs)].t().tolist()  # [B, steps]

@@ -4,7 +4,7 @@ A burst parks each row's tokens in the slot of its decode-batch row (the device 
 stamped with the sequence that owns them. `take(row, seq_id)` returns Taken | Empty | Foreign: a slot
 owned by anyone else is dropped whole and logged ("dropped N foreign parked tokens"). That owner tag is
 the defence no funnel can give: a scheduler may move a running sequence aside without a state change
-(the default scheduler's waitlist, batch growth) and put another sequence at its row.
+(the bucket scheduler's waitlist, batch growth) and put another sequence at its row.
 
 Slots are looked up by row, not by sequence id: a lookup by sequence id could never see a foreign slot,
 so the owner tag would guard nothing.

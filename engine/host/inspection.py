@@ -12,7 +12,6 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from engine.decode.device_loop import KILL_SWITCH
 from engine.sequence import RunningCompletion
 
 if TYPE_CHECKING:
@@ -42,14 +41,14 @@ def engine_state(engine: Engine, users: Mapping[str, str] | None = None, with_se
         sequences.append({
             "request_id": seq.request_id, "seq_id": seq.seq_id, "user": users.get(seq.request_id, ""),
             "state": type(seq.state).__name__,
-            # Running but left out of the last step: the default scheduler's waitlist (no state change).
+            # Running but left out of the last step: the bucket scheduler's waitlist (no state change).
             "waitlisted": row is None and isinstance(seq.state, RunningCompletion),
             "prompt_tokens": len(seq.prompt_ids), "tokens": len(seq.output_ids), "max_tokens": seq.params.max_tokens,
             "row": row, "parked": parked_for.get(seq.seq_id, 0),
             "slot_owner": owner, "owner_matches": owner is None or owner == seq.seq_id,
         })
     mode, reason = graphs.capture_state()
-    killed, kill_reason = KILL_SWITCH.killed, KILL_SWITCH.reason  # once: another engine may trip it meanwhile
+    killed, kill_reason = loop.kill_switch.killed, loop.kill_switch.reason  # once: another engine may trip it meanwhile
     records = list(graphs.verify.records)
     divergent = [r for r in records if r.divergent][-RECENT_DIVERGENT:]
     checks = sorted({r.replay: r for r in divergent + records[-RECENT:]}.values(), key=lambda r: r.replay)

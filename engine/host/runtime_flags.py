@@ -6,7 +6,7 @@ refused when it is asked for, not at the next step.
 
 from __future__ import annotations
 
-from engine.decode.device_loop import KILL_SWITCH, DeviceLoop
+from engine.decode.device_loop import DeviceLoop
 from engine.decode.graphs import GraphMode
 from engine.decode.runner import ModelRunner
 from engine.host.capabilities import capability, checked_value
@@ -32,7 +32,7 @@ class RuntimeFlags:
 
     def in_force(self) -> dict[str, bool | int]:
         graphs = self._runner.graphs
-        return {"ARC_GRAPH_DEVICE_LOOP": self._device_loop.enabled, "ARC_DEVICE_LOOP_KILLED": KILL_SWITCH.killed,
+        return {"ARC_GRAPH_DEVICE_LOOP": self._device_loop.enabled, "ARC_DEVICE_LOOP_KILLED": self._device_loop.kill_switch.killed,
                 "ARC_GRAPHS": self._runner.use_graphs, "ARC_CAPTURE_STREAM": graphs.mode is GraphMode.CUDA_GRAPHS,
                 "ARC_GRAPH_VERIFY_REPLAYS": graphs.verify.every, "ARC_GRAPH_VERIFY_ALWAYS": graphs.verify.always,
                 "ARC_LAYER_BISECT": graphs.verify.bisect, "ARC_PREFIX_CACHING": self._scheduler.prefix_caching}
@@ -45,7 +45,8 @@ class RuntimeFlags:
                 case "ARC_GRAPH_DEVICE_LOOP":
                     self._device_loop.set_enabled(bool(value))
                 case "ARC_DEVICE_LOOP_KILLED":
-                    KILL_SWITCH.kill("set by operator") if value else KILL_SWITCH.rearm()
+                    switch = self._device_loop.kill_switch
+                    switch.kill("set by operator") if value else switch.rearm()
                 case "ARC_GRAPHS":
                     self._runner.use_graphs = bool(value)
                 case "ARC_GRAPH_VERIFY_REPLAYS":

@@ -78,20 +78,20 @@ class SchedulerBase(ABC):
         missing = blocks_needed(tokens, self.block_size) - len(seq.block_table)
         if missing <= 0:
             return True
-        if missing > self.kv_cache.allocator.num_free:
+        if missing > self.kv_cache.pool.num_free:
             return False
-        seq.block_table += self.kv_cache.allocator.allocate(missing)
+        seq.block_table += self.kv_cache.pool.allocate(missing)
         return True
 
     def set_prefix_caching(self, enabled: bool) -> None:
         """Turning it off forgets every cached prefix, so turning it on again never finds a stale one."""
         if not enabled:
-            self.kv_cache.allocator.clear_cache()
+            self.kv_cache.pool.clear_cache()
         self.prefix_caching = enabled
 
     def _take_cached_prefix(self, seq: Sequence) -> None:
         """For a sequence about to be admitted with no blocks: hold the cached blocks of its prefix."""
-        pool, size = self.kv_cache.allocator, self.block_size
+        pool, size = self.kv_cache.pool, self.block_size
         hits: list[int] = []
         if self.prefix_caching:
             tokens = seq.token_ids
@@ -117,7 +117,7 @@ class SchedulerBase(ABC):
         seq.block_hashes = chain_hashes(seq.token_ids[: full * self.block_size], self.block_size, seq.cache_scope,
                                         seq.block_hashes)
         for index in range(seq.num_registered, full):
-            self.kv_cache.allocator.register(seq.block_table[index], seq.block_hashes[index])
+            self.kv_cache.pool.register(seq.block_table[index], seq.block_hashes[index])
         seq.num_registered = full
 
     def _batch(self, sequences: list[Sequence], ignored: list[Sequence],
@@ -137,7 +137,7 @@ class SchedulerBase(ABC):
         if any(self._writes_shared(seq, seq.num_tokens - 1, tokens) for seq, tokens in rows):
             return False
         missing = sum(max(blocks_needed(tokens, self.block_size) - len(seq.block_table), 0) for seq, tokens in rows)
-        if missing > self.kv_cache.allocator.num_free:
+        if missing > self.kv_cache.pool.num_free:
             return False
         for seq, tokens in rows:
             self.reserve(seq, tokens)  # cannot fail: the pool holds every missing block
@@ -147,7 +147,7 @@ class SchedulerBase(ABC):
         """Whether writing positions start..end-1 of the sequence would touch a block it may not write:
         one another sequence holds too, or a full cached one. Never true unless something upstream broke
         the positions >= num_cached rule; then the burst is refused rather than corrupt another's KV."""
-        pool, size = self.kv_cache.allocator, self.block_size
+        pool, size = self.kv_cache.pool, self.block_size
         held = seq.block_table[start // size: blocks_needed(end, size)]
         if any(pool.is_shared_or_immutable(block) for block in held):
             log.error("refused a burst for seq %d: its room would write into a shared or cached KV block",
@@ -165,7 +165,7 @@ class SchedulerBase(ABC):
 
     def _free_blocks(self, seq: Sequence) -> None:
         if seq.block_table:
-            self.kv_cache.allocator.free(seq.block_table)
+            self.kv_cache.pool.free(seq.block_table)
             seq.block_table = []
         seq.num_cached = seq.num_registered = 0
 

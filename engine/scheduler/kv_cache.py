@@ -1,11 +1,11 @@
-"""The paged KV cache: fixed-size blocks of key/value slots, and the allocator that hands blocks out.
+"""The paged KV cache: fixed-size blocks of key/value slots; and the plain free list of host swap space.
 
 A sequence owns a list of block ids (its block table); its token at position p lives in slot
 `block_table[p // block_size] * block_size + p % block_size`. Attention writes new keys/values by slot
 and reads a sequence's history through its block table, so sequences of any length share one
 preallocated pool and a finished sequence's blocks are reused at once. The schedulers decide who gets
-blocks; this module only keeps the memory, and the pool of block ids (engine/scheduler/block_pool.py: reference
-counts, and full blocks kept cached for reuse by a later prompt with the same prefix).
+blocks; this module only keeps the memory, and its `pool` of block ids (engine/scheduler/block_pool.py:
+reference counts, and full blocks kept cached for reuse by a later prompt with the same prefix).
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from engine.model.config import ModelConfig
 from engine.scheduler.block_pool import BlockPool, OutOfBlocks
 
 
-class BlockAllocator:
-    """Free list over block ids 0..num_blocks-1. Allocation is all-or-nothing. (The device pool is a
-    BlockPool, engine/scheduler/block_pool.py, which adds reference counts and cached prefixes; host swap
-    space keeps this plain list.)"""
+class SwapBlockAllocator:
+    """Host swap space's free list over block ids 0..num_blocks-1. Allocation is all-or-nothing. (The
+    device pool is a BlockPool, engine/scheduler/block_pool.py, which adds reference counts and cached
+    prefixes.)"""
 
     def __init__(self, num_blocks: int) -> None:
         if num_blocks <= 0:
@@ -67,7 +67,7 @@ class PagedKVCache:
         shape = (config.num_hidden_layers, (num_blocks + 1) * block_size, config.num_key_value_heads, config.head_dim)
         self.keys = torch.zeros(shape, dtype=dtype, device=device)
         self.values = torch.zeros(shape, dtype=dtype, device=device)
-        self.allocator = BlockPool(num_blocks)
+        self.pool = BlockPool(num_blocks)
 
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.keys[index], self.values[index]

@@ -24,7 +24,7 @@ from collections import deque
 import torch
 
 from engine.scheduler.base import Lookahead, SchedulerBase, SchedulerLimits
-from engine.scheduler.kv_cache import BlockAllocator, PagedKVCache, blocks_needed
+from engine.scheduler.kv_cache import SwapBlockAllocator, PagedKVCache, blocks_needed
 from engine.sequence import RunningCompletion, RunningPrompt, Sequence, Swapped, Waiting
 from engine.step_data import ScheduledBatch
 
@@ -38,7 +38,7 @@ class SwapSpace:
         pin = kv_cache.keys.device.type == "cuda"
         self.keys = torch.zeros(shape, dtype=kv_cache.keys.dtype, pin_memory=pin)
         self.values = torch.zeros(shape, dtype=kv_cache.keys.dtype, pin_memory=pin)
-        self.allocator = BlockAllocator(num_blocks)
+        self.allocator = SwapBlockAllocator(num_blocks)
         self.host_tables: dict[int, list[int]] = {}
 
     def _slots(self, blocks: list[int]) -> torch.Tensor:
@@ -142,7 +142,7 @@ class PagedScheduler(SchedulerBase):
         if self.swap_space is not None and self.swap_space.swap_out(seq):
             # Shared blocks were only read by the copy: dropping this sequence's reference leaves them
             # to their other holders, and its own full blocks stay cached. It comes back in private blocks.
-            self.kv_cache.allocator.free(seq.block_table)
+            self.kv_cache.pool.free(seq.block_table)
             seq.block_table = []  # num_cached stays: the host copy holds those tokens
             seq.num_registered = 0  # its new blocks are named again as cache_computed sees them
             seq.set_state(Swapped())
@@ -157,10 +157,10 @@ class PagedScheduler(SchedulerBase):
             seq = self.swapped[0]
             assert self.swap_space is not None  # only a swap space's swap_out fills self.swapped
             needed = blocks_needed(seq.num_tokens, self.block_size)
-            if needed > self.kv_cache.allocator.num_free or budget < 1:
+            if needed > self.kv_cache.pool.num_free or budget < 1:
                 break
             self.swapped.popleft()
-            blocks = self.kv_cache.allocator.allocate(needed)
+            blocks = self.kv_cache.pool.allocate(needed)
             self.swap_space.swap_in(seq, blocks[: len(self.swap_space.host_tables[seq.seq_id])])
             seq.block_table = blocks
             # Swapped out mid-prefill, it goes on with its next chunk; otherwise it decodes.

@@ -90,7 +90,7 @@ MODES = {"host-decode": dict(device_loop=False, graphs=False), "device-loop": di
 
 # Every scheduler and mode on an HF checkpoint; the GGUF quantized path (Q4_1 and Q8_0 linears, a Q8_0
 # embedding) in the mode that runs everything at once.
-CASES = [(scheduler, swap, mode, "hf") for scheduler, swap in [("paged", 0), ("paged", 64), ("default", 0)]
+CASES = [(scheduler, swap, mode, "hf") for scheduler, swap in [("paged", 0), ("paged", 64), ("bucket", 0)]
          for mode in MODES] + [("paged", 0, "graphs+device-loop+verify", q) for q in ("gguf-Q4_1", "gguf-Q8_0")]
 
 
@@ -153,5 +153,5 @@ def test_every_request_gets_its_solo_tokens_in_a_mixed_batch(tiny_checkpoint, ti
     if scheduler == "paged":
         assert engine.scheduler.num_preemptions > 0, "liveness: the small pool must force preemption"
         assert ("Swapped" if swap_blocks else "Waiting") in stood_down
-    assert engine.kv_cache.allocator.num_free == engine.kv_cache.num_blocks
+    assert engine.kv_cache.pool.num_free == engine.kv_cache.num_blocks
     assert not engine.has_unfinished_requests()

@@ -98,11 +98,11 @@ def test_abort_mid_prefill_leaves_the_pool_whole(tiny_checkpoint):
         assert engine.step() == []
     [seq] = engine.live_sequences()
     assert isinstance(seq.state, RunningPrompt) and seq.num_cached == 24, "liveness: aborted mid-prefill"
-    assert engine.kv_cache.allocator.num_held == len(seq.block_table) == 38
+    assert engine.kv_cache.pool.num_held == len(seq.block_table) == 38
     engine.abort("long")
     [final] = engine.step()
     assert final.finished and final.finish_reason == "canceled" and final.token_ids == []
-    pool = engine.kv_cache.allocator
+    pool = engine.kv_cache.pool
     assert pool.num_held == 0 and pool.num_free == engine.kv_cache.num_blocks, "a leaked block reference"
     assert pool.num_cached == 6, "the full blocks of the chunks fed stay cached"
 
@@ -128,5 +128,5 @@ def test_preempted_mid_prefill_resumes_with_the_same_answer(tiny_checkpoint, swa
     assert any(s.startswith("long:") and not s.endswith("Done") for s in stood_down), \
         f"liveness: the long prefill was preempted: {stood_down}"
     assert tokens["long"] == expected.token_ids
-    pool = engine.kv_cache.allocator
+    pool = engine.kv_cache.pool
     assert pool.num_held == 0 and pool.num_free == engine.kv_cache.num_blocks

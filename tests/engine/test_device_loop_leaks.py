@@ -156,7 +156,7 @@ def run_to_end_single(engine: Engine, request_id: str, prompt: str) -> list[int]
 def test_a_waitlisted_sequence_with_no_state_change_cannot_leak_into_the_next(checkpoint, caplog):
     greedy = SamplingParams(max_tokens=14, **GREEDY)
     sampled = SamplingParams(max_tokens=14, temperature=0.8, seed=3, ignore_eos=True)  # never bursts
-    engine = loop_engine(checkpoint, scheduler="default")
+    engine = loop_engine(checkpoint, scheduler="bucket")
     engine.add_request("A", list(range(100, 105)), greedy)   # different lengths: different buckets,
     engine.add_request("B", list(range(200, 212)), sampled)  # so the waitlist moves them aside in turn
     with caplog.at_level(logging.WARNING, logger="engine.decode.device_loop"):
@@ -304,7 +304,7 @@ def test_a_sequence_served_at_another_row_never_drains_its_old_slot(checkpoint):
     shapes = [(4, 1, 1), (8, 1, 0), (2, 7, 1), (7, 5, 6), (2, 16, 0)]  # (prompt length, max_tokens, arrival step)
     prompts = [[rng.randrange(50, 4000) for _ in range(length)] for length, _, _ in shapes]
     engine = Engine(EngineConfig(model=str(checkpoint), block_size=4, device_loop=True, burst_length=3,
-                                 scheduler="default", kv_cache_mb=4))
+                                 scheduler="bucket", kv_cache_mb=4))
     outputs: dict[str, list[int]] = {}
     for step in range(200):
         for i, ((_, max_tokens, arrival), prompt) in enumerate(zip(shapes, prompts)):

@@ -34,7 +34,7 @@ def test_a_sequence_that_fills_the_whole_pool_ends_with_length(checkpoint, swap_
     last = drain(engine)[-1]
     # 10 + 7 tokens: 16 of them fed, filling the pool's 16 slots; the last one is never fed.
     assert last.finish_reason == "length" and last.usage.completion_tokens == 7
-    assert engine.kv_cache.allocator.num_free == 4
+    assert engine.kv_cache.pool.num_free == 4
 
 
 def test_a_tiny_temperature_samples_greedily_and_harms_no_neighbour(checkpoint):
@@ -47,7 +47,7 @@ def test_a_tiny_temperature_samples_greedily_and_harms_no_neighbour(checkpoint):
 
 def test_default_scheduler_reserves_only_the_slots_that_are_fed(checkpoint):
     # 8 prompt tokens + 9 new ones: 16 tokens are fed (the last sampled one never is), exactly the pool.
-    engine = Engine(EngineConfig(model=str(checkpoint), scheduler="default", block_size=4, num_kv_blocks=4))
+    engine = Engine(EngineConfig(model=str(checkpoint), scheduler="bucket", block_size=4, num_kv_blocks=4))
     [result] = engine.generate([list(range(100, 108))], SamplingParams(max_tokens=9, **GREEDY))
     assert result.finish_reason == "length" and len(result.token_ids) == 9
 

@@ -59,7 +59,7 @@ def free_run_tokens(checkpoint, device_loop: bool, n: int = 8) -> list[int]:
 
 
 def assert_pool_whole(engine: Engine) -> None:
-    assert engine.kv_cache.allocator.num_free == engine.kv_cache.num_blocks
+    assert engine.kv_cache.pool.num_free == engine.kv_cache.num_blocks
 
 
 def finished(outputs):
@@ -159,7 +159,7 @@ def test_client_cancel_takes_effect_at_the_next_step(checkpoint, device_loop):
     assert last.finished and last.finish_reason == "canceled" and last.token_ids == []
     assert all(seq.request_id != "r" for seq in engine.scheduler.running)
     [other] = engine.scheduler.running
-    assert engine.kv_cache.allocator.num_free == engine.kv_cache.num_blocks - len(other.block_table)
+    assert engine.kv_cache.pool.num_free == engine.kv_cache.num_blocks - len(other.block_table)
     assert spy.states("r") == [Done(StopReason.CANCELED)]
     while engine.has_unfinished_requests():
         engine.step()

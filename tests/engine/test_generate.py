@@ -65,7 +65,7 @@ def test_seeded_sampling_is_reproducible_and_seed_dependent(engine):
 def test_bad_prompts_are_refused_and_nothing_runs(engine, prompt, message):
     with pytest.raises(PromptError, match=message):
         engine.generate(["fine", prompt], SamplingParams(max_tokens=2, temperature=0))
-    assert engine.kv_cache.allocator.num_free == engine.kv_cache.num_blocks
+    assert engine.kv_cache.pool.num_free == engine.kv_cache.num_blocks
 
 
 @pytest.mark.parametrize("kwargs, parameter", [
@@ -82,4 +82,4 @@ def test_blocks_are_released_after_each_generation(engine):
     total = engine.kv_cache.num_blocks
     for _ in range(3):  # would run out of blocks if any generation leaked its allocation
         engine.generate(["a" * 100], SamplingParams(max_tokens=120, **GREEDY))
-        assert engine.kv_cache.allocator.num_free == total
+        assert engine.kv_cache.pool.num_free == total

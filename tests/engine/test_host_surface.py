@@ -26,9 +26,9 @@ def armed_loop():
 
 @pytest.fixture
 def interleaving_engine(tiny_checkpoint) -> Engine:
-    """Two requests in different length buckets of the default scheduler: the owner tag drops tokens."""
+    """Two requests in different length buckets of the bucket scheduler: the owner tag drops tokens."""
     engine = Engine(EngineConfig(model=str(tiny_checkpoint("llama", seed=11)), block_size=4, device_loop=True,
-                                 burst_length=4, scheduler="default"))
+                                 burst_length=4, scheduler="bucket"))
     engine.add_request("A", list(range(100, 105)), GREEDY)
     engine.add_request("B", list(range(200, 212)), SAMPLED)
     return engine

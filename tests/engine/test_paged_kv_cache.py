@@ -11,14 +11,14 @@ import pytest
 import torch
 
 from engine.model import AttentionMetadata, LlamaForCausalLM, ModelConfig
-from engine.scheduler.kv_cache import BlockAllocator, OutOfBlocks, PagedKVCache, blocks_needed
+from engine.scheduler.kv_cache import SwapBlockAllocator, OutOfBlocks, PagedKVCache, blocks_needed
 
 CONFIG = ModelConfig(model_type="llama", vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=128)
 
 
 def test_allocation_is_all_or_nothing_and_frees_return_blocks():
-    allocator = BlockAllocator(4)
+    allocator = SwapBlockAllocator(4)
     first = allocator.allocate(3)
     assert sorted(first) == [0, 1, 2] and allocator.num_free == 1
     with pytest.raises(OutOfBlocks, match="asked for 2 KV blocks, 1 free"):

@@ -80,7 +80,7 @@ def test_another_scope_never_hits_while_the_same_scope_does(checkpoint):
     assert again.token_ids == first.token_ids == other.token_ids
     stats = engine.stats()
     assert (stats.prefix_cache_queries, stats.prefix_cache_hits) == (63, 20) and stats.prefix_cache_usage > 0
-    assert engine.kv_cache.allocator.num_held == 0
+    assert engine.kv_cache.pool.num_held == 0
 
 
 def test_a_deployment_scope_shares_and_turning_the_flag_off_forgets(checkpoint):
@@ -91,14 +91,14 @@ def test_a_deployment_scope_shares_and_turning_the_flag_off_forgets(checkpoint):
     assert shown["enabled"] and shown["scope"] == "deployment" and shown["hit_rate"] == 20 / 42 and shown["usage"] > 0
     engine.set_flag("ARC_PREFIX_CACHING", False)
     assert run(engine, "bob-2", PROMPT, "bob").usage.cached_tokens == 0
-    assert engine.kv_cache.allocator.num_cached == 0 and engine.flags()["ARC_PREFIX_CACHING"] is False
+    assert engine.kv_cache.pool.num_cached == 0 and engine.flags()["ARC_PREFIX_CACHING"] is False
 
 
 def test_a_block_another_sequence_holds_is_not_freed_when_one_holder_finishes(checkpoint):
     reference = engine_for(checkpoint, prefix_caching=False)
     expected = run(reference, "A", PROMPT, "alice", max_tokens=12).token_ids
     engine = engine_for(checkpoint, num_kv_blocks=12)
-    pool = engine.kv_cache.allocator
+    pool = engine.kv_cache.pool
     engine.add_request("A", PROMPT, SamplingParams(max_tokens=12, **GREEDY), cache_scope="alice")
     outputs = {"A": [], "B": [], "C": []}
     engine.step()  # A's prefill: its 5 full blocks are cached now, and A holds them
@@ -121,7 +121,7 @@ def test_a_block_another_sequence_holds_is_not_freed_when_one_holder_finishes(ch
 
 def test_a_burst_is_never_granted_room_in_a_block_another_sequence_holds(checkpoint):
     engine = engine_for(checkpoint, device_loop=True, burst_length=4)
-    pool = engine.kv_cache.allocator
+    pool = engine.kv_cache.pool
     for request_id in ("A", "B"):
         engine.add_request(request_id, list(range(50, 56)), SamplingParams(max_tokens=12, **GREEDY),
                            cache_scope=request_id)

@@ -144,6 +144,6 @@ def test_cache_on_answers_equal_cache_off_and_the_pool_is_whole_after(tiny_check
         assert mid_prefill.aborted and mid_prefill.preempted, \
             f"liveness: an abort and a preemption between two chunks of a prefill: {vars(mid_prefill)}"
     for engine in (on, off):
-        pool = engine.kv_cache.allocator
+        pool = engine.kv_cache.pool
         assert pool.num_held == 0 and pool.num_free == engine.kv_cache.num_blocks, "a leaked block reference"
         assert not engine.has_unfinished_requests()

@@ -13,7 +13,7 @@ def engine(tiny_checkpoint):
 
 
 def snapshot(engine: Engine):
-    return (engine.has_unfinished_requests(), engine.kv_cache.allocator.num_free, len(engine.scheduler.waiting),
+    return (engine.has_unfinished_requests(), engine.kv_cache.pool.num_free, len(engine.scheduler.waiting),
             len(engine.scheduler.running))
 
 

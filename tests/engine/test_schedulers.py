@@ -1,4 +1,4 @@
-"""Scheduler behaviour beyond exact tokens: the default scheduler's waitlist and urgency, the paged
+"""Scheduler behaviour beyond exact tokens: the bucket scheduler's waitlist and urgency, the paged
 scheduler's limits and choice of victim."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ GREEDY = dict(temperature=0, ignore_eos=True)
 
 
 def test_default_scheduler_waitlists_without_a_state_change_and_starves_nobody(tiny_checkpoint):
-    engine = Engine(EngineConfig(model=str(tiny_checkpoint("llama", seed=3)), scheduler="default", block_size=4))
+    engine = Engine(EngineConfig(model=str(tiny_checkpoint("llama", seed=3)), scheduler="bucket", block_size=4))
     stand_downs = []
     engine.stand_down_listeners.append(stand_downs.append)
     # Five prompts of five lengths: five buckets that never merge, as each grows by one per step it runs.
@@ -36,7 +36,7 @@ def test_default_scheduler_waitlists_without_a_state_change_and_starves_nobody(t
     assert saw_waitlisted_running, "liveness: the waitlist really held running sequences"
     assert longest_wait <= 5, f"a sequence waited {longest_wait} steps with only 5 buckets"
     assert len(stand_downs) == 5  # one per finish; waitlisting never stood anyone down
-    assert engine.kv_cache.allocator.num_free == engine.kv_cache.num_blocks
+    assert engine.kv_cache.pool.num_free == engine.kv_cache.num_blocks
 
 
 def test_paged_scheduler_respects_max_num_seqs(tiny_checkpoint):
@@ -64,4 +64,4 @@ def test_paged_preemption_takes_the_youngest_and_swap_brings_it_back(tiny_checkp
     assert preempted and set(preempted) == {"young"}
     assert ("young", Swapped()) in events
     assert engine.scheduler.swap_space.allocator.num_free == 16
-    assert engine.kv_cache.allocator.num_free == 10
+    assert engine.kv_cache.pool.num_free == 10

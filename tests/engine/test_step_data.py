@@ -34,9 +34,9 @@ def test_a_burst_lookahead_is_granted_for_every_row_or_for_none(checkpoint, pool
     batch = engine.scheduler.schedule()
     tables = [len(seq.block_table) for seq in batch.sequences]
     if granted:
-        assert batch.burst == wanted and tables == [3, 3] and engine.kv_cache.allocator.num_free == 0
+        assert batch.burst == wanted and tables == [3, 3] and engine.kv_cache.pool.num_free == 0
     else:  # room for the first row's lookahead only: nothing is granted, nothing is held back
-        assert batch.burst is None and tables == [1, 1] and engine.kv_cache.allocator.num_free == pool - 2
+        assert batch.burst is None and tables == [1, 1] and engine.kv_cache.pool.num_free == pool - 2
     assert engine.scheduler.num_preemptions == 0
 
 

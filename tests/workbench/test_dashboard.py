@@ -239,11 +239,11 @@ def serving_engine(config: EngineConfig):
 
 @pytest.fixture
 def interleaving_transport(tiny_checkpoint):
-    """An engine staged for the waitlist interleave of GUIDE section 3: the default scheduler runs one
+    """An engine staged for the waitlist interleave of GUIDE section 3: the bucket scheduler runs one
     length bucket per step and moves the other sequence aside with no state change, so only the parked
     queue's owner tag stands between the two (as in tests/engine/test_device_loop_leaks.py)."""
     checkpoint = tiny_checkpoint("llama", seed=11)
-    config = EngineConfig(model=str(checkpoint), block_size=4, device_loop=True, burst_length=4, scheduler="default")
+    config = EngineConfig(model=str(checkpoint), block_size=4, device_loop=True, burst_length=4, scheduler="bucket")
     with serving_engine(config) as transport:
         yield transport, checkpoint
 

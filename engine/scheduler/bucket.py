@@ -1,4 +1,4 @@
-"""The default scheduler: one length bucket per step, the rest waitlisted, urgency against starvation.
+"""The bucket scheduler: one length bucket per step, the rest waitlisted, urgency against starvation.
 
 Running sequences are grouped by their current length and only one group runs each step; the others
 wait on a waitlist *without a state change* (they stay RunningCompletion), and each step they wait
@@ -21,7 +21,7 @@ from engine.sequence import RunningPrompt, Sequence
 from engine.step_data import ScheduledBatch
 
 
-class DefaultScheduler(SchedulerBase):
+class BucketScheduler(SchedulerBase):
     def __init__(self, kv_cache: PagedKVCache, limits: SchedulerLimits, lookahead: Lookahead | None = None,
                  prefix_caching: bool = True) -> None:
         super().__init__(kv_cache, limits, lookahead, prefix_caching)
@@ -60,10 +60,10 @@ class DefaultScheduler(SchedulerBase):
                 break
             self._take_cached_prefix(seq)
             missing = blocks_needed(reserve, self.block_size) - len(seq.block_table)
-            if missing > self.kv_cache.allocator.num_free:
+            if missing > self.kv_cache.pool.num_free:
                 self._free_blocks(seq)  # the cached blocks it took go back, still cached
                 break
-            seq.block_table += self.kv_cache.allocator.allocate(missing)
+            seq.block_table += self.kv_cache.pool.allocate(missing)
             self.waiting.remove(seq)
             seq.set_state(RunningPrompt())
             self.running.append(seq)
