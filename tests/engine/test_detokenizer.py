@@ -199,3 +199,20 @@ def test_stop_string_inside_one_token(tokenizer, text, stop):
     assert steps[-1][1] and not any(hit for _, hit in steps[:-1])
     assert "".join(d for d, _ in steps) == text[: text.index(stop)]
     assert stop in detok.text
+
+
+@pytest.mark.parametrize("tokens_per_update", [1, 2, 3])
+@pytest.mark.parametrize("text", [MIXED_TEXT, STORY, "😀😀😀 a🎉b 你好 ok"])
+def test_the_text_at_every_step_is_the_whole_outputs_decode(tokenizer, text, tokens_per_update):
+    """Each update decodes only a window of the newest tokens; what it has read must still be exactly the
+    whole output's decode, its incomplete last character held back, whether tokens come one at a time or
+    several at once (a burst)."""
+    ids = encode(tokenizer, text)
+    detok = IncrementalDetokenizer(tokenizer, ())
+    cut_inside_a_character = 0
+    for n in list(range(tokens_per_update, len(ids), tokens_per_update)) + [len(ids)]:
+        detok.update(ids[:n], final=False)
+        whole = tokenizer.decode(ids[:n])
+        cut_inside_a_character += whole.endswith(REPLACEMENT_CHAR)
+        assert detok.text == whole.rstrip(REPLACEMENT_CHAR), f"after {n} tokens"
+    assert detok.text == text and cut_inside_a_character >= 1, "liveness: some step ended inside a character"
