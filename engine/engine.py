@@ -79,13 +79,23 @@ class Engine:
                                  weights=config.weight_format)
         model_len = self.loaded.config.max_position_embeddings
         self.max_model_len = min(config.max_model_len or model_len, model_len)
-        num_blocks = config.kv_blocks_for(self.loaded.config, self.max_model_len)
+        device = self.loaded.device
+        free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
+        num_blocks = config.kv_blocks_for(self.loaded.config, self.max_model_len, free)
         # A prompt bigger than the pool is refused (FinishedIgnored); a sequence that grows to fill the
         # whole pool ends with "length", as at the model's length, instead of preempting itself forever.
         # The last token of a sequence is never fed, so the pool's slots hold sequences one token longer.
         self.length_limit = min(self.max_model_len, num_blocks * config.block_size + 1)
         self.kv_cache = PagedKVCache(self.loaded.config, num_blocks, config.block_size, self.loaded.dtype,
                                      self.loaded.device)
+        if config.kv_cache_mb is not None or config.num_kv_blocks is not None:
+            sized_by = "as configured"
+        elif free is not None:
+            sized_by = f"{config.kv_memory_fraction:.0%} of the {free / 2**30:.1f} GB free on {device}"
+        else:
+            sized_by = "the CPU default"
+        log.info("KV pool: %d blocks of %d tokens, %.0f MB (%s)", num_blocks, config.block_size,
+                 2 * self.kv_cache.keys.nbytes / 2**20, sized_by)
         self.leak_events = LeakEventLog()  # what the owner tag and the logits identity check caught
         self.device_loop = DeviceLoop(config.burst_length, self.loaded.device, length_limit=self.length_limit,
                                       enabled=config.device_loop, events=self.leak_events, kill_switch=kill_switch)

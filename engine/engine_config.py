@@ -21,6 +21,7 @@ PREFIX_CACHE_SCOPES = ("user", "deployment")
 # The defaults of the step's token budgets; docs/OPERATIONS.md, "Chunked prefill", says why these numbers.
 DEFAULT_TOKEN_BUDGET = 2048        # max_num_batched_tokens unset, either device
 CPU_PREFILL_BESIDE_DECODES = 256   # max_prefill_beside_decodes unset, on a CPU; a GPU has no such limit
+CPU_KV_CACHE_MB = 256             # kv_cache_mb unset, on a CPU; a GPU sizes its pool by its free memory
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,11 @@ class EngineConfig:
     weights: str | None = None
     scheduler: str = "paged"
     block_size: int = 16
-    kv_cache_mb: int = 256          # KV pool size when num_kv_blocks is not given
+    # KV pool size when num_kv_blocks is not given. None: CPU_KV_CACHE_MB on a CPU; on a GPU the
+    # fraction `kv_memory_fraction` of the device memory still free once the weights are loaded (as vLLM's
+    # gpu_memory_utilization sizes its pool), the rest left for activations and captured graphs.
+    kv_cache_mb: int | None = None
+    kv_memory_fraction: float = 0.8
     num_kv_blocks: int | None = None
     swap_blocks: int = 0            # host-memory blocks for swap preemption; 0: recompute only
     max_num_seqs: int = 64
@@ -77,14 +82,17 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.scheduler not in SCHEDULERS:
             raise ValueError(f"scheduler must be one of {', '.join(SCHEDULERS)}, got {self.scheduler!r}")
-        for name in ("block_size", "kv_cache_mb", "max_num_seqs", "burst_length"):
+        for name in ("block_size", "max_num_seqs", "burst_length"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("max_num_batched_tokens", "max_prefill_beside_decodes"):
             budget = getattr(self, name)
             if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool)):
                 raise ValueError(f"{name} must be a whole number of tokens or None, got {budget!r}")
-        for name in ("num_kv_blocks", "max_model_len", "max_num_batched_tokens", "max_prefill_beside_decodes"):
+        if not 0 < self.kv_memory_fraction < 1:
+            raise ValueError(f"kv_memory_fraction must be between 0 and 1, got {self.kv_memory_fraction}")
+        for name in ("kv_cache_mb", "num_kv_blocks", "max_model_len", "max_num_batched_tokens",
+                     "max_prefill_beside_decodes"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1 or None, got {getattr(self, name)}")
         if self.weights not in (None, "quantized", "dequantized"):
@@ -122,10 +130,19 @@ class EngineConfig:
     def weight_format(self) -> str:
         return self.weights or "dequantized"
 
-    def kv_blocks_for(self, model: ModelConfig, max_model_len: int) -> int:
-        """num_kv_blocks if given; else as many as kv_cache_mb holds, but at least one full-length sequence."""
+    def kv_pool_bytes(self, free_device_bytes: int | None) -> int:
+        """The KV pool's memory: kv_cache_mb if given, else on a GPU (where `free_device_bytes` is what the
+        device has free now, the weights loaded) kv_memory_fraction of it, else CPU_KV_CACHE_MB."""
+        if self.kv_cache_mb is not None:
+            return self.kv_cache_mb * 2**20
+        if free_device_bytes is not None:
+            return int(free_device_bytes * self.kv_memory_fraction)
+        return CPU_KV_CACHE_MB * 2**20
+
+    def kv_blocks_for(self, model: ModelConfig, max_model_len: int, free_device_bytes: int | None = None) -> int:
+        """num_kv_blocks if given; else as many as kv_pool_bytes holds, but at least one full-length sequence."""
         if self.num_kv_blocks is not None:
             return self.num_kv_blocks
         element = torch.finfo(getattr(torch, self.dtype)).bits // 8
         per_block = 2 * model.num_hidden_layers * self.block_size * model.num_key_value_heads * model.head_dim * element
-        return max(self.kv_cache_mb * 2**20 // per_block, blocks_needed(max_model_len, self.block_size))
+        return max(self.kv_pool_bytes(free_device_bytes) // per_block, blocks_needed(max_model_len, self.block_size))

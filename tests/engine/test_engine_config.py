@@ -13,6 +13,7 @@ import pytest
 from engine import EngineConfig
 from engine.engine_config import CPU_PREFILL_BESIDE_DECODES, DEFAULT_TOKEN_BUDGET
 from engine.host.capabilities import REGISTRY
+from engine.model import ModelConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 START_FLAGS = [entry for entry in REGISTRY if entry.config_field]
@@ -93,3 +94,27 @@ def test_the_step_token_budgets_default_by_device_and_a_given_one_wins():
     assert EngineConfig(max_num_batched_tokens=96).token_budget == 96
     assert EngineConfig().prefill_budget_beside_decodes == CPU_PREFILL_BESIDE_DECODES < DEFAULT_TOKEN_BUDGET
     assert EngineConfig(max_prefill_beside_decodes=96).prefill_budget_beside_decodes == 96
+
+
+def test_the_kv_pool_takes_its_fraction_of_free_gpu_memory_or_what_is_set():
+    """SmolLM2-135M's shape in bfloat16: 30 layers x 3 KV heads x 64 dims x 2 bytes, keys and values, so
+    a block of 16 tokens is 368,640 bytes. With 100 GiB free and the default fraction 0.8, the pool is
+    80 GiB: 233,016 blocks (3.7M tokens). A CPU pool, or a set size, ignores the free figure."""
+    model = ModelConfig(model_type="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536,
+                        num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, head_dim=64,
+                        max_position_embeddings=8192)
+    free = 100 * 2**30
+    per_block = 2 * 30 * 16 * 3 * 64 * 2
+    gpu = EngineConfig(dtype="bfloat16")
+    assert gpu.kv_pool_bytes(free) == int(0.8 * free)
+    assert gpu.kv_blocks_for(model, 8192, free) == int(0.8 * free) // per_block == 233_016
+    assert EngineConfig(dtype="bfloat16", kv_memory_fraction=0.5).kv_blocks_for(model, 8192, free) == 145_635
+    assert gpu.kv_blocks_for(model, 8192) == 256 * 2**20 // per_block, "no free figure: the CPU default"
+    assert EngineConfig(dtype="bfloat16", kv_cache_mb=1024).kv_blocks_for(model, 8192, free) == 1024 * 2**20 // per_block
+    tiny = EngineConfig(dtype="bfloat16", kv_memory_fraction=0.01).kv_blocks_for(model, 8192, 2**20)
+    assert tiny == 8192 // 16, "never less than one full-length sequence"
+    for fraction in (0, 1, 1.5):
+        with pytest.raises(ValueError, match="kv_memory_fraction"):
+            EngineConfig(kv_memory_fraction=fraction)
+    with pytest.raises(ValueError, match="kv_cache_mb"):
+        EngineConfig(kv_cache_mb=0)
