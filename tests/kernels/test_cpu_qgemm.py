@@ -179,8 +179,11 @@ def test_bad_input_raises_a_clear_error() -> None:
     raw = random_blocks(Q.Q4_0, 16, 64, seed=0)
     packed = cpu.pack(raw, Q.Q4_0, 64)
     x = torch.randn(2, 64)
-    with pytest.raises(ValueError, match="multiple of 32"):
-        cpu.qlinear(torch.randn(2, 48), packed, Q.Q4_0, 16)
+    for bad_k in (torch.randn(2, 48), torch.randn(2, 0)):
+        with pytest.raises(ValueError, match="multiple of 32"):
+            cpu.quantize_q8_1(bad_k)
+        with pytest.raises(ValueError, match="multiple of 32"):
+            cpu.qlinear(bad_k, packed, Q.Q4_0, 16)
     with pytest.raises(TypeError, match="float32 or bfloat16"):
         cpu.qlinear(x.double(), packed, Q.Q4_0, 16)
     with pytest.raises(ValueError, match="2-D"):
