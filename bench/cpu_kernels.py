@@ -57,7 +57,7 @@ def main() -> None:
     if not cpu.native_available():
         sys.exit(f"native kernels unavailable: {cpu.unavailable_reason()}")
     rows = [int(r) for r in args.rows.split(",")]
-    cases = [(name, Q[t]) for t in args.types.split(",") for name in ("attn_q", "ffn_up", "ffn_down")]
+    cases = [(name, Q.__members__[t]) for t in args.types.split(",") for name in ("attn_q", "ffn_up", "ffn_down")]
     cases.append(("head", Q.Q8_0))
     rs = np.random.RandomState(0)
     print(f"torch {torch.__version__}, paths {cpu.cpu_paths()}, auto -> {cpu.cpu_paths()[-1]}, "

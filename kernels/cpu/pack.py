@@ -33,9 +33,9 @@ def pack(raw: np.ndarray | torch.Tensor, qtype: int, in_features: int) -> torch.
                          f"got {data.dtype} {data.shape}")
     out = data.shape[0]
     groups = -(-out // GROUP)
-    blocks = data.reshape(out, nb, BLOCK_BYTES[qtype])
-    blocks = np.pad(blocks, ((0, groups * GROUP - out), (0, 0), (0, 0)))   # zero blocks: d = m = 0, q = 0
-    blocks = blocks.reshape(groups, GROUP, nb, -1).transpose(0, 2, 1, 3)   # [G, nb, 8, block bytes]
+    rows = np.pad(data.reshape(out, nb, BLOCK_BYTES[qtype]),
+                  ((0, groups * GROUP - out), (0, 0), (0, 0)))             # zero blocks: d = m = 0, q = 0
+    blocks = rows.reshape(groups, GROUP, nb, -1).transpose(0, 2, 1, 3)   # [G, nb, 8, block bytes]
 
     def f32(lo: int) -> np.ndarray:  # fp16 field at byte lo of each block -> fp32 bytes [G, nb, 32]
         half = np.ascontiguousarray(blocks[..., lo:lo + 2]).view(np.float16)[..., 0]

@@ -19,29 +19,27 @@ import torch
 from kernels.cpu import build
 
 PATHS = {"auto": -1, "scalar": 0, "avx2": 1, "avx512": 2}
-_fakes_registered = False
+_ready = False  # library loaded and fake kernels registered
 
 
 def native_available() -> bool:
     """True when the native library is loaded (building it on first call); its fake kernels are then
     registered too, so the ops trace under torch.compile."""
-    global _fakes_registered
-    if not build.ensure_loaded():
-        return False
-    if not _fakes_registered:
+    global _ready
+    if not _ready and build.ensure_loaded():
         _register_fakes()
-        _fakes_registered = True
-    return True
+        _ready = True
+    return _ready
 
 
 def _ops() -> torch._ops._OpNamespace:
-    if not native_available():
+    if not _ready and not native_available():
         raise RuntimeError(f"native CPU kernels unavailable: {build.unavailable_reason()}")
     return torch.ops.workbench
 
 
 def _path_id(path: str | None) -> int:
-    name = path if path is not None else os.environ.get("WORKBENCH_CPU_KERNEL", "auto") or "auto"
+    name = path or os.environ.get("WORKBENCH_CPU_KERNEL") or "auto"
     if name not in PATHS:
         raise ValueError(f"unknown CPU kernel path {name!r}: one of {', '.join(PATHS)}")
     return PATHS[name]
@@ -56,7 +54,7 @@ def cpu_paths() -> list[str]:
 def quantize_q8_1(x: torch.Tensor, path: str | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x [M, K] float32/bfloat16 -> (q int8 [M, K], d float32 [M, K/32], s int32 [M, K/32]):
     per block d = amax/127, q = clamp(round_half_even(x/d), -127, 127), s = sum of q. Finite inputs only."""
-    q, d, s = _ops().quantize_q8_1(x, _path_id(path))
+    q, d, s = _ops().quantize_q8_1.default(x, _path_id(path))
     return q, d, s
 
 
@@ -64,14 +62,14 @@ def qgemm(q: torch.Tensor, d: torch.Tensor, s: torch.Tensor, packed: torch.Tenso
           out_dtype: torch.dtype | None = None, path: str | None = None) -> torch.Tensor:
     """Quantized activations (from quantize_q8_1) times the packed weight (kernels.cpu.pack) -> [M, n]
     float32, or bfloat16 for out_dtype=torch.bfloat16 (the fp32 result rounded once)."""
-    out: torch.Tensor = _ops().qgemm(q, d, s, packed, int(qtype), n, out_dtype, _path_id(path))
+    out: torch.Tensor = _ops().qgemm.default(q, d, s, packed, int(qtype), n, out_dtype, _path_id(path))
     return out
 
 
 def qlinear(x: torch.Tensor, packed: torch.Tensor, qtype: int, n: int, out_dtype: torch.dtype | None = None,
             path: str | None = None) -> torch.Tensor:
     """quantize_q8_1 then qgemm in one op: x [M, K] float32/bfloat16 -> [M, n]."""
-    out: torch.Tensor = _ops().qlinear(x, packed, int(qtype), n, out_dtype, _path_id(path))
+    out: torch.Tensor = _ops().qlinear.default(x, packed, int(qtype), n, out_dtype, _path_id(path))
     return out
 
 

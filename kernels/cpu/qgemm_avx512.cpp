@@ -16,9 +16,7 @@ namespace workbench_cpu {
 namespace {
 
 struct Isa {
-  static __m256i q4(__m256i lo, __m256i hi, __m256i alo, __m256i ahi) {
-    return _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), lo, alo), hi, ahi);
-  }
+  static __m256i q4(const __m256i lo[4], const __m256i hi[4], __m256i alo, __m256i ahi);
   static __m256i q8_prep(__m256i w) { return _mm256_xor_si256(w, _mm256_set1_epi8(char(0x80))); }
   static __m256i q8(__m256i w_biased, __m256i, __m256i aq) {
     return _mm256_dpbusd_epi32(_mm256_setzero_si256(), w_biased, aq);
@@ -27,6 +25,13 @@ struct Isa {
 };
 
 #include "qgemm_tile.inc"
+
+inline __m256i Isa::q4(const __m256i lo[4], const __m256i hi[4], __m256i alo, __m256i ahi) {
+  __m256i p[4];
+  for (int j = 0; j < 4; ++j)
+    p[j] = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), lo[j], alo), hi[j], ahi);
+  return reduce4(p);
+}
 
 }  // namespace
 
