@@ -1,0 +1,103 @@
+"""Builds and loads the native CPU kernels (kernels/cpu/*.cpp) on first use, once per process.
+
+torch.utils.cpp_extension compiles them with the machine's g++ and ninja into a cache outside the repo
+($TORCH_EXTENSIONS_DIR, else ~/.cache/workbench/torch_extensions), so a warm load only links the library
+in. The library registers its ops under torch.ops.workbench. Where there is no compiler or no ninja, or
+the build fails, `native_available()` is False, `unavailable_reason()` says why, one log line says so, and
+callers use their torch path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import sys
+import threading
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+HERE = Path(__file__).resolve().parent
+SOURCES = ["ops.cpp", "qgemm_scalar.cpp", "qgemm_avx2.cpp", "qgemm_avx512.cpp"]
+HEADERS = ["qgemm.h", "qgemm_tile.inc"]
+# No -march: the scalar path must run on any x86-64, the SIMD files raise their own target. No fp
+# contraction: every fma in the kernels is written out, the same in every path. OpenMP for
+# at::parallel_for (the library then uses the libgomp torch already loaded, one thread pool).
+CFLAGS = ["-O3", "-ffp-contract=off", "-fopenmp", "-Wall", "-Wno-unknown-pragmas"]
+LDFLAGS = ["-fopenmp"]
+NAME = "workbench_cpu_kernels"
+
+_lock = threading.Lock()
+_state: dict[str, str | None] = {}  # "reason": None once loaded, else why not; absent until tried
+
+
+def build_directory() -> Path:
+    root = os.environ.get("TORCH_EXTENSIONS_DIR")
+    base = Path(root) if root else Path.home() / ".cache" / "workbench" / "torch_extensions"
+    return base / NAME
+
+
+def _find_ninja() -> str | None:
+    """ninja on PATH, else the PyPI ninja package's binary beside this interpreter (a venv's bin/ is not
+    on PATH when its python is run by path); that directory is then put on PATH for cpp_extension."""
+    found = shutil.which("ninja")
+    if found:
+        return found
+    beside = Path(sys.executable).parent / "ninja"
+    if beside.exists():
+        os.environ["PATH"] = f"{beside.parent}{os.pathsep}{os.environ.get('PATH', '')}"
+        return str(beside)
+    return None
+
+
+def _load() -> str | None:
+    """Builds (or finds built) and loads the library; None on success, else the reason it is unavailable."""
+    if os.environ.get("WORKBENCH_CPU_KERNEL") == "off":
+        return "disabled by WORKBENCH_CPU_KERNEL=off"
+    if sys.platform != "linux" or platform.machine() != "x86_64":
+        return f"the native CPU kernels are for x86-64 Linux, not {platform.machine()} {sys.platform}"
+    compiler = os.environ.get("CXX", "c++")
+    if shutil.which(compiler) is None:
+        return f"no C++ compiler ({compiler!r} not found)"
+    if _find_ninja() is None:
+        return "ninja not found (pip install ninja)"
+    from torch.utils import cpp_extension
+
+    directory = build_directory()
+    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        # Headers are not compiled, but their text must rebuild the library: hash them into the flags.
+        digest = hashlib.sha256(b"".join((HERE / h).read_bytes() for h in HEADERS)).hexdigest()[:16]
+        stamp = f"-DWORKBENCH_HEADERS_HASH={digest}"
+        cpp_extension.load(name=NAME, sources=[str(HERE / s) for s in SOURCES], extra_cflags=CFLAGS + [stamp],
+                           extra_ldflags=LDFLAGS, extra_include_paths=[str(HERE)],
+                           build_directory=str(directory), is_python_module=False, verbose=False)
+    except Exception as exc:  # a failed build of any kind: the caller falls back to torch
+        lines = str(exc).strip().splitlines() or [""]
+        first_error = next((line for line in lines if "error" in line.lower() and "-c " not in line), lines[0])
+        return f"build failed in {directory}: {type(exc).__name__}: {first_error.strip()}"
+    return None
+
+
+def ensure_loaded() -> bool:
+    """Loads the library if not tried yet; True when its ops are registered."""
+    with _lock:
+        if "reason" not in _state:
+            reason = _load()
+            _state["reason"] = reason
+            if reason is not None:
+                log.warning("native CPU kernels unavailable, using torch instead: %s", reason)
+    return _state["reason"] is None
+
+
+def native_available() -> bool:
+    return ensure_loaded()
+
+
+def unavailable_reason() -> str | None:
+    """None when the native kernels are loaded, else why not."""
+    ensure_loaded()
+    return _state["reason"]

@@ -1,0 +1,92 @@
+// The reference path: plain C++ for any CPU, one output element at a time, in the order qgemm.h defines.
+// The SIMD paths must match it bit for bit (tests/kernels/test_cpu_qgemm.py).
+#include <cmath>
+#include <cstring>
+
+#include "qgemm.h"
+
+namespace workbench_cpu {
+namespace {
+
+float load_f32(const uint8_t* p) {
+  float f;
+  std::memcpy(&f, p, 4);
+  return f;
+}
+
+// Integer dot of column j's block with the activation block a[32].
+int32_t block_dot(int qtype, const uint8_t* blk, int64_t j, const int8_t* a) {
+  int32_t isum = 0;
+  if (qtype == Q8_0) {
+    const int8_t* w = reinterpret_cast<const int8_t*>(blk + 32 + 32 * j);
+    for (int k = 0; k < 32; ++k) isum += int32_t(w[k]) * int32_t(a[k]);
+    return isum;
+  }
+  // Column j lives in nibble row j % 4, first or second half (see the layout in qgemm.h).
+  const uint8_t* nib = blk + (qtype == Q4_1 ? 64 : 32) + 32 * (j % 4) + 16 * (j / 4);
+  for (int k = 0; k < 16; ++k) {
+    isum += int32_t(nib[k] & 0x0f) * int32_t(a[k]);
+    isum += int32_t(nib[k] >> 4) * int32_t(a[k + 16]);
+  }
+  return isum;
+}
+
+}  // namespace
+
+void gemm_scalar(const GemmArgs& a, int64_t g0, int64_t g1) {
+  const int64_t nb = a.K / QK, gb = group_bytes(a.qtype);
+  for (int64_t g = g0; g < g1; ++g) {
+    const uint8_t* wg = a.w + g * nb * gb;
+    for (int64_t i = 0; i < a.M; ++i) {
+      for (int64_t j = 0; j < GROUP && g * GROUP + j < a.N; ++j) {
+        float acc = 0.0f;
+        for (int64_t b = 0; b < nb; ++b) {
+          const uint8_t* blk = wg + b * gb;
+          const float dw = load_f32(blk + 4 * j), da = a.d[i * nb + b];
+          const int32_t sa = a.s[i * nb + b];
+          const int32_t isum = block_dot(a.qtype, blk, j, a.q + i * a.K + b * QK);
+          if (a.qtype == Q4_0) {
+            acc = std::fma(dw * da, float(isum - 8 * sa), acc);
+          } else {
+            acc = std::fma(dw * da, float(isum), acc);
+            if (a.qtype == Q4_1) acc = std::fma(load_f32(blk + 32 + 4 * j) * da, float(sa), acc);
+          }
+        }
+        const int64_t n = g * GROUP + j;
+        if (a.out_bf16) a.out_bf16[i * a.N + n] = bf16_bits(acc);
+        else a.out_f32[i * a.N + n] = acc;
+      }
+    }
+  }
+}
+
+void quantize_scalar(const QuantArgs& a, int64_t r0, int64_t r1) {
+  const int64_t nb = a.K / QK;
+  float x[QK];
+  for (int64_t i = r0; i < r1; ++i) {
+    for (int64_t b = 0; b < nb; ++b) {
+      const int64_t off = i * a.K + b * QK;
+      for (int k = 0; k < QK; ++k) {
+        x[k] = a.x_bf16 ? bf16_to_float(static_cast<const uint16_t*>(a.x)[off + k])
+                        : static_cast<const float*>(a.x)[off + k];
+      }
+      float amax = 0.0f;
+      for (int k = 0; k < QK; ++k) amax = std::fmax(amax, std::fabs(x[k]));
+      const float d = amax / 127.0f;
+      const float id = d != 0.0f ? 1.0f / d : 0.0f;
+      int32_t sum = 0;
+      for (int k = 0; k < QK; ++k) {
+        // nearbyint rounds half to even in the default mode, as the SIMD conversion does.
+        float r = std::nearbyint(x[k] * id);
+        r = r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r;
+        const int32_t v = r == r ? int32_t(r) : -127;  // NaN: a defined value (the SIMD conversion's), not UB
+        a.q[off + k] = int8_t(v);
+        sum += v;
+      }
+      a.d[i * nb + b] = d;
+      a.s[i * nb + b] = sum;
+    }
+  }
+}
+
+}  // namespace workbench_cpu
