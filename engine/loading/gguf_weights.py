@@ -3,8 +3,11 @@
 Dequantized, every tensor goes through the `gguf` package's own dequantizer into the model's dtype.
 Quantized (`weights="quantized"`), the linear weights stored as Q4_0, Q4_1 or Q8_0 keep those exact
 values in `QuantizedLinear` modules (engine/model/quantized.py) that replace the float `Linear`s;
-norms, biases, the embedding and every other type are dequantized as before. The tied output head
-shares the float embedding, since a lookup needs it in float anyway.
+norms, biases, the embedding and every other type are dequantized as before. The output head (the
+embedding's data where the two are tied) is served quantized too where the model runs in bfloat16 on
+our native kernels: one kernel at every row count, and the largest matmul of a decode step at a
+quarter of bf16's bytes. Elsewhere it stays float (a tied head shares the float embedding, which the
+lookup needs anyway): the fp32 torch route would dequantize the whole vocabulary at every call.
 """
 
 from __future__ import annotations
@@ -32,6 +35,10 @@ def load_gguf_weights(model: LlamaForCausalLM, checkpoint: GGUFCheckpoint, dtype
             values = np.require(tensor.dequantized(), requirements="W")  # the mapped file is read-only
             expected[tensor.name].copy_(torch.from_numpy(values).to(dtype))
     check_complete(expected, seen)
+    if quantized and dtype == torch.bfloat16:
+        head = _quantized_head(checkpoint, model.config.tie_word_embeddings)
+        if head is not None:
+            kept["lm_head"] = head
     if kept:
         from engine.model.quantized import QuantizedLinear
 
@@ -41,6 +48,17 @@ def load_gguf_weights(model: LlamaForCausalLM, checkpoint: GGUFCheckpoint, dtype
             linear = getattr(owner, attr)
             setattr(owner, attr, QuantizedLinear.from_ggml(tensor.rows, tensor.qtype, linear.in_features,
                                                            bias=linear.bias))
+
+
+def _quantized_head(checkpoint: GGUFCheckpoint, tied: bool) -> GGUFTensor | None:
+    """The output head's GGUF tensor where the native kernels can serve it, else None."""
+    from kernels import cpu
+
+    if not cpu.native_available():
+        return None
+    name = "model.embed_tokens.weight" if tied else "lm_head.weight"
+    tensor = next((t for t in checkpoint.tensors() if t.name == name), None)
+    return tensor if tensor is not None and _servable_type(tensor) else None
 
 
 def _servable_quantized(tensor: GGUFTensor) -> bool:

@@ -6,8 +6,16 @@ ggml stores a weight row by row, each row a run of 32-element blocks along the i
     Q8_0: fp16 d, 32 int8 q                      w = d * q
 (a block's low nibbles are its elements 0-15, its high nibbles 16-31, as in gguf's quants.py).
 
-All three run on torch's CPU weight-only int4 kernel (`_weight_int4pack_mm_for_cpu`, group size 32),
-which computes w = (q - 8) * scale + zero per group:
+Two routes, by the activation dtype:
+    bfloat16: our native kernels (kernels/cpu, where they are built): the activations quantized per
+              32-block to int8 (as llama.cpp does), each block's integer dot product exact and the fp32
+              epilogue over the blocks in a fixed order, so a row's output is the same bits whatever the
+              batch, the thread count or the SIMD path; the output rounded to bfloat16 once. Where no
+              compiler built them, bfloat16 takes the torch route below.
+    float32:  torch's int4 kernel below: the exact weights in fp32 arithmetic, the reference route.
+
+torch's CPU weight-only int4 kernel (`_weight_int4pack_mm_for_cpu`, group size 32) computes
+w = (q - 8) * scale + zero per group:
     Q4_0: scale d, zero 0.
     Q4_1: scale d, zero m + 8d. Two fp16 values sum exactly in fp32 unless their magnitudes are more
           than 2^12 apart (never for a block's m and 8d in practice), and then the kernel's
@@ -48,6 +56,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from kernels import cpu as cpu_kernels
+
 Q = gguf.GGMLQuantizationType
 GROUP = 32  # ggml block size of Q4_0/Q4_1/Q8_0, used as the kernel's group size
 BLOCK_BYTES = {Q.Q4_0: 2 + 16, Q.Q4_1: 2 + 2 + 16, Q.Q8_0: 2 + 32}
@@ -62,9 +72,8 @@ class QuantizedLinear(nn.Module):
     """y = x @ W.T (+ bias) for a ggml Q4_0/Q4_1/Q8_0 weight W [out, in], kept quantized. CPU only.
 
     `raw` [out, row_bytes] uint8 (a buffer): the ggml blocks as loaded, what dequantize() and fusion read.
-    Derived from it for the kernel: `packed` [out_padded, in/2, or in for Q8_0] uint8 in the kernel's
-    layout (which depends on the CPU's SIMD width), `scales_zeros` [groups, out_padded, 2] float32 and
-    `scales_zeros_bf16`. No dequantized copy is kept."""
+    Derived from it: `native_packed`, the native kernels' layout (None where they are not built), and,
+    made on first use by the torch route, torch's int4 operands (`_int4`). No dequantized copy is kept."""
 
     raw: torch.Tensor  # buffers, registered in __init__
     bias: torch.Tensor | None
@@ -76,13 +85,11 @@ class QuantizedLinear(nn.Module):
         self.in_features = in_features
         self.out_features = raw.shape[0]
         self.register_buffer("raw", raw)
-        nibbles, scales_zeros = _kernel_operands(raw.numpy(), qtype)
         # Plain attributes, not buffers: the loader's model.to(bfloat16) must not round the fp32 scales
-        # (the fp32 route needs them), and the kernel runs on the CPU only, so nothing moves them either.
-        # innerKTiles only matters for the CUDA layout; the CPU op ignores it.
-        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(nibbles, 1)
-        self.scales_zeros = scales_zeros
-        self.scales_zeros_bf16 = scales_zeros.to(torch.bfloat16)
+        # they hold, and the kernels run on the CPU only, so nothing moves them either.
+        native = cpu_kernels.native_available()
+        self.native_packed = cpu_kernels.pack(raw, int(qtype), in_features) if native else None
+        self._int4: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self.register_buffer("bias", bias)
 
     @classmethod
@@ -123,7 +130,10 @@ class QuantizedLinear(nn.Module):
             raise TypeError(f"QuantizedLinear takes float32, bfloat16 or float16 inputs, got {x.dtype}")
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)  # [M, in]
-        if x.dtype == torch.float32 and x2.shape[0] > FP32_KERNEL_MAX_ROWS[self.qtype]:
+        if x.dtype == torch.bfloat16 and self.native_packed is not None:
+            out = cpu_kernels.qlinear(x2.contiguous(), self.native_packed, int(self.qtype), self.out_features,
+                                      out_dtype=torch.bfloat16)
+        elif x.dtype == torch.float32 and x2.shape[0] > FP32_KERNEL_MAX_ROWS[self.qtype]:
             out = F.linear(x2, self.dequantize())
         else:
             out = self._kernel(x2.contiguous())
@@ -136,9 +146,20 @@ class QuantizedLinear(nn.Module):
         if self.qtype == Q.Q8_0:  # each block's inputs twice: once for the high nibbles, once the low
             blocks = x2.view(x2.shape[0], -1, 1, GROUP)  # [M, in/32, 1, 32]
             x2 = blocks.expand(-1, -1, 2, -1).reshape(x2.shape[0], 2 * self.in_features)
-        scales_zeros = self.scales_zeros if x2.dtype == torch.float32 else self.scales_zeros_bf16
-        out = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, self.packed, GROUP, scales_zeros)
-        return out if self.packed.shape[0] == self.out_features else out[:, : self.out_features]
+        packed, scales_zeros, scales_zeros_bf16 = self._int4_operands()
+        scales = scales_zeros if x2.dtype == torch.float32 else scales_zeros_bf16
+        out = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, packed, GROUP, scales)
+        return out if packed.shape[0] == self.out_features else out[:, : self.out_features]
+
+    def _int4_operands(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """torch's int4 kernel's packed weight and its fp32 and bf16 scales, made once, on first use:
+        a model served through the native kernels in bfloat16 never holds them."""
+        if self._int4 is None:
+            nibbles, scales_zeros = _kernel_operands(self.raw.numpy(), self.qtype)
+            # innerKTiles only matters for the CUDA layout; the CPU op ignores it.
+            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(nibbles, 1)
+            self._int4 = (packed, scales_zeros, scales_zeros.to(torch.bfloat16))
+        return self._int4
 
     def dequantize(self) -> torch.Tensor:
         """[out, in] float32, equal to gguf.quants.dequantize of the raw data (same formulas, same order)."""
