@@ -29,7 +29,7 @@ from typing import Callable
 
 from engine.scheduler.block_pool import chain_hashes
 from engine.scheduler.kv_cache import PagedKVCache, blocks_needed
-from engine.sequence import FinishedIgnored, Sequence
+from engine.sequence import FinishedIgnored, RunningPrompt, Sequence
 from engine.step_data import BurstGrant, ScheduledBatch
 
 log = logging.getLogger(__name__)
@@ -72,6 +72,35 @@ class SchedulerBase(ABC):
     def schedule(self) -> ScheduledBatch:
         """The sequences of the next forward (and any newly ignored), with every block grant of the step
         made, a burst's lookahead included."""
+
+    @abstractmethod
+    def _admission_tokens(self, seq: Sequence) -> int:
+        """The tokens a waiting sequence must have blocks for to be admitted."""
+
+    def _admit(self, budget: int | None = None) -> list[Sequence]:
+        """Admit waiting sequences, oldest first, while a running slot, their admission blocks and (where
+        given) this step's token budget allow; returns those ignored (they could never fit)."""
+        ignored: list[Sequence] = []
+        for seq in list(self.waiting):
+            tokens = self._admission_tokens(seq)
+            if self._ignore_if_never_fits(seq, tokens):
+                ignored.append(seq)
+                continue
+            if len(self.running) >= self.limits.max_num_seqs:
+                break
+            if budget is not None and budget < 1:  # this step's tokens are spent; it comes in next step
+                break
+            self._take_cached_prefix(seq)  # what it finds cached costs neither budget nor new blocks
+            if not self.reserve(seq, tokens):
+                self._free_blocks(seq)  # the cached blocks it took go back, still cached
+                break
+            self.waiting.remove(seq)
+            seq.set_state(RunningPrompt())
+            self.running.append(seq)
+            self._admitted(seq)
+            if budget is not None:
+                budget -= min(seq.num_uncached, budget)  # a prompt longer than what is left is chunked
+        return ignored
 
     def reserve(self, seq: Sequence, tokens: int) -> bool:
         """Grow the sequence's blocks to hold `tokens` tokens if the pool has room; all or nothing."""

@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections import defaultdict
 
 from engine.scheduler.base import Lookahead, SchedulerBase, SchedulerLimits
-from engine.scheduler.kv_cache import PagedKVCache, blocks_needed
-from engine.sequence import RunningPrompt, Sequence
+from engine.scheduler.kv_cache import PagedKVCache
+from engine.sequence import Sequence
 from engine.step_data import ScheduledBatch
 
 
@@ -47,25 +47,7 @@ class BucketScheduler(SchedulerBase):
                 urgency[seq.seq_id] = 0 if length == chosen_length else urgency.get(seq.seq_id, 0) + 1
         return self._batch(buckets[chosen_length], ignored)
 
-    def _admit(self) -> list[Sequence]:
-        """Admit waiting sequences in order while their whole reservation fits; returns those ignored."""
-        ignored: list[Sequence] = []
-        for seq in list(self.waiting):
-            # The last sampled token is never fed, so it needs no slot.
-            reserve = min(len(seq.prompt_ids) + seq.params.resolved_max_tokens, self.limits.max_model_len) - 1
-            if self._ignore_if_never_fits(seq, reserve):
-                ignored.append(seq)
-                continue
-            if len(self.running) >= self.limits.max_num_seqs:
-                break
-            self._take_cached_prefix(seq)
-            missing = blocks_needed(reserve, self.block_size) - len(seq.block_table)
-            if missing > self.kv_cache.pool.num_free:
-                self._free_blocks(seq)  # the cached blocks it took go back, still cached
-                break
-            seq.block_table += self.kv_cache.pool.allocate(missing)
-            self.waiting.remove(seq)
-            seq.set_state(RunningPrompt())
-            self.running.append(seq)
-            self._admitted(seq)
-        return ignored
+    def _admission_tokens(self, seq: Sequence) -> int:
+        """The whole reservation at admission: its prompt and every token it may generate (the last
+        sampled token is never fed, so it needs no slot)."""
+        return min(len(seq.prompt_ids) + seq.params.resolved_max_tokens, self.limits.max_model_len) - 1

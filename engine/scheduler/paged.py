@@ -24,7 +24,7 @@ from collections import deque
 import torch
 
 from engine.scheduler.base import Lookahead, SchedulerBase, SchedulerLimits
-from engine.scheduler.kv_cache import SwapBlockAllocator, PagedKVCache, blocks_needed
+from engine.scheduler.kv_cache import PagedKVCache, SwapBlockAllocator, blocks_needed
 from engine.sequence import RunningCompletion, RunningPrompt, Sequence, Swapped, Waiting
 from engine.step_data import ScheduledBatch
 
@@ -169,26 +169,7 @@ class PagedScheduler(SchedulerBase):
             budget -= min(seq.num_uncached, budget)
         return budget
 
-    def _admit(self, budget: int) -> list[Sequence]:
-        """Admit waiting sequences, oldest first, while room and budget allow; returns those ignored."""
-        ignored: list[Sequence] = []
-        for seq in list(self.waiting):
-            tokens = seq.num_tokens
-            if self._ignore_if_never_fits(seq, tokens):
-                ignored.append(seq)
-                continue
-            if len(self.running) >= self.limits.max_num_seqs:
-                break
-            if budget < 1:  # this step's tokens are spent; it comes in next step
-                break
-            self._take_cached_prefix(seq)  # what it finds cached costs neither budget nor new blocks
-            # Blocks for the whole prompt now, its chunks or not: a chunked prefill never waits for room.
-            if not self.reserve(seq, tokens):
-                self._free_blocks(seq)  # the cached blocks it took go back, still cached
-                break
-            self.waiting.remove(seq)
-            seq.set_state(RunningPrompt())
-            self.running.append(seq)
-            self._admitted(seq)
-            budget -= min(seq.num_uncached, budget)  # a prompt longer than what is left is chunked
-        return ignored
+    def _admission_tokens(self, seq: Sequence) -> int:
+        """Blocks for the whole prompt now, its chunks or not: a chunked prefill never waits for room.
+        Its decode's blocks come on demand."""
+        return seq.num_tokens

@@ -129,16 +129,21 @@ def test_a_chunks_rows_equal_the_unchunked_prefills(sliding_window):
                                   reference[-1], atol=1e-3)
 
 
-class RecordingSDPA:
-    """Stands in for torch.nn.functional inside engine/model/attention.py: records the shapes each
-    attention call receives, then computes it."""
+class RecordingAttention:
+    """Stands in for torch.nn.functional inside engine/model/attention.py and for the CPU's one-query
+    decode kernel: records the shapes each attention call receives, then computes it."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[int, int, int]] = []  # (batch, queries, keys) per call
+        self._decode_kernel = attention.Attention._decode_attention_float32_math
 
     def scaled_dot_product_attention(self, query: torch.Tensor, key: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         self.calls.append((query.shape[0], query.shape[2], key.shape[2]))
         return torch.nn.functional.scaled_dot_product_attention(query, key, *args, **kwargs)
+
+    def decode_kernel(self, layer: attention.Attention, q: torch.Tensor, keys: torch.Tensor, *args) -> torch.Tensor:
+        self.calls.append((keys.shape[0], 1, keys.shape[2]))  # keys [B, Hkv, T, D], one query per row
+        return self._decode_kernel(layer, q, keys, *args)
 
 
 @torch.no_grad()
@@ -146,8 +151,10 @@ def test_a_decode_beside_a_deep_chunk_attends_its_own_keys_only(monkeypatch):
     torch.manual_seed(0)
     model = LlamaForCausalLM(CONFIG).eval()
     cache = PagedKVCache(CONFIG, num_blocks=NUM_BLOCKS, block_size=BLOCK, dtype=torch.float32, device="cpu")
-    recorder = RecordingSDPA()
+    recorder = RecordingAttention()
     monkeypatch.setattr(attention, "F", recorder)
+    monkeypatch.setattr(attention.Attention, "_decode_attention_float32_math",
+                        lambda layer, *args: recorder.decode_kernel(layer, *args))
     md = AttentionMetadata.build(block_size=BLOCK, block_tables=[A, LONG], cached_lens=[A_CACHED, CHUNK_AT],
                                  query_lens=[1, CHUNK])
     model(torch.arange(CHUNK + 1), md.positions, md, cache)

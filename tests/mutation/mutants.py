@@ -1,8 +1,11 @@
 """The named mutants: each removes one leak-prevention mechanism, and names what must catch it: tests
 that must fail, or an error the type check (`make typecheck`, mypy) must report.
 
-A mutant is a textual edit of one production file. The original text must occur exactly once, so a
-refactor that moves the mechanism fails loudly here instead of leaving a mutant that tests nothing.
+A mutant edits one production file: in the function or method `scope` ("" for the module), the code
+`original` (an expression, or statements in a row) becomes `replacement`. The original is found by its
+syntax tree (tests/mutation/anchors.py), so reformatting the file moves nothing, and it must occur
+exactly once in its scope, so a refactor that moves the mechanism fails loudly here instead of leaving
+a mutant that tests nothing.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ CHUNKED = "tests/engine/test_chunked_prefill.py"
 class Mutant:
     name: str
     path: str
+    scope: str
     original: str
     replacement: str
     tests: tuple[str, ...] = ()  # pytest node ids (or -k style prefixes) that must fail under the mutant
@@ -33,125 +37,136 @@ MUTANTS = (
         # Not a leak of another sequence's tokens, but the same kind of guard: a burst's unmasked argmax
         # would hand a constrained row tokens its grammar forbids.
         "constrained row allowed to burst",
-        "engine/decode/device_loop.py",
-        "                and p.min_tokens == 0 and not p.constrained)\n",
-        "                and p.min_tokens == 0)\n",
+        "engine/decode/device_loop.py", "DeviceLoop.can_burst",
+        "not p.constrained",
+        "True",
         ("tests/engine/test_structured_output.py::test_constrained_and_free_rows_in_one_batch_get_their_solo_tokens",),
     ),
     Mutant(
         "funnel arm removed",
-        "engine/sequence.py",
-        "                    self.timings.finished = time.monotonic()\n                self._stand_down(self)\n",
-        "                    self.timings.finished = time.monotonic()\n",
+        "engine/sequence.py", "Sequence.set_state",
+        """
+        if self.timings.finished is None:
+            self.timings.finished = time.monotonic()
+        self._stand_down(self)
+        """,
+        """
+        if self.timings.finished is None:
+            self.timings.finished = time.monotonic()
+        """,
         (f"{LEAKS}::test_a_sequence_stopping_mid_burst_leaves_no_parked_tail",),
     ),
     Mutant(
         "owner comparison removed",
-        "engine/decode/parked_queue.py",
-        "        return slot, slot.owner == seq_id\n",
-        "        return slot, True\n",
+        "engine/decode/parked_queue.py", "ParkedQueue._lookup",
+        "slot.owner == seq_id",
+        "True",
         (f"{LEAKS}::test_a_waitlisted_sequence_with_no_state_change_cannot_leak_into_the_next",),
     ),
     Mutant(
         "prefill guard removed",
-        "engine/decode/device_loop.py",
-        "        return seq.num_uncached == 1\n",
-        "        return True\n",
+        "engine/decode/device_loop.py", "DeviceLoop._may_take",
+        "return seq.num_uncached == 1",
+        "return True",
         (f"{LEAKS}::test_parked_tokens_never_replace_a_prefill",),
     ),
     Mutant(
         "generation reset removed",
-        "engine/decode/device_loop.py",
-        "        if state.primed_generation != self.generation or state.row_owners != owners:\n",
-        "        if state.row_owners != owners:\n",
+        "engine/decode/device_loop.py", "DeviceLoop._engage",
+        "state.primed_generation != self.generation or state.row_owners != owners",
+        "state.row_owners != owners",
         (f"{LEAKS}::test_a_waitlisted_sequence_with_no_state_change_cannot_leak_into_the_next",),
     ),
     Mutant(
         "static-buffer copy-in skipped",
-        "engine/decode/graphs.py",
-        "        buffers.positions[: positions.shape[0]].copy_(positions)\n",
+        "engine/decode/graphs.py", "DecodeGraphs._copy_in",
+        "buffers.positions[: positions.shape[0]].copy_(positions)",
         "",
         ("tests/engine/test_graphs.py::test_graph_replays_match_eager_exactly_and_leave_the_cache_alone",),
     ),
     Mutant(
         "padding rows write a real block",
-        "engine/decode/graphs.py",
-        "        table += [[pad] * blocks] * (bucket - rows)\n",
-        "        table += [[0] * blocks] * (bucket - rows)\n",
+        "engine/decode/graphs.py", "DecodeGraphs.prepare",
+        "table += [[pad] * blocks] * (bucket - rows)",
+        "table += [[0] * blocks] * (bucket - rows)",
         ("tests/engine/test_graphs.py::test_graph_replays_match_eager_exactly_and_leave_the_cache_alone",),
     ),
     Mutant(
         "stale slot kept when a sequence is served elsewhere",
-        "engine/decode/device_loop.py",
-        "            self._drop_stale(rest)\n",
-        "            pass\n",
+        "engine/decode/device_loop.py", "DeviceLoop.plan",
+        "self._drop_stale(rest)",
+        "",
         (f"{LEAKS}::test_a_sequence_served_at_another_row_never_drains_its_old_slot",),
     ),
     Mutant(
         "faulted burst not scrubbed",
-        "engine/decode/runner.py",
-        "            self._scrub(seqs, grant.steps)\n",
-        "            pass\n",
+        "engine/decode/runner.py", "ModelRunner._burst",
+        "self._scrub(seqs, grant.steps)",
+        "",
         (f"{LEAKS}::test_a_faulted_burst_leaves_no_nan_in_the_kv_cache",),
     ),
     Mutant(
         "aliased-logits check removed",
-        "engine/decode/runner.py",
-        "        check_identity(logits, sampled_seqs)\n",
+        "engine/decode/runner.py", "ModelRunner._serve",
+        "check_identity(logits, sampled_seqs)",
         "",
         (f"{LEAKS}::test_an_aliased_step_fails_instead_of_sampling_another_sequences_logits",),
     ),
     Mutant(
         "prefix-cache scope dropped from the block hash",
-        "engine/scheduler/block_pool.py",
-        "    digest.update(len(encoded_scope).to_bytes(4, \"little\") + encoded_scope)\n",
+        "engine/scheduler/block_pool.py", "block_hash",
+        'digest.update(len(encoded_scope).to_bytes(4, "little") + encoded_scope)',
         "",
         (f"{PREFIX}::test_another_scope_never_hits_while_the_same_scope_does",),
     ),
     Mutant(
         "a cached block freed while another sequence still holds it",
-        "engine/scheduler/block_pool.py",
-        "            if refs > 1:\n",
-        "            if refs > 1 and False:\n",
+        "engine/scheduler/block_pool.py", "BlockPool.free",
+        "refs > 1",
+        "refs > 1 and False",
         (f"{PREFIX}::test_a_block_another_sequence_holds_is_not_freed_when_one_holder_finishes",),
     ),
     Mutant(
         "a burst granted room in a shared block",
-        "engine/scheduler/base.py",
-        "        if any(self._writes_shared(seq, seq.num_tokens - 1, tokens) for seq, tokens in rows):\n"
-        "            return False\n",
+        "engine/scheduler/base.py", "SchedulerBase._grant",
+        """
+        if any(self._writes_shared(seq, seq.num_tokens - 1, tokens) for seq, tokens in rows):
+            return False
+        """,
         "",
         (f"{PREFIX}::test_a_burst_is_never_granted_room_in_a_block_another_sequence_holds",),
     ),
     Mutant(
         # A chunk's last logits are a plausible token: emitted, the rest of the prompt is never prefilled.
         "a prefill chunk sampled before its prompt's end",
-        "engine/step_data.py",
-        "        return self.feeds(row) == self.sequences[row].num_uncached\n",
-        "        return True\n",
+        "engine/step_data.py", "ScheduledBatch.completes",
+        "return self.feeds(row) == self.sequences[row].num_uncached",
+        "return True",
         (f"{CHUNKED}::test_decodes_progress_every_step_of_a_long_prefill",),
     ),
     Mutant(
         # A chunk placed at position 0: it overwrites the prompt's start (a cached prefix's shared blocks
         # included) and its own positions are never written.
         "a prefill chunk's cached-length offset skipped",
-        "engine/decode/runner.py",
-        "            cached_lens=[s.num_cached for s in seqs], query_lens=feeds,\n",
-        "            cached_lens=[0 if n < s.num_uncached else s.num_cached for s, n in zip(seqs, feeds)],\n"
-        "            query_lens=feeds,\n",
+        "engine/decode/runner.py", "ModelRunner.forward",
+        "[s.num_cached for s in seqs]",
+        "[0 if n < s.num_uncached else s.num_cached for s, n in zip(seqs, feeds)]",
         (f"{CHUNKED}::test_chunked_answer_equals_unchunked_after_a_cached_prefix",),
     ),
     Mutant(
         "a SequenceState variant added without a funnel arm",
-        "engine/sequence.py",
-        "SequenceState = Union[Waiting, RunningPrompt, RunningCompletion, Swapped, Done, Error, FinishedAborted,\n"
-        "                      FinishedIgnored]\n",
-        "@dataclass(frozen=True)\n"
-        "class Paused:\n"
-        "    \"\"\"A new state that no arm of set_state decides for.\"\"\"\n"
-        "\n\n"
-        "SequenceState = Union[Waiting, RunningPrompt, RunningCompletion, Swapped, Done, Error, FinishedAborted,\n"
-        "                      FinishedIgnored, Paused]\n",
+        "engine/sequence.py", "",
+        "SequenceState = Union[Waiting, RunningPrompt, RunningCompletion, Swapped, Done, Error, FinishedAborted, "
+        "FinishedIgnored]",
+        '''
+        @dataclass(frozen=True)
+        class Paused:
+            """A new state that no arm of set_state decides for."""
+
+
+        SequenceState = Union[Waiting, RunningPrompt, RunningCompletion, Swapped, Done, Error, FinishedAborted,
+                              FinishedIgnored, Paused]
+        ''',
         type_error='Argument 1 to "assert_never" has incompatible type "Paused"',
     ),
 )

@@ -2,28 +2,38 @@
 the type check report its error.
 
 A test mutant is applied to a scratch copy of engine/ and tests/, and the named tests run there in a
-fresh interpreter. A control run of the same tests on an unmutated copy must pass, so a failure under
-a mutant means the mechanism was missed, not that the scratch setup is broken. A type mutant is
+fresh interpreter. In that copy every file a mutant edits is first reformatted (rewritten from its
+syntax tree by ast.unparse: other line breaks, quotes and parentheses, no comments), so each run shows
+that the mutants find their code by its syntax, not its layout. A control run of the same tests on an
+unmutated copy, reformatted alike, must pass, so a failure under a mutant means the mechanism was
+missed, not that the scratch setup is broken. A type mutant is
 applied to a copy of what `make typecheck` reads, where mypy runs as that target runs it, first on
 the unmutated copy (which must pass), then on the mutated one.
 """
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
-from tests.mutation.mutants import TEST_MUTANTS, TYPE_MUTANTS, Mutant
+from tests.mutation import anchors
+from tests.mutation.mutants import MUTANTS, TEST_MUTANTS, TYPE_MUTANTS, Mutant
 
 ROOT = Path(__file__).resolve().parents[2]
 # [tool.mypy]'s files; workbench/ is also where the django-stubs plugin finds the settings it loads.
-TYPE_CHECKED = ("engine", "kernels", "workbench")
+TYPE_CHECKED = tuple(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mypy"]["files"])
+
+
+def reformatted(source: str) -> str:
+    return ast.unparse(ast.parse(source)) + "\n"
 
 
 def scratch_copy(destination: Path) -> Path:
@@ -31,6 +41,8 @@ def scratch_copy(destination: Path) -> Path:
         shutil.copytree(ROOT / part, destination / part,
                         ignore=shutil.ignore_patterns("__pycache__", ".pytest_cache", "mutation"))
     (destination / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text())
+    for path in {mutant.path for mutant in TEST_MUTANTS}:
+        (destination / path).write_text(reformatted((ROOT / path).read_text()))
     return destination
 
 
@@ -38,7 +50,11 @@ def type_check_copy(destination: Path) -> Path:
     """The type check's inputs, and its cache where one exists (`make test` runs `make typecheck`
     first): mypy then re-analyses only what a mutant touched, not torch and Django's stubs again."""
     for part in TYPE_CHECKED:
-        shutil.copytree(ROOT / part, destination / part, ignore=shutil.ignore_patterns("__pycache__"))
+        if (ROOT / part).is_dir():
+            shutil.copytree(ROOT / part, destination / part, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            (destination / part).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / part, destination / part)
     (destination / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text())
     if (ROOT / ".mypy_cache").is_dir():
         shutil.copytree(ROOT / ".mypy_cache", destination / ".mypy_cache")
@@ -47,9 +63,29 @@ def type_check_copy(destination: Path) -> Path:
 
 def mutate(copy: Path, mutant: Mutant) -> None:
     target = copy / mutant.path
-    source = target.read_text()
-    assert source.count(mutant.original) == 1, f"{mutant.path}: the text this mutant edits moved or changed"
-    target.write_text(source.replace(mutant.original, mutant.replacement))
+    target.write_text(anchors.replace(target.read_text(), mutant.scope, mutant.original, mutant.replacement))
+
+
+@pytest.mark.parametrize("mutant", MUTANTS, ids=[m.name for m in MUTANTS])
+def test_a_mutant_edits_the_same_code_however_its_file_is_formatted(mutant: Mutant):
+    """Fast, before the runs: the mutant's code is found once, the edit changes the syntax tree, and the
+    reformatted file's edit is the same tree as the original file's."""
+    source = (ROOT / mutant.path).read_text()
+    edited = anchors.replace(source, mutant.scope, mutant.original, mutant.replacement)
+    edited_reformatted = anchors.replace(reformatted(source), mutant.scope, mutant.original, mutant.replacement)
+    assert ast.dump(ast.parse(edited)) != ast.dump(ast.parse(source)), "the edit changes nothing"
+    assert ast.dump(ast.parse(edited_reformatted)) == ast.dump(ast.parse(edited))
+
+
+def test_an_anchor_that_is_not_unique_or_is_gone_is_refused():
+    source = "def f(x):\n    y = x + 1\n    return x + 1\n"
+    with pytest.raises(anchors.AnchorError, match="2 occurrences"):
+        anchors.replace(source, "f", "x + 1", "x")
+    with pytest.raises(anchors.AnchorError, match="0 occurrences"):
+        anchors.replace(source, "f", "x + 2", "x")
+    with pytest.raises(anchors.AnchorError, match="definitions named 'g'"):
+        anchors.replace(source, "g", "x + 1", "x")
+    assert anchors.replace(source, "f", "return x + 1", "return x") == "def f(x):\n    y = x + 1\n    return x\n"
 
 
 # One interpreter per run (starting one and importing torch costs seconds): it checks that the engine it
