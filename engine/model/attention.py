@@ -2,9 +2,16 @@
 
 The batch is a flat run of tokens from several sequences (prefills and decodes mixed). Attention never
 looks up global state: `AttentionMetadata` (engine/model/attention_metadata.py) says, per token, its
-position and cache slot, and splits the step into its decodes, attended together as in a step of
-decodes only, and its prefills, each attended alone over its own keys. The metadata is built once
-per step and shared by every layer, so the per-layer work is write-slots, gather, attend.
+position, cache slot and sequence. The metadata is built once per step and shared by every layer, so
+the per-layer work is write-slots, then attend.
+
+On the CPU with the native kernels (kernels/cpu/paged_attention.py, where `native_available()`), every
+token of the step, decode or prompt chunk, goes through one op that reads its own sequence's keys
+0 .. p from the cache in an order fixed by those keys alone: a row's output is the same bits alone or
+beside any others, whole or chunked at any boundary, in a captured graph's replay or eagerly. Elsewhere
+(a GPU, or no compiler) the step is split into its decodes, attended together as in a step of decodes
+only (padded to the decode group's longest, masked), and its prefills, each attended alone over its
+own keys by SDPA; there a row's last bits can change with the others' lengths and with chunking.
 """
 
 from __future__ import annotations
@@ -15,10 +22,16 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+import kernels.cpu
 from engine.model.attention_metadata import AttentionMetadata, DecodeGroup, PrefillGroup
 from engine.model.config import ModelConfig
 from engine.model.layers import Linear, fuse_projections
 from engine.model.rope import apply_rope
+
+
+def native_attention(device: torch.device) -> bool:
+    """Whether serving attention on `device` goes through the native CPU op."""
+    return device.type == "cpu" and kernels.cpu.native_available()
 
 
 class Attention(nn.Module):
@@ -83,6 +96,11 @@ class Attention(nn.Module):
         key_cache, value_cache = cache  # [slots, Hkv, D]
         key_cache.index_copy_(0, metadata.slot_mapping, k)
         value_cache.index_copy_(0, metadata.slot_mapping, v)
+        if metadata.block_tables is not None and metadata.token_sequence is not None and native_attention(q.device):
+            # The step's keys are in the cache now: every row reads its own through its block table.
+            return kernels.cpu.paged_attention(q, key_cache, value_cache, metadata.block_tables,
+                                               metadata.token_sequence, metadata.positions, metadata.block_size,
+                                               self.sliding_window)  # [N, H, D]
         decodes = metadata.decodes
         if metadata.decode_only:
             assert decodes is not None  # a step has at least one sequence
@@ -98,8 +116,9 @@ class Attention(nn.Module):
 
     def _decode(self, q: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor], decodes: DecodeGroup,
                 block_size: int) -> torch.Tensor:
-        """[Bd, H, D] queries, one per sequence -> [Bd, H, D]: the one path every decode takes, in a step
-        of decodes only (and its captured graph) or beside prefills, so its result does not depend on them."""
+        """[Bd, H, D] queries, one per sequence -> [Bd, H, D]: the torch path's one path every decode takes, in
+        a step of decodes only (and its captured graph) or beside prefills, so its result does not depend
+        on them (it still depends, in the last bits, on the longest decode beside it: keys are padded)."""
         keys, values = (self._gather_blocks(c, decodes.block_tables, block_size) for c in cache)
         if q.device.type == "cpu":
             return self._decode_attention_float32_math(q, keys, values, decodes.attn_mask)

@@ -9,6 +9,11 @@ padding every sequence to the step's longest query run and longest block table i
 each decode beside a 256-token chunk deep into a long prompt attend as 256 queries over the whole
 prompt's keys.
 
+On the CPU with the native kernels (kernels/cpu/paged_attention.py) neither split is used: every token
+of the step goes through one op that reads each token's own keys through its sequence's block table,
+so the metadata also carries every sequence's table and each token's sequence (`block_tables`,
+`token_sequence`).
+
 Everything is built from host lists with one device copy per tensor (engine/decode/host_copy.py); the
 per-layer code only slices and indexes with what is here, so no layer waits on the device.
 """
@@ -49,6 +54,10 @@ class AttentionMetadata:
     decodes: DecodeGroup | None   # None when every sequence of the step is a prefill
     prefills: tuple[PrefillGroup, ...]
     block_size: int
+    # For the native CPU op (None on other devices): every sequence's blocks, padded with its own last
+    # block (never read), and the row of it each flat token reads.
+    block_tables: torch.Tensor | None = None     # [B, max_blocks]
+    token_sequence: torch.Tensor | None = None   # [N]
 
     @property
     def decode_only(self) -> bool:
@@ -88,6 +97,11 @@ class AttentionMetadata:
                 prefills.append(_prefill_group(flat, table, cached, count, block_size, sliding_window, device, dtype))
             flat += count
             last.append(flat - 1)
+        native = None
+        if device.type == "cpu":
+            widest = max(len(t) for t in block_tables)
+            native = (device_tensor([t + t[-1:] * (widest - len(t)) for t in block_tables], device),
+                      device_tensor([b for b, count in enumerate(query_lens) for _ in range(count)], device))
         decodes = None
         if decode_rows:
             decodes = _decode_group(
@@ -97,7 +111,8 @@ class AttentionMetadata:
                 block_size=block_size, sliding_window=sliding_window, device=device, dtype=dtype)
         return cls(positions=device_tensor(positions, device), slot_mapping=device_tensor(slots, device),
                    last_token_index=device_tensor(last, device), decodes=decodes, prefills=tuple(prefills),
-                   block_size=block_size)
+                   block_size=block_size, block_tables=None if native is None else native[0],
+                   token_sequence=None if native is None else native[1])
 
 
 def _decode_group(*, token_index: list[int] | None, block_tables: list[list[int]], positions: list[int],
@@ -158,4 +173,4 @@ def decode_metadata(block_tables: torch.Tensor, positions: torch.Tensor, block_s
     mask = _decode_mask(positions, max_blocks * block_size, sliding_window, dtype)
     return AttentionMetadata(positions=positions, slot_mapping=slots, last_token_index=rows,
                              decodes=DecodeGroup(token_index=None, block_tables=block_tables, attn_mask=mask),
-                             prefills=(), block_size=block_size)
+                             prefills=(), block_size=block_size, block_tables=block_tables, token_sequence=rows)

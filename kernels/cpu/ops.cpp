@@ -14,38 +14,23 @@
 
 #include <vector>
 
+#include "dispatch.h"
 #include "qgemm.h"
 
 namespace workbench_cpu {
 namespace {
 
-enum Path : int64_t { AUTO = -1, SCALAR = 0, AVX2 = 1, AVX512 = 2 };
 // Column groups (8 columns each) a thread takes at least: 32 columns, so even one row of a 576-wide
 // projection is shared by the threads.
 constexpr int64_t TILE_GROUPS = 4;
 // Quantizer rows per task: rows are independent, the split only keeps tiny inputs on one thread.
 constexpr int64_t QUANT_GRAIN_ELEMS = 1 << 14;
 
-bool has_avx2() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
-bool has_avx512() {
-  return has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
-}
-
 std::vector<int64_t> cpu_paths() {
   std::vector<int64_t> paths{SCALAR};
   if (has_avx2()) paths.push_back(AVX2);
   if (has_avx512()) paths.push_back(AVX512);
   return paths;
-}
-
-int64_t resolve(int64_t path) {
-  if (path == AUTO) return has_avx512() ? AVX512 : has_avx2() ? AVX2 : SCALAR;
-  TORCH_CHECK_VALUE(path == SCALAR || path == AVX2 || path == AVX512,
-                    "workbench cpu kernel: path ", path, " is not -1 (auto), 0 (scalar), 1 (avx2) or 2 (avx512)");
-  TORCH_CHECK_VALUE(path != AVX2 || has_avx2(), "workbench cpu kernel: this CPU has no AVX2/FMA");
-  TORCH_CHECK_VALUE(path != AVX512 || has_avx512(), "workbench cpu kernel: this CPU has no AVX-512 VNNI");
-  return path;
 }
 
 void check_x(const at::Tensor& x) {

@@ -13,6 +13,7 @@ False the ops do not exist (kernels/cpu/build.py says why) and callers use torch
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import torch
 
@@ -20,6 +21,8 @@ from kernels.cpu import build
 
 PATHS = {"auto": -1, "scalar": 0, "avx2": 1, "avx512": 2}
 _ready = False  # library loaded and fake kernels registered
+# The library's other ops' fake kernels (kernels/cpu/paged_attention.py), registered with these at load.
+FAKE_REGISTRARS: list[Callable[[], None]] = []
 
 
 def native_available() -> bool:
@@ -28,6 +31,8 @@ def native_available() -> bool:
     global _ready
     if not _ready and build.ensure_loaded():
         _register_fakes()
+        for register in FAKE_REGISTRARS:
+            register()
         _ready = True
     return _ready
 

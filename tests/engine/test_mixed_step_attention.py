@@ -7,7 +7,8 @@ CPU matrix products differ with their row count); a chunk's rows equal the unchu
 fp32 tolerance, with and without a sliding window, at chunk boundaries inside a block; and nobody
 attends to keys it does not own: the decode's one query reads its own blocks, the chunk its own
 history plus itself, where the padded path made every row attend as the step's longest query run
-over its longest history.
+over its longest history. The attention tests run on both CPU paths: the torch split and the native
+op (kernels/cpu/paged_attention.py) that the CPU uses where it is built.
 """
 
 from __future__ import annotations
@@ -43,9 +44,22 @@ def qkv(tokens: int, dtype: torch.dtype, seed: int) -> tuple[torch.Tensor, ...]:
     return tuple(torch.randn(tokens, h, dim, generator=gen).to(dtype) for h in (heads, kv_heads, kv_heads))
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # SDPA, and the CPU's bf16 decode kernel
+PATHS = ["torch", pytest.param("native", marks=pytest.mark.skipif(
+    not attention.native_attention(torch.device("cpu")), reason="native CPU kernels unavailable"))]
+
+
+@pytest.fixture
+def attention_path(request, monkeypatch) -> str:
+    """"torch": the decode/prefill split (SDPA, the float32-math decode); "native": the one CPU op."""
+    if request.param == "torch":
+        monkeypatch.setattr(attention, "native_attention", lambda device: False)
+    return request.param
+
+
+@pytest.mark.parametrize("attention_path", PATHS, indirect=True)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @torch.no_grad()
-def test_a_decodes_attention_is_bitwise_the_same_beside_a_long_chunk_or_alone(dtype):
+def test_a_decodes_attention_is_bitwise_the_same_beside_a_long_chunk_or_alone(dtype, attention_path):
     layer = attention.Attention(CONFIG)
     decode_q, decode_k, decode_v = qkv(2, dtype, seed=1)  # A's and C's new token
     chunk_q, chunk_k, chunk_v = qkv(CHUNK, dtype, seed=2)
@@ -95,9 +109,10 @@ def test_a_decodes_logits_do_not_depend_on_which_chunk_shares_its_step():
     assert not torch.allclose(shallow[-1], deep[-1], atol=1e-3), "liveness: the chunks' own rows differ"
 
 
+@pytest.mark.parametrize("attention_path", PATHS, indirect=True)
 @pytest.mark.parametrize("sliding_window", [None, 8])
 @torch.no_grad()
-def test_a_chunks_rows_equal_the_unchunked_prefills(sliding_window):
+def test_a_chunks_rows_equal_the_unchunked_prefills(sliding_window, attention_path):
     config = ModelConfig(**{**CONFIG.__dict__, "sliding_window": sliding_window})
     torch.manual_seed(0)
     model = LlamaForCausalLM(config).eval()
@@ -148,6 +163,9 @@ class RecordingAttention:
 
 @torch.no_grad()
 def test_a_decode_beside_a_deep_chunk_attends_its_own_keys_only(monkeypatch):
+    """The torch path's split (the native op's rows read their own keys only by construction:
+    tests/kernels/test_cpu_paged_attention.py's chunks read a cache holding NaN past them)."""
+    monkeypatch.setattr(attention, "native_attention", lambda device: False)
     torch.manual_seed(0)
     model = LlamaForCausalLM(CONFIG).eval()
     cache = PagedKVCache(CONFIG, num_blocks=NUM_BLOCKS, block_size=BLOCK, dtype=torch.float32, device="cpu")

@@ -1,0 +1,132 @@
+// The paged attention op (namespace `workbench`): argument checks, the choice of code path, the thread
+// split.
+//
+//   paged_attention(q [N, H, D], key_cache [slots, Hkv, D], value_cache, block_tables int64 [B, W],
+//                   token_sequence int64 [N], positions int64 [N], block_size, sliding_window?, scale,
+//                   path) -> out [N, H, D]
+// Every query token attends its own sequence's keys 0 .. p (the window's last W of them with a sliding
+// window) through its block table, in the order paged_attention.h defines. The work items are (token,
+// KV head) pairs, each computed alone with the same arithmetic whoever shares the call; threads take
+// them in fixed shares, and the path depends on the CPU and head_dim only (head_dim not a multiple of 8
+// runs the scalar code in every path, which is the same arithmetic). AVX-512 CPUs run the AVX2 code.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <optional>
+#include <vector>
+
+#include "dispatch.h"
+#include "paged_attention.h"
+
+namespace workbench_cpu {
+namespace {
+
+void check_index(const at::Tensor& t, const char* name, int64_t dim) {
+  TORCH_CHECK_TYPE(t.scalar_type() == at::kLong, "workbench paged_attention: ", name, " must be int64, got ",
+                   t.scalar_type());
+  TORCH_CHECK_VALUE(t.dim() == dim, "workbench paged_attention: ", name, " must be ", dim, "-D, got shape ",
+                    t.sizes());
+  TORCH_CHECK_VALUE(t.device().is_cpu(), "workbench paged_attention: ", name, " must be on the CPU, got ",
+                    t.device());
+}
+
+// Token t's position in its sequence's processing order: the first, the last, the second, the one before
+// the last, ... so that equal shares of the items hold equal numbers of keys for a causal prompt.
+inline int64_t zigzag(int64_t k, int64_t N) { return k % 2 == 0 ? k / 2 : N - 1 - k / 2; }
+
+at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& key_cache, const at::Tensor& value_cache,
+                           const at::Tensor& block_tables_in, const at::Tensor& token_sequence_in,
+                           const at::Tensor& positions_in, int64_t block_size, std::optional<int64_t> sliding_window,
+                           double scale, int64_t path) {
+  path = resolve(path);
+  TORCH_CHECK_TYPE(q_in.scalar_type() == at::kFloat || q_in.scalar_type() == at::kBFloat16,
+                   "workbench paged_attention: q must be float32 or bfloat16, got ", q_in.scalar_type());
+  TORCH_CHECK_TYPE(key_cache.scalar_type() == q_in.scalar_type() && value_cache.scalar_type() == q_in.scalar_type(),
+                   "workbench paged_attention: the key and value caches must be q's dtype (", q_in.scalar_type(),
+                   "), got ", key_cache.scalar_type(), " and ", value_cache.scalar_type());
+  TORCH_CHECK_VALUE(q_in.dim() == 3, "workbench paged_attention: q must be 3-D [N, H, D], got shape ", q_in.sizes());
+  TORCH_CHECK_VALUE(key_cache.dim() == 3 && key_cache.sizes() == value_cache.sizes(),
+                    "workbench paged_attention: the caches must be [slots, Hkv, D] of one shape, got ",
+                    key_cache.sizes(), " and ", value_cache.sizes());
+  TORCH_CHECK_VALUE(key_cache.is_contiguous() && value_cache.is_contiguous(),
+                    "workbench paged_attention: the caches must be contiguous (a layer's [slots, Hkv, D])");
+  for (const at::Tensor* t : {&q_in, &key_cache, &value_cache})
+    TORCH_CHECK_VALUE(t->device().is_cpu(), "workbench paged_attention: every input must be on the CPU, got ",
+                      t->device());
+  const int64_t N = q_in.size(0), H = q_in.size(1), D = q_in.size(2);
+  const int64_t slots = key_cache.size(0), Hkv = key_cache.size(1);
+  TORCH_CHECK_VALUE(D > 0 && key_cache.size(2) == D, "workbench paged_attention: head_dim of q (", D,
+                    ") and of the caches (", key_cache.size(2), ") must agree and be positive");
+  TORCH_CHECK_VALUE(Hkv > 0 && H % Hkv == 0, "workbench paged_attention: ", H,
+                    " query heads are not a multiple of ", Hkv, " KV heads");
+  TORCH_CHECK_VALUE(block_size > 0, "workbench paged_attention: block_size must be positive, got ", block_size);
+  TORCH_CHECK_VALUE(!sliding_window.has_value() || *sliding_window > 0,
+                    "workbench paged_attention: sliding_window must be positive or None, got ",
+                    sliding_window.value_or(0));
+  check_index(block_tables_in, "block_tables", 2);
+  check_index(token_sequence_in, "token_sequence", 1);
+  check_index(positions_in, "positions", 1);
+  TORCH_CHECK_VALUE(token_sequence_in.size(0) == N && positions_in.size(0) == N,
+                    "workbench paged_attention: token_sequence and positions must have one entry per query token (",
+                    N, "), got ", token_sequence_in.size(0), " and ", positions_in.size(0));
+  const at::Tensor q = q_in.contiguous(), tables = block_tables_in.contiguous();
+  const at::Tensor sequence = token_sequence_in.contiguous(), positions = positions_in.contiguous();
+  const int64_t B = tables.size(0), width = tables.size(1), num_blocks = slots / block_size;
+  const int64_t window = sliding_window.value_or(0);
+
+  // Every block a token reads must exist: its sequence's table entries lo / bs .. p / bs, checked once per
+  // sequence over the span its tokens need.
+  const int64_t* seq = sequence.data_ptr<int64_t>();
+  const int64_t* pos = positions.data_ptr<int64_t>();
+  const int64_t* tab = tables.data_ptr<int64_t>();
+  std::vector<int64_t> first(B, width), last(B, -1);
+  int64_t max_keys = 1;
+  for (int64_t t = 0; t < N; ++t) {
+    TORCH_CHECK_VALUE(seq[t] >= 0 && seq[t] < B, "workbench paged_attention: token ", t, " names sequence ", seq[t],
+                      ", not a row of the ", B, " block tables");
+    TORCH_CHECK_VALUE(pos[t] >= 0 && pos[t] / block_size < width, "workbench paged_attention: token ", t,
+                      " at position ", pos[t], " is past its block table (", width, " blocks of ", block_size, ")");
+    const int64_t lo = window > 0 ? std::max<int64_t>(0, pos[t] - window + 1) : 0;
+    first[seq[t]] = std::min(first[seq[t]], lo / block_size);
+    last[seq[t]] = std::max(last[seq[t]], pos[t] / block_size);
+    max_keys = std::max(max_keys, pos[t] - lo + 1);
+  }
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = first[b]; i <= last[b]; ++i)
+      TORCH_CHECK_VALUE(tab[b * width + i] >= 0 && tab[b * width + i] < num_blocks, "workbench paged_attention: "
+                        "sequence ", b, "'s block ", i, " is ", tab[b * width + i], ", not one of the cache's ",
+                        num_blocks, " blocks");
+
+  at::Tensor out = at::empty({N, H, D}, q.options());
+  if (N == 0) return out;
+  const bool bf16 = q.scalar_type() == at::kBFloat16;
+  const AttnArgs args{q.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(), bf16, N, H, Hkv, D, tab, width,
+                      seq, pos, block_size, window, static_cast<float>(scale), out.data_ptr()};
+  const bool simd = path != SCALAR && D % ATTN_LANES == 0;
+  const int64_t group = H / Hkv, stride = (max_keys + ATTN_LANES - 1) / ATTN_LANES * ATTN_LANES;
+  at::parallel_for(0, N * Hkv, 1, [&](int64_t i0, int64_t i1) {
+    std::vector<float> scores(group * stride), query(D);
+    std::vector<int64_t> rows(max_keys);
+    const AttnScratch scratch{scores.data(), rows.data(), stride, query.data()};
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t t = zigzag(i / Hkv, N), g = i % Hkv;
+      if (simd) attend_avx2(args, t, g, scratch);
+      else attend_scalar(args, t, g, scratch);
+    }
+  });
+  return out;
+}
+
+}  // namespace
+}  // namespace workbench_cpu
+
+TORCH_LIBRARY_FRAGMENT(workbench, m) {
+  m.def("paged_attention(Tensor q, Tensor key_cache, Tensor value_cache, Tensor block_tables, "
+        "Tensor token_sequence, Tensor positions, int block_size, int? sliding_window, float scale, "
+        "int path=-1) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(workbench, CPU, m) { m.impl("paged_attention", &workbench_cpu::paged_attention); }

@@ -1,0 +1,100 @@
+"""Request independence through the native CPU attention op (kernels/cpu/paged_attention.py), end to end.
+
+Several prompts alone, all in one batch, and beside a long prompt fed in chunks of a small step budget
+(16 tokens), greedy with logprobs. The rows of a step meet in attention (the native op: each row over
+its own keys, in an order fixed by them) and in the linears (torch's CPU matmuls):
+- bfloat16: torch's bf16 F.linear gave every row the same bits at every row count here, so the whole
+  answer holds: tokens and logprobs bitwise the same in every company.
+- float32: torch's fp32 F.linear (MKL) does not (one row and several rows take different kernels, on a
+  2-core AVX2 EPYC), so a row's hidden state can differ in the last bits with its company before it
+  reaches attention. What the op guarantees is then checked inside the running engine: every row of
+  every attention call is bitwise what the op gives that row alone, over the same cache.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kernels.cpu
+from engine import Engine, EngineConfig, SamplingParams
+from engine.model import attention
+
+if not attention.native_attention(torch.device("cpu")):
+    pytest.skip("native CPU kernels unavailable: the torch attention path promises no bit invariance",
+                allow_module_level=True)
+
+PROMPTS = [[11, 12, 13], [(5 * i) % 4000 + 7 for i in range(9)], [300 + i for i in range(20)], [42]]
+LONG = [(7 * i) % 3000 + 5 for i in range(70)]  # fed in chunks beside the others' decodes
+GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=3)
+MODES = {"host-decode": dict(), "graphs+device-loop+verify": dict(graphs=True, device_loop=True, verify_always=True)}
+
+
+def engine(checkpoint, dtype: str, **overrides) -> Engine:
+    config = dict(model=str(checkpoint), block_size=4, num_kv_blocks=200, dtype=dtype, device_loop=False,
+                  graphs=False)
+    return Engine(EngineConfig(**{**config, **overrides}))
+
+
+def run_beside_chunked_prompt(chunked: Engine) -> dict[str, tuple]:
+    """The short prompts first; once they decode, the long one, fed 16 tokens a step beside them."""
+    outputs: dict[str, list] = {}
+
+    def step() -> None:
+        for out in chunked.step():
+            outputs.setdefault(out.request_id, []).append(out)
+
+    for i, prompt in enumerate(PROMPTS):
+        chunked.add_request(str(i), prompt, GREEDY)
+    step()
+    chunked.add_request("long", LONG, GREEDY)
+    chunk_steps = 0
+    while chunked.has_unfinished_requests():
+        chunk_steps += any(s.num_cached < len(LONG) for s in chunked.live_sequences() if s.request_id == "long")
+        step()
+    assert chunk_steps >= 4, "liveness: the long prompt really went in chunks"
+    return {rid: (tuple(t for o in outs for t in o.token_ids), tuple(lp for o in outs for lp in o.logprobs))
+            for rid, outs in outputs.items()}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_bf16_tokens_and_logprobs_alone_batched_or_beside_a_chunked_prompt(tiny_checkpoint, mode):
+    checkpoint = tiny_checkpoint("llama", seed=31)
+    solo = engine(checkpoint, "bfloat16", **MODES[mode])
+    names = [str(i) for i in range(len(PROMPTS))] + ["long"]
+    alone = {}
+    for name, prompt in zip(names, PROMPTS + [LONG]):
+        [result] = solo.generate([prompt], GREEDY)
+        alone[name] = (tuple(result.token_ids), tuple(result.logprobs))
+    batched = engine(checkpoint, "bfloat16", **MODES[mode]).generate(PROMPTS + [LONG], GREEDY)
+    for name, result in zip(names, batched):
+        assert (tuple(result.token_ids), tuple(result.logprobs)) == alone[name], f"prompt {name} in one batch"
+    chunked = engine(checkpoint, "bfloat16", max_num_batched_tokens=16, max_prefill_beside_decodes=16, **MODES[mode])
+    assert run_beside_chunked_prompt(chunked) == alone, "beside a chunked prompt"
+    assert len({tokens for tokens, _ in alone.values()}) == len(alone), "liveness: the prompts' answers differ"
+    if MODES[mode]:
+        assert chunked.runner.graphs.replays > 0, "liveness: decode steps replayed graphs"
+        assert all(r.max_abs_delta == 0.0 for r in chunked.runner.graphs.verify.records)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_float32_every_attention_row_is_its_alone_result_in_a_running_engine(tiny_checkpoint, monkeypatch, mode):
+    calls = {"rows": 0, "mixed": 0}
+    op = kernels.cpu.paged_attention
+
+    def checking(q, key_cache, value_cache, block_tables, token_sequence, positions, block_size, window):
+        out = op(q, key_cache, value_cache, block_tables, token_sequence, positions, block_size, window)
+        for t in range(q.shape[0]):
+            row = token_sequence[t:t + 1]
+            alone = op(q[t:t + 1], key_cache, value_cache, block_tables[row], torch.zeros_like(row),
+                       positions[t:t + 1], block_size, window)
+            assert torch.equal(out[t:t + 1], alone), f"row {t} of {q.shape[0]} differs from its alone result"
+        calls["rows"] += q.shape[0]
+        calls["mixed"] += int(token_sequence.unique().numel() > 1 and q.shape[0] > token_sequence.unique().numel())
+        return out
+
+    monkeypatch.setattr(attention.kernels.cpu, "paged_attention", checking)
+    chunked = engine(tiny_checkpoint("llama", seed=31), "float32", max_num_batched_tokens=16,
+                     max_prefill_beside_decodes=16, **MODES[mode])
+    run_beside_chunked_prompt(chunked)
+    assert calls["mixed"] > 0 and calls["rows"] > 100, f"liveness: decodes beside chunks were checked: {calls}"
