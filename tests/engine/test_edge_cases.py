@@ -10,12 +10,8 @@ import torch
 from engine import Engine, EngineConfig, RequestError, SamplingParams
 from engine.loading.loader import ModelLoadError, load_model
 
+pytestmark = pytest.mark.checkpoint(seed=4)
 GREEDY = dict(temperature=0, ignore_eos=True)
-
-
-@pytest.fixture
-def checkpoint(tiny_checkpoint):
-    return tiny_checkpoint("llama", seed=4)
 
 
 def drain(engine: Engine) -> list:

@@ -21,9 +21,10 @@ from django.test import AsyncClient
 
 from engine import SamplingParams
 from tests.cluster import Cluster, RedisServer
+from tests.reference import greedy_solo
 from tests.workbench.test_chat import as_user
 from tests.workbench.test_websocket_api import (MAX_TOKENS_AFTER_CANCEL, connect, frames_so_far, frames_until_done,
-                                                 greedy_solo, wait_for)
+                                                 wait_for)
 from workbench.celery import app as celery_app
 from workbench.chat.models import Conversation, Message
 from workbench.serving import bridge

@@ -39,7 +39,8 @@ from tests.cluster import issue_tokens
 from tests.conftest import ADMIN_PASSWORD
 from tests.workbench.daphne_session import Session
 from tests.workbench.fuzz_socket import (ANSWERS_TO_OTHER_FRAMES, CHAT_MARKER, DASHBOARD_MARKER, MARKER, Loop, Socket,
-                                         answers, check_stream, request_frames, solo)
+                                         answers, check_stream, request_frames)
+from tests.reference import greedy_solo as solo
 
 pytestmark = pytest.mark.slow
 

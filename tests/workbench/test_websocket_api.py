@@ -11,7 +11,7 @@ import pytest
 from channels.testing import WebsocketCommunicator
 from django.conf import settings
 
-from engine import Engine, EngineConfig, SamplingParams
+from tests.reference import greedy_solo
 from workbench.asgi import application
 from workbench.serving import bridge
 
@@ -40,11 +40,6 @@ async def frames_until_done(ws: WebsocketCommunicator, request_ids: set[str], ti
         if ends and frame.get("request_id") in open_ids:
             open_ids.discard(frame["request_id"])
     return frames
-
-
-def greedy_solo(prompt: str, max_tokens: int) -> list[int]:
-    engine = Engine(EngineConfig(model="demo"))
-    return engine.generate([prompt], SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True))[0].token_ids
 
 
 async def test_two_requests_multiplex_on_one_socket_and_each_gets_its_own_tokens(api_user):
