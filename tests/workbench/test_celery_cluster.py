@@ -246,7 +246,7 @@ async def test_a_worker_killed_mid_stream(api_user, django_user_model, tmp_path)
 
 
 async def openai_completion(token: str):
-    return await AsyncClient().post("/v1/completions", {"model": "demo", "prompt": "x", "max_tokens": 4},
+    return await AsyncClient().post("/v1/completions", {"model": "demo", "prompt": "x", "max_tokens": 4, "seed": 0},
                                     content_type="application/json", headers={"Authorization": f"Bearer {token}"})
 
 
@@ -255,7 +255,7 @@ async def test_no_worker_gives_unavailable_and_full_workers_give_overloaded(api_
     cluster = Cluster(settings.REDIS_URL, tmp_path, WORKBENCH_WORKER_CAPACITY=1)
     try:
         with served_by(cluster) as transport:
-            params = SamplingParams(max_tokens=2000, ignore_eos=True)
+            params = SamplingParams(max_tokens=2000, ignore_eos=True, seed=0)
             nobody = await transport.submit("n1", "x", params).next()
             assert nobody.finished and nobody.error_code == "unavailable"
             response = await openai_completion(api_user[1])

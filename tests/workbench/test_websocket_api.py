@@ -159,7 +159,7 @@ async def test_a_bad_frame_gets_an_error_and_the_socket_keeps_working(api_user, 
 async def test_duplicate_request_id_is_refused_while_the_first_runs(api_user):
     ws = await connect(api_user[1])
     frame = json.dumps({"type": "generate", "request_id": "dup", "prompt": "x",
-                        "params": {"max_tokens": 40, "ignore_eos": True}})
+                        "params": {"max_tokens": 40, "ignore_eos": True, "seed": 0}})
     await ws.send_to(text_data=frame)
     await ws.send_to(text_data=frame)
     frames = await frames_until_done(ws, {"dup"}, end_on_error=False)
@@ -175,7 +175,7 @@ async def test_another_users_request_cannot_be_cancelled(api_user, django_user_m
     _, mallory_token = await asyncio.to_thread(ApiToken.issue, mallory)
     alice, mallory_ws = await connect(api_user[1]), await connect(mallory_token)
     await alice.send_to(text_data=json.dumps({"type": "generate", "request_id": "mine", "prompt": "x",
-                                              "params": {"max_tokens": 60, "ignore_eos": True}}))
+                                              "params": {"max_tokens": 60, "ignore_eos": True, "seed": 0}}))
     await alice.receive_from(timeout=10)
     await mallory_ws.send_to(text_data=json.dumps({"type": "cancel", "request_id": "mine"}))
     error = json.loads(await mallory_ws.receive_from(timeout=10))
