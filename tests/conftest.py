@@ -69,6 +69,20 @@ def armed_process_kill_switch():
     KILL_SWITCH.rearm()
 
 
+@pytest.fixture
+def make_user():
+    """Factory: make_user(address, "reader") -> a Session (tests/workbench/daphne_session.py) signed up on
+    the Daphne at `address` as a user of its own, named by tests/users.py: for the shared servers, where
+    a name another test also used would share its conversations, limits and prefix cache."""
+    from tests.users import unique_name
+    from tests.workbench.daphne_session import Session
+
+    def make(address: str, role: str = "user") -> Session:
+        return Session(address).sign_up(unique_name(role))
+
+    return make
+
+
 @pytest.fixture(scope="session")
 def demo_dir() -> Path:
     return DEMO_MODEL_DIR

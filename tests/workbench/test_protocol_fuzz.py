@@ -409,8 +409,8 @@ async def check_chat(socket: Socket, text: str | bytes) -> None:
         assert any(f["type"] == "started" for f in socket.frames[start:at]), (text, socket.frames[start:at + 1])
 
 
-def test_the_chat_socket_answers_every_frame_and_stays_open(fuzzing, capsys):
-    session = Session(fuzzing.address).sign_up("chat-fuzzer")
+def test_the_chat_socket_answers_every_frame_and_stays_open(fuzzing, capsys, make_user):
+    session = make_user(fuzzing.address, "chat-fuzzer")
     conversation = session.new_conversation()
     socket = fuzzing.loop.run(Socket(f"ws://{fuzzing.address}/ws/chat/{conversation}", session.socket_headers(),
                                      CHAT_MARKER).open())
