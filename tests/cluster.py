@@ -20,6 +20,9 @@ from pathlib import Path
 
 import redis
 
+from tests.waiting import wait_until
+from workbench.serving.celery.presence import WORKER_KEY
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -154,7 +157,10 @@ class Cluster:
                 if process.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"worker did not start:\n{Path(process.log_path).read_text()[-3000:]}")
                 time.sleep(0.2)
-        time.sleep(1.5)  # its first heartbeat is in Redis
+        client = redis.Redis.from_url(self.env["REDIS_URL"], socket_connect_timeout=3)
+        keys = [WORKER_KEY.format(prefix=self.prefix, worker_id=self.worker_id(p)) for p in started]
+        wait_until(lambda: client.exists(*keys) == len(keys), timeout=30, what="the workers' first heartbeats in Redis")
+        client.close()
         return started
 
     def worker_id(self, process: subprocess.Popen) -> str:

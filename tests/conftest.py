@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from engine.decode.device_loop import KILL_SWITCH, KillSwitch
 from engine.loading.loader import DEMO_MODEL_DIR
 
 WEB_STACK = ("django", "channels", "celery", "redis", "daphne", "websockets", "pytest_django", "pytest_asyncio")
@@ -49,6 +50,37 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 # Small enough to build and run in well under a second, large enough to exercise GQA and several layers.
 TINY_BASE = dict(vocab_size=4096, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+
+
+@pytest.fixture
+def kill_switch() -> KillSwitch:
+    """A kill switch of the test's own, armed, for an engine that trips or reads its switch:
+    `Engine(config, kill_switch=kill_switch)`. Then nothing it does reaches the process's switch."""
+    return KillSwitch()
+
+
+@pytest.fixture(autouse=True)
+def armed_process_kill_switch():
+    """The process's KILL_SWITCH armed before and after every test. Engines built without a switch of
+    their own share it (the in-process server's too), so a test that trips it and fails before re-arming
+    would otherwise leave every later engine of the session on host decode."""
+    KILL_SWITCH.rearm()
+    yield
+    KILL_SWITCH.rearm()
+
+
+@pytest.fixture
+def make_user():
+    """Factory: make_user(address, "reader") -> a Session (tests/workbench/daphne_session.py) signed up on
+    the Daphne at `address` as a user of its own, named by tests/users.py: for the shared servers, where
+    a name another test also used would share its conversations, limits and prefix cache."""
+    from tests.users import unique_name
+    from tests.workbench.daphne_session import Session
+
+    def make(address: str, role: str = "user") -> Session:
+        return Session(address).sign_up(unique_name(role))
+
+    return make
 
 
 @pytest.fixture(scope="session")

@@ -9,11 +9,12 @@ import json
 import re
 
 from tests.e2e.conftest import new_page, sign_up, signed_up_in_a_new_conversation
+from tests.users import unique_name
 
 
 def test_sign_up_chat_stream_stop_reload_and_privacy(browser, daphne_server):
     base = f"http://{daphne_server[0]}"
-    alice = signed_up_in_a_new_conversation(browser, base, "alice")
+    alice = signed_up_in_a_new_conversation(browser, base, unique_name("alice"))
     conversation_url = alice.url
 
     alice.click("details summary")  # the sampling controls
@@ -40,7 +41,7 @@ def test_sign_up_chat_stream_stop_reload_and_privacy(browser, daphne_server):
     assert alice.locator("#title").inner_text() == "Tell me about lists"
 
     bob = new_page(browser)
-    sign_up(bob, base, "eve")
+    sign_up(bob, base, unique_name("eve"))
     assert bob.goto(conversation_url).status == 404
     conversation_id = conversation_url.rsplit("/", 1)[1]
     close_code = bob.evaluate("""id => new Promise(resolve => {
@@ -80,7 +81,7 @@ def test_settings_system_prompt_title_export_rename_defaults_search_and_delete(b
     another user are tests/workbench/test_conversation_management.py's."""
     address, api_token = daphne_server
     base = f"http://{address}"
-    page = signed_up_in_a_new_conversation(browser, base, "captain")
+    page = signed_up_in_a_new_conversation(browser, base, unique_name("captain"))
     conversation_url = page.url
     # One model served: its name alone, no selector (tests/e2e/test_model_selector.py has several).
     assert page.locator("#model-name").inner_text() == "demo" and page.locator("#model-select").count() == 0
@@ -188,7 +189,7 @@ def test_settings_system_prompt_title_export_rename_defaults_search_and_delete(b
 
 def test_model_output_cannot_run_script(browser, daphne_server):
     base = f"http://{daphne_server[0]}"
-    page = signed_up_in_a_new_conversation(browser, base, "mallory")
+    page = signed_up_in_a_new_conversation(browser, base, unique_name("mallory"))
     hostile = 'x <img src=x onerror="window.pwned=1"> <script>window.pwned=2</script> **bold** `code`\n```\n<b>x</b>\n```'
     rendered = page.evaluate("""text => {
         const target = document.createElement("div");
@@ -205,7 +206,7 @@ def test_a_second_tab_is_told_the_conversation_is_busy_and_keeps_its_text(browse
     """Two tabs of one user on one conversation: while the first streams, the second's message is
     refused (one reply at a time) and comes back to its input box instead of hanging on the page."""
     base = f"http://{daphne_server[0]}"
-    first = signed_up_in_a_new_conversation(browser, base, "tabby")
+    first = signed_up_in_a_new_conversation(browser, base, unique_name("tabby"))
     second = first.context.new_page()
     second.goto(first.url)
     first.click("details summary")
@@ -230,7 +231,7 @@ def test_a_fast_reply_is_rendered_once_per_painted_frame_not_once_per_delta(brow
     """Re-rendering the whole reply's markdown per token costs the page the square of the reply's
     length; the reply is rendered at most once per frame the browser paints, and whole at the end.
     The page's frames are held back here (its requestAnimationFrame queues them) so the count is exact."""
-    page = signed_up_in_a_new_conversation(browser, f"http://{daphne_server[0]}", "carol")
+    page = signed_up_in_a_new_conversation(browser, f"http://{daphne_server[0]}", unique_name("carol"))
     page.wait_for_function("socket && socket.readyState === WebSocket.OPEN")
     page.evaluate("""() => {
         window.counts = {replyRenders: 0, deltas: 0};
@@ -273,7 +274,7 @@ def test_the_composer_keys_and_a_refused_send_keeping_its_text(browser, daphne_s
     """Enter sends, Shift+Enter is a newline, an IME's Enter and Enter during a reply send nothing, Esc
     stops a streaming reply as the Stop button does, and a send while the socket is closed leaves the
     text in the input (it used to be cleared before the socket was checked)."""
-    page = signed_up_in_a_new_conversation(browser, f"http://{daphne_server[0]}", "keys")
+    page = signed_up_in_a_new_conversation(browser, f"http://{daphne_server[0]}", unique_name("keys"))
     assert page.get_by_label("Message", exact=True).evaluate("el => el.id") == "input"
     page.wait_for_function("socket && socket.readyState === WebSocket.OPEN")
     page.click("details summary")

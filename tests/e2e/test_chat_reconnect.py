@@ -4,6 +4,7 @@ reply from the token after its last one, and ends with the reply as stored, ever
 from __future__ import annotations
 
 from tests.e2e.conftest import signed_up_in_a_new_conversation
+from tests.users import unique_name
 
 
 def ask(page) -> None:
@@ -16,7 +17,7 @@ def ask(page) -> None:
 
 def test_a_socket_killed_mid_reply_reconnects_and_the_reply_completes_once(browser, daphne_server):
     base = f"http://{daphne_server[0]}"
-    page = signed_up_in_a_new_conversation(browser, base, "dora")
+    page = signed_up_in_a_new_conversation(browser, base, unique_name("dora"))
     page.wait_for_function("socket && socket.readyState === WebSocket.OPEN")
     ask(page)
     page.wait_for_function("reply && reply.nextIndex > 5")
@@ -37,7 +38,7 @@ def test_a_socket_killed_mid_reply_reconnects_and_the_reply_completes_once(brows
     page.reload()
     stored = page.locator("article.assistant .content").inner_text()
     # The same reply, greedy, on a socket never dropped: the resumed one has each token exactly once.
-    again = signed_up_in_a_new_conversation(browser, base, "dora2")
+    again = signed_up_in_a_new_conversation(browser, base, unique_name("dora"))
     again.wait_for_function("socket && socket.readyState === WebSocket.OPEN")
     ask(again)
     again.locator("article.assistant .meta").wait_for()

@@ -16,6 +16,7 @@ import pytest
 from tests.conftest import ADMIN_PASSWORD
 from tests.e2e.conftest import log_in, new_page, signed_up_in_a_new_conversation
 from tests.e2e.stored_replies import store_exchange
+from tests.users import unique_name
 
 AXE = Path(__file__).parent / "vendor" / "axe-core" / "axe.min.js"
 CODE = 'def greet(name: str) -> str:\n    return f"Hello, {name}!"  # a comment\n\nprint(greet("<b>you</b>"))'
@@ -101,7 +102,7 @@ def serious_violations(page) -> list[str]:
 
 
 def test_a_reply_renders_as_markdown_inert_copyable_and_streams_only_what_changed(browser, render_server):
-    page = open_stored_reply(browser, render_server, "reader", RICH + "\n" + HOSTILE)
+    page = open_stored_reply(browser, render_server, unique_name("reader"), RICH + "\n" + HOSTILE)
     page.context.grant_permissions(["clipboard-read", "clipboard-write"], origin=render_server[0])
     reply = page.locator("article.assistant .content")
 
@@ -189,7 +190,7 @@ def test_dark_mode_phone_drawer_and_no_serious_accessibility_violation(browser, 
         visitor.goto(f"{base}/{name}")
         found[name] = serious_violations(visitor)
 
-    page = open_stored_reply(browser, render_server, "viewer", RICH)
+    page = open_stored_reply(browser, render_server, unique_name("viewer"), RICH)
     chat_url = page.url
     found["chat, light"] = serious_violations(page)
     background = "getComputedStyle(document.body).backgroundColor"

@@ -11,7 +11,6 @@ from __future__ import annotations
 import pytest
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.decode.device_loop import KILL_SWITCH
 from engine.sequence import RunningPrompt
 from engine.step_data import TokenSource
 
@@ -26,7 +25,6 @@ def make(checkpoint, **overrides) -> Engine:
 
 
 def test_decodes_progress_every_step_of_a_long_prefill(tiny_checkpoint):
-    KILL_SWITCH.rearm()
     engine = make(tiny_checkpoint("llama", seed=5))
     for name in ("a", "b"):
         engine.add_request(name, [11, 12, 13], GREEDY)

@@ -17,42 +17,33 @@ import pytest
 import torch
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.decode.device_loop import KILL_SWITCH
+from engine.decode.device_loop import KILL_SWITCH, KillSwitch
 from engine.decode.runner import TaggedLogits
 from engine.sequence import Done, Error, FinishedAborted, StopReason, Waiting
 from tests.gguf_files import copy_gguf
+from tests.reference import solo
 
 BURST = 4
 GREEDY = dict(temperature=0, ignore_eos=True)
 PROMPT_A, PROMPT_B = "class Node:", "import os"  # both start with distinct tokens on this checkpoint
 
 
-@pytest.fixture(autouse=True)
-def armed_loop():
-    KILL_SWITCH.rearm()
-    yield
-    KILL_SWITCH.rearm()
-
-
 @pytest.fixture(params=["hf", "gguf-Q4_1"])
-def checkpoint(request, tiny_checkpoint, tiny_gguf, monkeypatch):
-    """The model of every engine in a test: an HF checkpoint, or a random GGUF file served with
-    quantized weights (Q4_1 linears and a Q8_0 embedding, as SmolLM2's file). Seed 13 for the GGUF:
-    with 11, A's fourth token is a partial UTF-8 character, which the stop-string path cannot use."""
+def checkpoint(request, checkpoint, tiny_gguf, monkeypatch):
+    """The model of every engine in a test: the HF checkpoint (tests/engine/conftest.py's), or a random
+    GGUF file served with quantized weights (Q4_1 linears and a Q8_0 embedding, as SmolLM2's file). Seed
+    13 for the GGUF: with 11, A's fourth token is a partial UTF-8 character, which the stop-string path
+    cannot use."""
     if request.param == "hf":
-        return tiny_checkpoint("llama", seed=11)
+        return checkpoint
     monkeypatch.setattr(EngineConfig, "weight_format", property(lambda self: "quantized"))
     path, _ = tiny_gguf("llama", request.param.removeprefix("gguf-"), seed=13, embedding_qtype="Q8_0")
     return path
 
 
-def loop_engine(checkpoint, **config) -> Engine:
-    return Engine(EngineConfig(model=str(checkpoint), block_size=4, device_loop=True, burst_length=BURST, **config))
-
-
-def solo(checkpoint, prompt, params: SamplingParams) -> list[int]:
-    engine = Engine(EngineConfig(model=str(checkpoint), device_loop=False))
-    return engine.generate([prompt], params)[0].token_ids
+def loop_engine(checkpoint, kill_switch: KillSwitch = KILL_SWITCH, **config) -> Engine:
+    return Engine(EngineConfig(model=str(checkpoint), block_size=4, device_loop=True, burst_length=BURST, **config),
+                  kill_switch=kill_switch)
 
 
 def run_to_end(engine: Engine, outputs: dict[str, list[int]] | None = None) -> dict[str, list[int]]:
@@ -97,7 +88,7 @@ MID_BURST_PATHS = ["eos", "stop_token", "stop_string", "tool_calls", "cancel", "
 
 @pytest.mark.parametrize("path", MID_BURST_PATHS)
 def test_a_sequence_stopping_mid_burst_leaves_no_parked_tail(checkpoint, path, monkeypatch):
-    free = solo(checkpoint, PROMPT_A, SamplingParams(max_tokens=12, **GREEDY))
+    free = solo(checkpoint, PROMPT_A, SamplingParams(max_tokens=12, **GREEDY), device_loop=False)
     engine_config, params = {}, dict(max_tokens=12, **GREEDY)
     # Paths that end on A's fourth token: prefill gives token 0, the burst tokens 1-4, token 3 is the
     # second parked token, so one parked token (4) is still queued when A stops.
@@ -143,7 +134,7 @@ def test_a_sequence_stopping_mid_burst_leaves_no_parked_tail(checkpoint, path, m
     assert 0 not in engine.device_loop.eligible, "the stand-down clears A's eligibility"
     # The next sequence decodes on its own logits, through bursts of its own.
     after = run_to_end_single(engine, "C", PROMPT_B)
-    assert after == solo(checkpoint, PROMPT_B, SamplingParams(max_tokens=10, **GREEDY))
+    assert after == solo(checkpoint, PROMPT_B, SamplingParams(max_tokens=10, **GREEDY), device_loop=False)
 
 
 def run_to_end_single(engine: Engine, request_id: str, prompt: str) -> list[int]:
@@ -166,8 +157,8 @@ def test_a_waitlisted_sequence_with_no_state_change_cannot_leak_into_the_next(ch
     assert any("foreign parked tokens" in r.getMessage() for r in caplog.records)
     events = engine.leak_events.recent()
     assert events and sum(e.dropped for e in events) == loop.parked.foreign_dropped, "each drop is on the record"
-    assert outputs["A"] == solo(checkpoint, list(range(100, 105)), greedy)
-    assert outputs["B"] == solo(checkpoint, list(range(200, 212)), sampled)
+    assert outputs["A"] == solo(checkpoint, list(range(100, 105)), greedy, device_loop=False)
+    assert outputs["B"] == solo(checkpoint, list(range(200, 212)), sampled, device_loop=False)
 
 
 def test_batch_growth_from_one_to_two_keeps_each_sequence_its_own(checkpoint):
@@ -177,8 +168,8 @@ def test_batch_growth_from_one_to_two_keeps_each_sequence_its_own(checkpoint):
     engine.add_request("B", PROMPT_B, params)  # joins while A has parked tokens
     assert engine.device_loop.parked.pending() >= 1
     run_to_end(engine, outputs)
-    assert outputs["A"] == solo(checkpoint, PROMPT_A, params)
-    assert outputs["B"] == solo(checkpoint, PROMPT_B, params)
+    assert outputs["A"] == solo(checkpoint, PROMPT_A, params, device_loop=False)
+    assert outputs["B"] == solo(checkpoint, PROMPT_B, params, device_loop=False)
 
 
 # -- a preempted sequence is prefilled again and must not continue from stale device buffers ----
@@ -204,8 +195,8 @@ def test_a_preempted_sequence_re_prefilled_decodes_its_own_tokens(checkpoint):
     engine.add_request("A", list(range(100, 110)), young)
     run_to_end(engine, outputs)
     assert any(n > 0 for n in dropped_at_preemption), "liveness: A was preempted with tokens parked"
-    assert outputs["A"] == solo(checkpoint, list(range(100, 110)), young)
-    assert outputs["old"] == solo(checkpoint, list(range(300, 310)), old)
+    assert outputs["A"] == solo(checkpoint, list(range(100, 110)), young, device_loop=False)
+    assert outputs["old"] == solo(checkpoint, list(range(300, 310)), old, device_loop=False)
 
 
 # -- logits served for the wrong sequence fail the step instead of sampling ----------------------
@@ -238,7 +229,7 @@ def test_an_aliased_step_fails_instead_of_sampling_another_sequences_logits(chec
 # -- the prefill guard: parked tokens never replace a prefill ----------------------------------
 
 def test_parked_tokens_never_replace_a_prefill(checkpoint):
-    expected = solo(checkpoint, PROMPT_B, SamplingParams(max_tokens=3, **GREEDY))
+    expected = solo(checkpoint, PROMPT_B, SamplingParams(max_tokens=3, **GREEDY), device_loop=False)
     engine = loop_engine(checkpoint)
     engine.add_request("B", PROMPT_B, SamplingParams(max_tokens=3, **GREEDY))
     # A stale queue for B in front of its prefill: what the funnel prevents, staged directly.
@@ -253,9 +244,9 @@ def test_parked_tokens_never_replace_a_prefill(checkpoint):
 
 # -- the kill switch -----------------------------------------------------------------------------
 
-def test_a_fault_in_a_burst_kills_the_loop_and_host_decode_carries_on(checkpoint, monkeypatch):
+def test_a_fault_in_a_burst_kills_the_loop_and_host_decode_carries_on(checkpoint, kill_switch, monkeypatch):
     params = SamplingParams(max_tokens=12, **GREEDY)
-    engine = loop_engine(checkpoint)
+    engine = loop_engine(checkpoint, kill_switch)
     real_logits = engine.loaded.model.logits
     calls = {"n": 0}
 
@@ -267,15 +258,15 @@ def test_a_fault_in_a_burst_kills_the_loop_and_host_decode_carries_on(checkpoint
     monkeypatch.setattr(engine.loaded.model, "logits", poisoned)
     engine.add_request("A", PROMPT_A, params)
     outputs = run_to_end(engine)
-    assert KILL_SWITCH.killed and "non-finite" in KILL_SWITCH.reason
-    assert outputs["A"] == solo(checkpoint, PROMPT_A, params)
+    assert kill_switch.killed and "non-finite" in kill_switch.reason
+    assert outputs["A"] == solo(checkpoint, PROMPT_A, params, device_loop=False)
     assert engine.device_loop.bursts == 1  # the faulted one; host decode did the rest
     engine.set_flag("ARC_DEVICE_LOOP_KILLED", False)  # the operator re-arms
     monkeypatch.undo()
     engine.add_request("B", PROMPT_B, params)
     outputs = run_to_end(engine)
-    assert not KILL_SWITCH.killed and engine.device_loop.bursts > 1
-    assert outputs["B"] == solo(checkpoint, PROMPT_B, params)
+    assert not kill_switch.killed and engine.device_loop.bursts > 1
+    assert outputs["B"] == solo(checkpoint, PROMPT_B, params, device_loop=False)
 
 
 def test_turning_the_loop_off_mid_drain_and_on_again_stays_exact(checkpoint):
@@ -290,7 +281,7 @@ def test_turning_the_loop_off_mid_drain_and_on_again_stays_exact(checkpoint):
     engine.set_flag("ARC_GRAPH_DEVICE_LOOP", True)
     run_to_end(engine, outputs)
     assert engine.device_loop.bursts >= 2
-    assert outputs["A"] == solo(checkpoint, PROMPT_A, params)
+    assert outputs["A"] == solo(checkpoint, PROMPT_A, params, device_loop=False)
 
 
 # -- shapes a review found: a sequence's own stale slot, kill/re-arm mid-sequence, NaN in KV ------
@@ -316,12 +307,13 @@ def test_a_sequence_served_at_another_row_never_drains_its_old_slot(checkpoint):
             outputs.setdefault(out.request_id, []).extend(out.token_ids)
     assert engine.device_loop.bursts >= 3, "liveness: bursts ran"
     for i, ((_, max_tokens, _), prompt) in enumerate(zip(shapes, prompts)):
-        assert outputs[f"r{i}"] == solo(checkpoint, prompt, SamplingParams(max_tokens=max_tokens, **GREEDY)), f"r{i}"
+        expected = solo(checkpoint, prompt, SamplingParams(max_tokens=max_tokens, **GREEDY), device_loop=False)
+        assert outputs[f"r{i}"] == expected, f"r{i}"
 
 
-def test_killing_and_re_arming_mid_sequence_stays_exact(checkpoint):
+def test_killing_and_re_arming_mid_sequence_stays_exact(checkpoint, kill_switch):
     params = SamplingParams(max_tokens=16, **GREEDY)
-    engine = loop_engine(checkpoint)
+    engine = loop_engine(checkpoint, kill_switch)
     outputs = start_burst(engine, params)  # tokens parked
     engine.set_flag("ARC_DEVICE_LOOP_KILLED", True)
     for _ in range(2):  # host decode moves A on while its old tokens sit parked
@@ -330,12 +322,12 @@ def test_killing_and_re_arming_mid_sequence_stays_exact(checkpoint):
     engine.set_flag("ARC_DEVICE_LOOP_KILLED", False)
     run_to_end(engine, outputs)
     assert engine.device_loop.bursts >= 2
-    assert outputs["A"] == solo(checkpoint, PROMPT_A, params)
+    assert outputs["A"] == solo(checkpoint, PROMPT_A, params, device_loop=False)
 
 
-def test_a_faulted_burst_leaves_no_nan_in_the_kv_cache(checkpoint, monkeypatch):
+def test_a_faulted_burst_leaves_no_nan_in_the_kv_cache(checkpoint, kill_switch, monkeypatch):
     params = SamplingParams(max_tokens=10, **GREEDY)
-    engine = loop_engine(checkpoint, num_kv_blocks=8)
+    engine = loop_engine(checkpoint, kill_switch, num_kv_blocks=8)
     layer = engine.loaded.model.model.layers[1]
     real_forward, calls = layer.forward, {"n": 0}
 
@@ -348,8 +340,8 @@ def test_a_faulted_burst_leaves_no_nan_in_the_kv_cache(checkpoint, monkeypatch):
     engine.add_request("A", PROMPT_A, params)
     outputs = run_to_end(engine)
     monkeypatch.undo()
-    assert KILL_SWITCH.killed, "liveness: the burst faulted"
-    assert outputs["A"] == solo(checkpoint, PROMPT_A, params)
+    assert kill_switch.killed, "liveness: the burst faulted"
+    assert outputs["A"] == solo(checkpoint, PROMPT_A, params, device_loop=False)
     assert not torch.isnan(engine.kv_cache.keys).any() and not torch.isnan(engine.kv_cache.values).any()
     engine.add_request("B", [1577], params)  # reuses A's blocks
-    assert run_to_end(engine)["B"] == solo(checkpoint, [1577], params)
+    assert run_to_end(engine)["B"] == solo(checkpoint, [1577], params, device_loop=False)

@@ -7,6 +7,7 @@ import pytest
 
 from engine import Engine, EngineConfig, SamplingParams
 from engine.decode.runner import ModelRunner
+from tests import reference
 from tests.engine.test_funnel import assert_pool_whole
 
 PROMPTS = ["def parse(text):", "class Stack:", "import os\n", "for item in"]
@@ -21,8 +22,7 @@ def device_loop(request) -> bool:
 
 def test_only_the_row_whose_forward_raises_errors(tiny_checkpoint, device_loop, monkeypatch):
     checkpoint = tiny_checkpoint("llama", seed=11)
-    solo = {p: Engine(EngineConfig(model=str(checkpoint), device_loop=device_loop)).generate([p], GREEDY)[0].token_ids
-            for p in PROMPTS}
+    solo = {p: reference.solo(checkpoint, p, GREEDY, device_loop=device_loop) for p in PROMPTS}
     engine = Engine(EngineConfig(model=str(checkpoint), block_size=4, device_loop=device_loop))
     real_forward, real_run, batched_with_poison = ModelRunner.forward, ModelRunner.run, []
 

@@ -35,11 +35,6 @@ def device_loop(request) -> bool:
     return request.param
 
 
-@pytest.fixture
-def checkpoint(tiny_checkpoint):
-    return tiny_checkpoint("llama", seed=11)
-
-
 def make(checkpoint, device_loop: bool, **config) -> tuple[Engine, Spy]:
     engine = Engine(EngineConfig(model=str(checkpoint), block_size=4, device_loop=device_loop, **config))
     return engine, Spy(engine)

@@ -17,11 +17,6 @@ GREEDY = dict(temperature=0, ignore_eos=True)
 PROMPTS = ["class Node:", "import os", [5, 6, 7], "def f(x):\n    return", "The list type"]
 
 
-@pytest.fixture
-def checkpoint(tiny_checkpoint):
-    return tiny_checkpoint("llama", seed=11)
-
-
 @torch.no_grad()
 def test_cuda_logits_match_hf(checkpoint):
     reference = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).cuda().eval()

@@ -99,11 +99,6 @@ def test_the_meta_check_catches_a_host_read_in_the_step(monkeypatch):
         burst_steps(graphs, steps=1)
 
 
-@pytest.fixture
-def checkpoint(tiny_checkpoint):
-    return tiny_checkpoint("llama", seed=11)
-
-
 @pytest.mark.parametrize("graphs", [True, False], ids=["graphs", "eager"])
 def test_burst_steps_build_nothing_from_host_values(checkpoint, monkeypatch, graphs):
     engine = Engine(EngineConfig(model=str(checkpoint), device_loop=True, graphs=graphs))

@@ -6,18 +6,10 @@ import pytest
 
 from engine import Engine, EngineConfig, SamplingParams
 from engine.decode.graphs import DecodeGraphs, GraphMode
+from tests.reference import solo
 
 GREEDY = dict(temperature=0, ignore_eos=True)
 PROMPTS = ["class Node:", "import os", [5, 6, 7], "def f(x):\n    return"]
-
-
-@pytest.fixture
-def checkpoint(tiny_checkpoint):
-    return tiny_checkpoint("llama", seed=11)
-
-
-def solo(checkpoint, prompt, params):
-    return Engine(EngineConfig(model=str(checkpoint), graphs=False, device_loop=False)).generate([prompt], params)[0]
 
 
 def test_buckets_round_up_and_stop():
@@ -43,7 +35,8 @@ def test_graph_replays_match_eager_exactly_and_leave_the_cache_alone(checkpoint,
     assert all(r.max_abs_delta == 0.0 and r.argmax_agrees and r.first_divergent_layer is None for r in records)
     assert all(r.layer_deltas and len(r.layer_deltas) == 3 for r in records)
     # Verification ran the eager forward too; the tokens are still each prompt's own.
-    assert [r.token_ids for r in results] == [solo(checkpoint, p, q).token_ids for p, q in zip(PROMPTS, params)]
+    assert [r.token_ids for r in results] == [solo(checkpoint, p, q, graphs=False, device_loop=False)
+                                              for p, q in zip(PROMPTS, params)]
 
 
 def test_a_replay_whose_inputs_were_not_copied_in_diverges_and_the_bisect_names_layer_0(checkpoint, monkeypatch):
@@ -61,7 +54,7 @@ def test_a_replay_whose_inputs_were_not_copied_in_diverges_and_the_bisect_names_
     assert diverged, "the stale replay must be caught"
     # Positions feed RoPE in the first layer's attention: that is where eager and replay part.
     assert diverged[0].first_divergent_layer == 0
-    assert result.token_ids != solo(checkpoint, "class Node:", params).token_ids
+    assert result.token_ids != solo(checkpoint, "class Node:", params, graphs=False, device_loop=False)
 
 
 def test_verifying_every_nth_replay(checkpoint):

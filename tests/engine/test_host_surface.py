@@ -9,19 +9,11 @@ import dataclasses
 import pytest
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.decode.device_loop import KILL_SWITCH
 from engine.decode.leak_events import FOREIGN_PARKED_DROPPED, LeakEventLog
 from engine.host.stats import EngineStats
 
 GREEDY = SamplingParams(max_tokens=14, temperature=0, ignore_eos=True)
 SAMPLED = SamplingParams(max_tokens=14, temperature=0.8, seed=3, ignore_eos=True)  # never bursts
-
-
-@pytest.fixture(autouse=True)
-def armed_loop():
-    KILL_SWITCH.rearm()
-    yield
-    KILL_SWITCH.rearm()
 
 
 @pytest.fixture

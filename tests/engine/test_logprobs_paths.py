@@ -8,16 +8,9 @@ from __future__ import annotations
 import pytest
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.decode.device_loop import KILL_SWITCH
 from engine.step_data import TokenSource
 
 GREEDY = dict(temperature=0, ignore_eos=True)
-
-
-@pytest.fixture
-def checkpoint(tiny_checkpoint):
-    KILL_SWITCH.rearm()
-    return tiny_checkpoint("llama", seed=11)
 
 
 def run_mixed(checkpoint, device_loop: bool):

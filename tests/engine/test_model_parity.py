@@ -42,10 +42,11 @@ def hf_model(path):
 
 
 @pytest.fixture(params=sorted(CASES))
-def checkpoint(request, tiny_checkpoint):
+def checkpoint(request, built_checkpoints):
+    """Each case's checkpoint (read only here, so the session's build itself)."""
     model_type, overrides = CASES[request.param]
     # A fixed seed per case (str hashes change between processes): greedy runs must be reproducible.
-    return tiny_checkpoint(model_type, seed=sorted(CASES).index(request.param), **overrides)
+    return built_checkpoints(model_type, seed=sorted(CASES).index(request.param), **overrides)
 
 
 @torch.no_grad()

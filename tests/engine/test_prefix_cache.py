@@ -12,7 +12,6 @@ from __future__ import annotations
 import pytest
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.decode.device_loop import KILL_SWITCH
 from engine.host.inspection import engine_state
 from engine.outputs import GenerationResult
 from engine.scheduler.block_pool import BlockPool, OutOfBlocks, block_hash, chain_hashes
@@ -20,12 +19,6 @@ from engine.step_data import BurstGrant
 
 GREEDY = dict(temperature=0, ignore_eos=True)
 PROMPT = list(range(100, 121))  # 21 tokens: 5 full blocks of 4, the last token always fed
-
-
-@pytest.fixture
-def checkpoint(tiny_checkpoint):
-    KILL_SWITCH.rearm()
-    return tiny_checkpoint("llama", seed=11)
 
 
 def engine_for(checkpoint, **config) -> Engine:

@@ -20,7 +20,6 @@ import pytest
 import torch
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.decode.device_loop import KILL_SWITCH
 from engine.sequence import Done, RunningPrompt, StopReason
 from engine.step_data import TokenSource
 
@@ -101,7 +100,6 @@ class MidPrefill:
 @pytest.mark.parametrize("scheduler, swap_blocks, budget", [("paged", 0, None), ("paged", 64, None), ("paged", 0, 5)],
                          ids=["recompute", "swap", "recompute-chunked"])
 def test_cache_on_answers_equal_cache_off_and_the_pool_is_whole_after(tiny_checkpoint, scheduler, swap_blocks, budget):
-    KILL_SWITCH.rearm()
     checkpoint = tiny_checkpoint("llama", seed=21)
     blocks = 18 if scheduler == "paged" else 40
 

@@ -8,18 +8,11 @@ from __future__ import annotations
 import pytest
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.decode.device_loop import KILL_SWITCH
 from engine.scheduler.kv_cache import blocks_needed
 from engine.step_data import NOTHING_RAN, BurstGrant, ScheduledBatch, TokenSource
 
 GREEDY = dict(temperature=0, ignore_eos=True)
 PARKED, BURST, HOST = TokenSource.PARKED, TokenSource.BURST, TokenSource.HOST
-
-
-@pytest.fixture
-def checkpoint(tiny_checkpoint):
-    KILL_SWITCH.rearm()
-    return tiny_checkpoint("llama", seed=11)
 
 
 @pytest.mark.parametrize("pool, granted", [(5, False), (6, True)], ids=["short", "room"])

@@ -19,6 +19,8 @@ from engine import Engine, EngineConfig, InvalidSamplingParams, SamplingParams
 from engine.grammar import GrammarTokenizer
 from engine.step_data import TokenSource
 
+SEED_21 = {"model_type": "llama", "seed": 21}
+pytestmark = pytest.mark.checkpoint(**SEED_21)
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["ok", "n", "color"],
           "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": 0, "maximum": 99},
                          "color": {"enum": ["red", "green", "blue"]}}}
@@ -27,15 +29,10 @@ REGEX = {"type": "regex", "regex": "[0-9]{3}-[a-z]{2}"}
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    from tests.conftest import build_tiny_checkpoint
-
-    return build_tiny_checkpoint(tmp_path_factory.mktemp("structured"), "llama", seed=21)
-
-
-@pytest.fixture(scope="module")
-def engine(checkpoint):
-    return Engine(EngineConfig(model=str(checkpoint), device_loop=False, graphs=False, num_kv_blocks=64))
+def engine(built_checkpoints):
+    """One engine for the module, on the same weights as `checkpoint`."""
+    return Engine(EngineConfig(model=str(built_checkpoints(**SEED_21)), device_loop=False, graphs=False,
+                               num_kv_blocks=64))
 
 
 def sampled(seed: int, response_format: dict | None, max_tokens: int = 48) -> SamplingParams:

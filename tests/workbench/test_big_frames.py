@@ -10,13 +10,12 @@ The transport plays no part in refusing a frame, so the session's in-process Dap
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 
 import pytest
 import websockets
 
-from engine import Engine, EngineConfig, SamplingParams
+from tests.reference import greedy_solo as solo
 from tests.workbench.test_hostile_input import tokens, until_done
 from workbench.serve import APPLICATION, command_line
 
@@ -27,17 +26,6 @@ FRAME_LIMIT = 256 * 1024  # the default WORKBENCH_MAX_FRAME_BYTES, which the err
 SOCKET_LIMIT = 16 * 1024 * 1024  # the default WORKBENCH_SOCKET_MESSAGE_BYTES, which the 1009 close names
 GREEDY = {"max_tokens": 8, "temperature": 0, "ignore_eos": True}
 LONGER = {**GREEDY, "max_tokens": 16}  # the request that runs while the big frames come
-
-
-@functools.cache
-def solo(prompt: str, max_tokens: int) -> list[int]:
-    return _engine().generate([prompt], SamplingParams(max_tokens=max_tokens, temperature=0,
-                                                       ignore_eos=True))[0].token_ids
-
-
-@functools.cache
-def _engine() -> Engine:
-    return Engine(EngineConfig(model="demo"))
 
 
 @pytest.fixture

@@ -21,9 +21,11 @@ from django.test import AsyncClient
 
 from engine import SamplingParams
 from tests.cluster import Cluster, RedisServer
+from tests.reference import greedy_solo
+from tests.waiting import async_wait_until
 from tests.workbench.test_chat import as_user
 from tests.workbench.test_websocket_api import (MAX_TOKENS_AFTER_CANCEL, connect, frames_so_far, frames_until_done,
-                                                 greedy_solo, wait_for)
+                                                 wait_for)
 from workbench.celery import app as celery_app
 from workbench.chat.models import Conversation, Message
 from workbench.serving import bridge
@@ -230,8 +232,11 @@ async def test_a_worker_killed_mid_stream(api_user, django_user_model, tmp_path)
             assert tokens_of(after, "after") == greedy_solo("A dictionary is", 16)
             # No request was admitted twice, on any worker (a web side that resent lost requests, or a
             # redelivery, would show here), also with a fresh worker in the cluster.
-            await asyncio.to_thread(cluster.start_workers, 1)
-            await asyncio.sleep(2)
+            [fresh] = await asyncio.to_thread(cluster.start_workers, 1)
+            await async_wait_until(lambda: cluster.worker_id(fresh) in transport.workers(), timeout=30,
+                                   what="the web side seeing the fresh worker")
+            await api.send_to(text_data=generate("probe", "A dictionary is", 4))  # routed with it in the cluster
+            await frames_until_done(api, {"probe"})
             admissions = cluster.admissions()
             assert len(admissions) >= 5 and all(len(workers) == 1 for workers in admissions.values())
             await chat.disconnect()
@@ -241,7 +246,7 @@ async def test_a_worker_killed_mid_stream(api_user, django_user_model, tmp_path)
 
 
 async def openai_completion(token: str):
-    return await AsyncClient().post("/v1/completions", {"model": "demo", "prompt": "x", "max_tokens": 4},
+    return await AsyncClient().post("/v1/completions", {"model": "demo", "prompt": "x", "max_tokens": 4, "seed": 0},
                                     content_type="application/json", headers={"Authorization": f"Bearer {token}"})
 
 
@@ -250,7 +255,7 @@ async def test_no_worker_gives_unavailable_and_full_workers_give_overloaded(api_
     cluster = Cluster(settings.REDIS_URL, tmp_path, WORKBENCH_WORKER_CAPACITY=1)
     try:
         with served_by(cluster) as transport:
-            params = SamplingParams(max_tokens=2000, ignore_eos=True)
+            params = SamplingParams(max_tokens=2000, ignore_eos=True, seed=0)
             nobody = await transport.submit("n1", "x", params).next()
             assert nobody.finished and nobody.error_code == "unavailable"
             response = await openai_completion(api_user[1])

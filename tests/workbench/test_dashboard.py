@@ -19,8 +19,9 @@ from django.contrib.auth.models import AnonymousUser
 from django.db import OperationalError
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.decode.device_loop import KILL_SWITCH
+from engine.decode.device_loop import KillSwitch
 from engine.decode.leak_events import FOREIGN_PARKED_DROPPED
+from tests.reference import solo
 from tests.workbench.test_chat import as_user
 from tests.workbench.test_websocket_api import connect
 from workbench.ops import recorder
@@ -222,10 +223,10 @@ class Collected:
 
 @contextmanager
 def serving_engine(config: EngineConfig):
-    """The in-process transport serving an engine built from `config` for the length of the block."""
-    transport = InProcessTransport(EngineHost(lambda: Engine(config)), config.model)
+    """The in-process transport serving an engine built from `config` for the length of the block, with a
+    kill switch of its own: nothing another test did to the process's switch can stand its loop down."""
+    transport = InProcessTransport(EngineHost(lambda: Engine(config, kill_switch=KillSwitch())), config.model)
     transport.start()
-    KILL_SWITCH.rearm()
     saved = bridge._transports.get("inprocess")
     bridge._transports["inprocess"] = transport
     try:
@@ -311,9 +312,8 @@ async def test_a_staged_waitlist_interleave_shows_its_dropped_foreign_tokens_on_
     loop = final["workers"][LOCAL_WORKER]["state"]["device_loop"]
     assert sum(e["dropped"] for e in dropped(final["workers"])) == loop["foreign_dropped"] > 0, "the counts add up"
     # The drop kept each its own: both answers are their solo runs.
-    solo = Engine(EngineConfig(model=str(checkpoint), device_loop=False))
-    assert a.tokens == solo.generate([list(range(100, 105))], greedy)[0].token_ids
-    assert b.tokens == solo.generate([list(range(200, 212))], sampled)[0].token_ids
+    assert a.tokens == solo(checkpoint, list(range(100, 105)), greedy, device_loop=False)
+    assert b.tokens == solo(checkpoint, list(range(200, 212)), sampled, device_loop=False)
     # Two web processes' recorders, running as the bridge runs them: each event stored once.
     def recorders() -> int:
         return sum(1 for t in threading.enumerate() if t.name == "ops-recorder")

@@ -25,8 +25,8 @@ import pytest
 import redis
 import websockets
 
-from engine import Engine, EngineConfig, SamplingParams
 from tests.cluster import Cluster, RedisServer, operator_session
+from tests.reference import greedy_solo
 from workbench.serving.celery.presence import WORKER_KEY, Heartbeat
 
 POISON = "poisoned row"  # tests/fault_worker.py's forward raises for a batch holding a prompt with this
@@ -152,9 +152,7 @@ def serves_again(stack: Stack, tag: str, timeout: float = 30) -> None:
 
 def solo_runs() -> dict[str, list[int]]:
     """Each prompt alone on a fresh engine with the default (large) pool: the oracle."""
-    engine = Engine(EngineConfig(model="demo"))
-    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True)
-    return {prompt: engine.generate([prompt], params)[0].token_ids for prompt in PROMPTS}
+    return {prompt: greedy_solo(prompt, MAX_TOKENS) for prompt in PROMPTS}
 
 
 @pytest.fixture(scope="module")

@@ -6,15 +6,14 @@ look or flip; many flips while 16 clients stream change no response, and each is
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 
 import pytest
 from django.conf import settings
 from django.test import AsyncClient
 
-from engine import Engine, EngineConfig, SamplingParams
 from tests.cluster import Cluster
+from tests.reference import greedy_solo
 from tests.workbench.test_celery_cluster import served_by
 from tests.workbench.test_websocket_api import connect, frames_until_done, wait_for
 from workbench.ops.models import FlagChange
@@ -135,17 +134,9 @@ async def test_many_flips_while_16_clients_stream_change_no_response(operator, a
     assert logged[:16] == [(name, value, True) for name, value in asked] and len(logged) == 16 + 2 * len(was)
     for i, (prompt, mine) in enumerate(zip(SIXTEEN_PROMPTS, frames)):
         tokens = [t for f in mine if f.get("request_id") == f"s{i}" and f["type"] == "delta" for t in f["token_ids"]]
-        assert tokens == solo_runs()[i], f"s{i} changed under the flips"
+        assert tokens == greedy_solo(prompt, STREAMED), f"s{i} changed under the flips"
     for ws in sockets:
         await ws.disconnect()
-
-
-@functools.cache
-def solo_runs() -> list[list[int]]:
-    """Each prompt's greedy run alone (once for both transports)."""
-    engine = Engine(EngineConfig(model="demo"))
-    params = SamplingParams(max_tokens=STREAMED, temperature=0, ignore_eos=True)
-    return [engine.generate([prompt], params)[0].token_ids for prompt in SIXTEEN_PROMPTS]
 
 
 async def frames_until_first_delta(ws) -> list[dict]:

@@ -14,14 +14,10 @@ import threading
 import websockets
 
 from engine import Engine, EngineConfig, SamplingParams
+from tests.reference import greedy_solo as solo
 from workbench.serving.engine_host import EngineHost
 
 GREEDY = {"max_tokens": 16, "temperature": 0, "ignore_eos": True}
-
-
-def solo(prompt: str, max_tokens: int) -> list[int]:
-    engine = Engine(EngineConfig(model="demo"))
-    return engine.generate([prompt], SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True))[0].token_ids
 
 
 async def open_socket(address: str, token: str):

@@ -48,7 +48,8 @@ def client(address: str, token: str) -> openai.AsyncOpenAI:
 
 
 async def complete(address: str, token: str):
-    return await client(address, token).completions.create(model="demo", prompt="The list type", max_tokens=1)
+    return await client(address, token).completions.create(model="demo", prompt="The list type", max_tokens=1,
+                                                           seed=0)
 
 
 def test_a_users_concurrent_requests_are_limited_and_other_users_are_not(limited_daphne):

@@ -10,6 +10,7 @@ import pytest
 from django.test import AsyncClient
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.waiting import async_wait_until
 from tests.workbench.test_websocket_api import connect, frames_until_done
 from workbench.serving import bridge
 
@@ -30,9 +31,11 @@ def total(samples: dict, name: str, **labels) -> float:
 @pytest.mark.asyncio
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("serving_transport")
-async def test_a_request_is_counted_once_where_it_ran(api_user):
+async def test_a_request_is_counted_once_where_it_ran(api_user, serving_transport, request):
     await asyncio.to_thread(bridge.transport)
-    await asyncio.sleep(0.5)  # the Celery workers' first heartbeats
+    workers = len(request.getfixturevalue("celery_cluster").workers) if serving_transport == "celery" else 1
+    await async_wait_until(lambda: len(bridge.transport().metrics_by_worker()) == workers, timeout=30,
+                           what=f"the metrics of all {workers} workers on the web side")
     before = await scrape()
     workers = {dict(labels)["worker"] for name, labels in before if name == "workbench_requests_running"}
     assert workers == set(bridge.transport().metrics_by_worker()), "every worker is in the scrape"

@@ -39,7 +39,8 @@ from tests.cluster import issue_tokens
 from tests.conftest import ADMIN_PASSWORD
 from tests.workbench.daphne_session import Session
 from tests.workbench.fuzz_socket import (ANSWERS_TO_OTHER_FRAMES, CHAT_MARKER, DASHBOARD_MARKER, MARKER, Loop, Socket,
-                                         answers, check_stream, request_frames, solo)
+                                         answers, check_stream, request_frames)
+from tests.reference import greedy_solo as solo
 
 pytestmark = pytest.mark.slow
 
@@ -408,8 +409,8 @@ async def check_chat(socket: Socket, text: str | bytes) -> None:
         assert any(f["type"] == "started" for f in socket.frames[start:at]), (text, socket.frames[start:at + 1])
 
 
-def test_the_chat_socket_answers_every_frame_and_stays_open(fuzzing, capsys):
-    session = Session(fuzzing.address).sign_up("chat-fuzzer")
+def test_the_chat_socket_answers_every_frame_and_stays_open(fuzzing, capsys, make_user):
+    session = make_user(fuzzing.address, "chat-fuzzer")
     conversation = session.new_conversation()
     socket = fuzzing.loop.run(Socket(f"ws://{fuzzing.address}/ws/chat/{conversation}", session.socket_headers(),
                                      CHAT_MARKER).open())

@@ -59,13 +59,13 @@ def test_every_path_refuses_the_unauthenticated(inprocess_daphne):
         assert handshake_status(address, socket_path, origin) == b"403", socket_path
 
 
-def test_every_socket_refuses_a_foreign_origin_even_with_valid_credentials(inprocess_daphne):
+def test_every_socket_refuses_a_foreign_origin_even_with_valid_credentials(inprocess_daphne, make_user):
     """A page of another site may open a socket in the browser of a signed-in user (the browser sends
     the user's cookie): the Origin header says whose page it is. Each control opens."""
     address, token = inprocess_daphne.address, inprocess_daphne.token
     base = f"http://{address}"
     inprocess_daphne.ensure_admin()
-    user = Session(address).sign_up("origin-user")
+    user = make_user(address, "origin-user")
     conversation = user.new_conversation()
     admin = Session(address).log_in("admin", ADMIN_PASSWORD)
     cases = [("/ws/v1/generate", f"Authorization: Bearer {token}\r\n"),
@@ -82,14 +82,14 @@ def test_every_socket_refuses_a_foreign_origin_even_with_valid_credentials(inpro
     assert handshake_status(address, "/ws/v1/generate", f"Authorization: Bearer {token}\r\n".encode()) == b"101"
 
 
-def test_another_users_conversation_cannot_be_told_from_one_that_does_not_exist(inprocess_daphne):
+def test_another_users_conversation_cannot_be_told_from_one_that_does_not_exist(inprocess_daphne, make_user):
     """Conversation ids are sequential (guessable), so what guards them is that a stranger learns nothing:
     the same 404 page and the same refused handshake as for an id no conversation has."""
     address = inprocess_daphne.address
     base = f"http://{address}"
-    owner = Session(address).sign_up("private-owner")
+    owner = make_user(address, "private-owner")
     theirs = owner.new_conversation()
-    stranger = Session(address).sign_up("private-stranger")
+    stranger = make_user(address, "private-stranger")
     missing = theirs + 10_000
     for suffix in ("", "/export.md", "/export.json"):
         found = [urllib.request.build_opener(urllib.request.HTTPCookieProcessor(stranger.jar))
@@ -117,12 +117,12 @@ def running_requests(address: str) -> float:
                if line.startswith("workbench_requests_running{"))
 
 
-def test_a_revoked_token_closes_its_open_socket_at_the_next_frame(inprocess_daphne):
+def test_a_revoked_token_closes_its_open_socket_at_the_next_frame(inprocess_daphne, make_user):
     """DECISION (docs/PROTOCOL.md): a token is checked again for every frame its socket sends; once it
     is revoked the next frame gets `token_revoked` and the socket closes with 4401, which cancels the
     requests it was running. The same token is refused over HTTP and at the next handshake."""
     address = inprocess_daphne.address
-    user = Session(address).sign_up("revoker")
+    user = make_user(address, "revoker")
     token_id, token = user.new_token("laptop")
 
     async def run() -> tuple[list[dict], int | None, list[float]]:

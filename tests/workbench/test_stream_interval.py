@@ -19,6 +19,7 @@ import websockets
 
 from engine import Engine, EngineConfig, SamplingParams
 from tests.cluster import ROOT, Cluster
+from tests.waiting import wait_until
 from workbench.serving.engine_host import EngineHost
 from workbench.serving.inprocess import InProcessTransport
 from workbench.serving.stream_interval import DeltaHold
@@ -92,15 +93,21 @@ def test_deltas_go_out_every_interval_after_the_first_tokens(engine_threads):
         assert [len(e.token_ids) for e in every_step.events] == [1] * 24
 
 
+HELD = 8  # tokens generated before the cancel or the failure: several steps the interval holds
+
+
+def generated(thread: EngineHost, request_id: str) -> int:
+    """The tokens `request_id` has so far, read from the test's thread while the engine's runs."""
+    return sum(len(seq.output_ids) for seq in thread.engine.live_sequences() if seq.request_id == request_id)
+
+
 def test_a_cancel_delivers_what_was_held(engine_threads):
     thread = engine_threads[1000]
     recorder = Recorder()
     params = SamplingParams(max_tokens=500, temperature=0, ignore_eos=True)
     thread.add("cancel-me", "The list type", params, recorder)
-    deadline = time.monotonic() + 30
-    while not recorder.events and time.monotonic() < deadline:
-        time.sleep(0.005)
-    time.sleep(0.1)  # several steps whose tokens the interval holds
+    wait_until(lambda: recorder.events, timeout=30, what="the first delta")
+    wait_until(lambda: generated(thread, "cancel-me") >= HELD, timeout=30, what=f"{HELD} tokens generated")
     thread.cancel("cancel-me")
     assert recorder.done.wait(30)
     last = recorder.events[-1]
@@ -113,10 +120,8 @@ def test_an_engine_failure_delivers_what_was_held_before_the_error(engine_thread
     thread = engine_threads[1000]
     recorder = Recorder()
     thread.add("fails", "The list type", SamplingParams(max_tokens=500, temperature=0, ignore_eos=True), recorder)
-    deadline = time.monotonic() + 30
-    while not recorder.events and time.monotonic() < deadline:
-        time.sleep(0.005)
-    time.sleep(0.1)
+    wait_until(lambda: recorder.events, timeout=30, what="the first delta")
+    wait_until(lambda: generated(thread, "fails") >= HELD, timeout=30, what=f"{HELD} tokens generated")
     real_step = thread.engine.step
 
     def broken_step():

@@ -11,7 +11,7 @@ import pytest
 from channels.testing import WebsocketCommunicator
 from django.conf import settings
 
-from engine import Engine, EngineConfig, SamplingParams
+from tests.reference import greedy_solo
 from workbench.asgi import application
 from workbench.serving import bridge
 
@@ -40,11 +40,6 @@ async def frames_until_done(ws: WebsocketCommunicator, request_ids: set[str], ti
         if ends and frame.get("request_id") in open_ids:
             open_ids.discard(frame["request_id"])
     return frames
-
-
-def greedy_solo(prompt: str, max_tokens: int) -> list[int]:
-    engine = Engine(EngineConfig(model="demo"))
-    return engine.generate([prompt], SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True))[0].token_ids
 
 
 async def test_two_requests_multiplex_on_one_socket_and_each_gets_its_own_tokens(api_user):
@@ -164,7 +159,7 @@ async def test_a_bad_frame_gets_an_error_and_the_socket_keeps_working(api_user, 
 async def test_duplicate_request_id_is_refused_while_the_first_runs(api_user):
     ws = await connect(api_user[1])
     frame = json.dumps({"type": "generate", "request_id": "dup", "prompt": "x",
-                        "params": {"max_tokens": 40, "ignore_eos": True}})
+                        "params": {"max_tokens": 40, "ignore_eos": True, "seed": 0}})
     await ws.send_to(text_data=frame)
     await ws.send_to(text_data=frame)
     frames = await frames_until_done(ws, {"dup"}, end_on_error=False)
@@ -180,7 +175,7 @@ async def test_another_users_request_cannot_be_cancelled(api_user, django_user_m
     _, mallory_token = await asyncio.to_thread(ApiToken.issue, mallory)
     alice, mallory_ws = await connect(api_user[1]), await connect(mallory_token)
     await alice.send_to(text_data=json.dumps({"type": "generate", "request_id": "mine", "prompt": "x",
-                                              "params": {"max_tokens": 60, "ignore_eos": True}}))
+                                              "params": {"max_tokens": 60, "ignore_eos": True, "seed": 0}}))
     await alice.receive_from(timeout=10)
     await mallory_ws.send_to(text_data=json.dumps({"type": "cancel", "request_id": "mine"}))
     error = json.loads(await mallory_ws.receive_from(timeout=10))
