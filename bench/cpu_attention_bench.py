@@ -16,8 +16,7 @@ import time
 
 import torch
 
-from engine.model import AttentionMetadata, ModelConfig
-from engine.model import attention
+from engine.model import AttentionMetadata, ModelConfig, attention
 from kernels import cpu
 
 CONFIG = ModelConfig(model_type="llama", vocab_size=64, hidden_size=576, intermediate_size=64, num_hidden_layers=1,
