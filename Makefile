@@ -42,6 +42,7 @@ stack: $(STAMP)
 # In file order: CI's run must not change with a seed. `make test-random SEED=N` runs the same suite in
 # pytest-randomly's order N, the check that no test depends on another having run first.
 test: typecheck chromium redis compose
+	@$(PY) -m kernels.cpu
 	$(PY) -m pytest -p no:randomly
 
 SEED ?= 1

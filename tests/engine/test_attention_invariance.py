@@ -27,12 +27,13 @@ if not attention.native_attention(torch.device("cpu")):
 PROMPTS = [[11, 12, 13], [(5 * i) % 4000 + 7 for i in range(9)], [300 + i for i in range(20)], [42]]
 LONG = [(7 * i) % 3000 + 5 for i in range(70)]  # fed in chunks beside the others' decodes
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=3)
-MODES = {"host-decode": dict(), "graphs+device-loop+verify": dict(graphs=True, device_loop=True, verify_always=True)}
+MODES: dict[str, dict] = {"host-decode": {},
+                          "graphs+device-loop+verify": {"graphs": True, "device_loop": True, "verify_always": True}}
 
 
 def engine(checkpoint, dtype: str, **overrides) -> Engine:
-    config = dict(model=str(checkpoint), block_size=4, num_kv_blocks=200, dtype=dtype, device_loop=False,
-                  graphs=False)
+    config = {"model": str(checkpoint), "block_size": 4, "num_kv_blocks": 200, "dtype": dtype, "device_loop": False,
+              "graphs": False}
     return Engine(EngineConfig(**{**config, **overrides}))
 
 
