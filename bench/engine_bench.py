@@ -47,7 +47,8 @@ AGREEMENT_TOKENS = 32
 # (runner, reference) whose greedy tokens should be identical: the same weights in the same float type.
 EXPECTED_EQUAL = [("host", "HF"), ("deq fp32", "HF"), ("quant fp32", "deq fp32")]
 # Printed for information: bf16 rounding, and llama.cpp's own kernels (activations quantized to 8 bits).
-COMPARED = EXPECTED_EQUAL + [("quant bf16", "quant fp32"), ("deq bf16", "deq fp32"), ("llama.cpp", "quant fp32")]
+COMPARED = EXPECTED_EQUAL + [("quant bf16", "quant fp32"), ("deq bf16", "deq fp32"), ("llama.cpp", "quant fp32"),
+                             ("llama.cpp", "quant bf16")]
 
 Generate = Callable[[list[list[int]]], list[list[int]]]  # prompt token ids -> new token ids, per prompt
 
