@@ -57,7 +57,7 @@ class DirectTasks:
 
     def __init__(self, transport) -> None:
         self.worker = next(iter(transport.workers().values()))
-        self.layer = make_layer()
+        self.layer = make_layer(settings.REDIS_URL)
 
     async def __aenter__(self) -> "DirectTasks":
         self.reply = await self.layer.new_channel()
@@ -306,7 +306,7 @@ async def test_a_garbled_message_on_the_reply_channel_costs_no_other_request(cel
     """Whatever lands on a web process's reply channel (a worker of another version, a stray sender),
     its reading must not stop the relay that carries every request's tokens there."""
     with served_by(celery_cluster) as transport:
-        layer = make_layer()
+        layer = make_layer(settings.REDIS_URL)
         for garbled in ({"type": wire.EVENTS, "events": [{"index": "zero"}]}, {"type": wire.EVENTS, "events": 7}):
             await layer.send(transport.reply_channel, garbled)
         await layer.close_pools()

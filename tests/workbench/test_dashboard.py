@@ -372,7 +372,7 @@ async def test_celery_workers_send_their_sequence_lists_only_while_a_dashboard_i
                 pass
 
     busy = asyncio.create_task(keep_busy())
-    lost_after = transport.lost_after_s
+    lost_after = transport.link_settings.lost_after_s
     try:
         assert await until(lambda: listing(transport) == (False, True), lost_after + 10), \
             "unwatched, a worker counts its sequences without listing them"

@@ -174,7 +174,7 @@ async def test_a_flip_without_the_csrf_token_is_refused(operator):
 async def test_a_garbled_flag_message_is_refused_and_the_worker_serves_on(celery_cluster):
     """Straight onto a worker's control channel, past the web side's checks."""
     with served_by(celery_cluster) as transport:
-        layer = make_layer()
+        layer = make_layer(settings.REDIS_URL)
         reply = await layer.new_channel()
         worker_id = sorted(transport.workers())[0]
         garbled = [{"name": ["ARC_GRAPHS"], "value": True}, {"name": "ARC_GRAPHS", "value": None},

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from channels_redis.core import RedisChannelLayer
+from django.conf import settings
 from packaging.requirements import Requirement
 
 from workbench.serving.celery.redis_layer import OneTripChannelLayer, make_layer
@@ -69,7 +70,7 @@ def test_the_attributes_it_reads_are_there_with_their_meaning():
 @pytest.mark.asyncio
 async def test_a_blocking_pop_never_times_out_on_the_client_before_the_server():
     """A client timeout that ends a pop Redis has already served loses the popped message."""
-    layer = make_layer()
+    layer = make_layer(settings.REDIS_URL)
     pool = layer.connection(0).connection_pool
     assert pool.connection_kwargs["socket_timeout"] >= 2 * layer.brpop_timeout, pool.connection_kwargs
     assert pool.connection_kwargs["host"] and layer.brpop_timeout > 0  # liveness: the real pool and wait

@@ -304,8 +304,9 @@ def test_a_celery_worker_applies_its_stream_settings(tmp_path, setting):
 
 def sse_text_before_a_forward_error(thread: EngineHost) -> tuple[str, list[str]]:
     """Stream a completion over the OpenAI view's SSE generator while the engine's 4th forward fails."""
+    from workbench.api.choice_streams import ChoiceGroup
     from workbench.api.openai import tool_calls
-    from workbench.api.openai.views import _Choice, _sse
+    from workbench.api.openai.views import SERVINGS, _Choice
 
     real_run, calls = thread.engine.runner.run, []
 
@@ -319,11 +320,11 @@ def sse_text_before_a_forward_error(thread: EngineHost) -> tuple[str, list[str]]
 
     async def stream() -> list[str]:
         request_id = f"sse-{time.monotonic_ns()}"
-        events = transport.submit(request_id, "The list type", GREEDY)
+        group = ChoiceGroup(transport, [request_id], [transport.submit(request_id, "The list type", GREEDY)])
         choices = [_Choice(request_id, transport.tokenizer, logprobs=False)]
-        return [chunk async for chunk in _sse("completion", [events], choices, transport,
-                                               {"id": "x", "created": 0, "model": "m"}, False,
-                                               tool_calls.Tools((), "none"))]
+        return [chunk async for chunk in SERVINGS["completion"].sse(group, choices,
+                                                                    {"id": "x", "created": 0, "model": "m"}, False,
+                                                                    tool_calls.Tools((), "none"))]
 
     thread.engine.runner.run = failing_fourth
     try:

@@ -10,6 +10,7 @@ import inspect
 import pytest
 
 from engine import Engine, EngineConfig
+from workbench.serving.celery.link_settings import LinkSettings
 from workbench.serving.celery.transport import CeleryTransport
 from workbench.serving.engine_host import EngineHost
 from workbench.serving.inprocess import InProcessTransport
@@ -46,6 +47,6 @@ def test_each_transport_has_every_member_with_its_signature(kind):
 
 def test_both_transports_are_transports(inprocess):
     assert isinstance(inprocess, Transport)
-    assert isinstance(CeleryTransport(), Transport), "unstarted: it opens no connection until start()"
+    assert isinstance(CeleryTransport(LinkSettings.from_django()), Transport), "unstarted: it opens no connection until start()"
     assert inprocess.tokenizer is inprocess.host.engine.tokenizer
     assert not isinstance(inprocess.host, Transport), "the engine host is not a transport (the worker uses it)"

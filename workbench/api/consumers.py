@@ -13,7 +13,7 @@ import uuid
 from engine.loading.tokenizer import Tokenizer
 from workbench.api import frames
 from workbench.api.auth import token_still_valid
-from workbench.api.choice_streams import choice_params, merged, summed_usage
+from workbench.api.choice_streams import ChoiceGroup, choice_ids, summed_usage
 from workbench.api.openai.logprobs_shape import socket_logprobs
 from workbench.protocol.json_socket import FrameError, JsonSocketConsumer
 from workbench.protocol.model_choice import model_of
@@ -73,61 +73,53 @@ class GenerateConsumer(JsonSocketConsumer):
         model = model_of(frame, await served_models.served_from_loop(), request_id)
         transport = await bridge.transport_from_loop()
         try:
-            tokenizer = transport.tokenizer_for(model)
-        except Exception as exc:  # its files are not where the workers' WORKBENCH_MODEL names them
-            raise FrameError("unavailable", f"this server cannot read the tokenizer of {model!r}: {exc}",
-                             request_id) from None
+            tokenizer = served_models.tokenizer_of(transport, model)
+        except served_models.TokenizerUnreadable as exc:
+            raise FrameError("unavailable", exc.message, request_id) from None
         prompt, params, n = frames.generation(frame, tokenizer, request_id)
         self.submitted += 1
-        engine_id = f"ws-{self.socket_id}-{self.submitted}-{request_id}"
-        # One engine sequence per choice; the first keeps the request's engine id, as with one choice.
-        engine_ids = [engine_id if i == 0 else f"{engine_id}-{i}" for i in range(n or 1)]
+        engine_ids = choice_ids(f"ws-{self.socket_id}-{self.submitted}-{request_id}", n or 1)
         user = self.scope["user"]
         assert user is not None  # connect refused a socket without a signed-in user
         try:
             admissions = limits.admit_all(user.username, n or 1)
         except limits.Refused as exc:
             raise FrameError(exc.code, exc.message, request_id, exc.retry_after) from None
-        streams = [admission.submit(transport, choice_id, prompt, choice, model)
-                   for admission, choice_id, choice in zip(admissions, engine_ids, choice_params(params, n or 1))]
+        choices = ChoiceGroup.submit(transport, admissions, engine_ids, prompt, params, model)
         self.engine_ids[request_id] = engine_ids
-        relay = self._relay(request_id, streams, tokenizer) if n is None else \
-            self._relay_choices(request_id, streams, tokenizer)
+        relay = self._relay(request_id, choices.streams[0], tokenizer) if n is None else \
+            self._relay_choices(request_id, choices, tokenizer)
         self.active[request_id] = asyncio.create_task(relay)
         await self.send_json({"type": "accepted", "request_id": request_id})
 
-    async def _relay(self, request_id: str, streams: list[RequestStream], tokenizer: Tokenizer) -> None:
+    async def _relay(self, request_id: str, stream: RequestStream, tokenizer: Tokenizer) -> None:
         """A request of one choice (no `n` sent): its frames as they always were, without `choice`."""
         try:
-            async for event in streams[0]:
+            async for event in stream:
                 if event.finished:
                     self._forget(request_id)
                 await self._send_event(request_id, event, tokenizer, {}, event.usage)
         finally:
             self._forget(request_id)
 
-    async def _relay_choices(self, request_id: str, streams: list[RequestStream], tokenizer: Tokenizer) -> None:
+    async def _relay_choices(self, request_id: str, choices: ChoiceGroup, tokenizer: Tokenizer) -> None:
         """A request sent with `n`: each frame names its `choice`; each choice ends with its own `done`, and
         the last of them (the request's end) alone carries the usage, the prompt counted once. One choice
         that fails ends the request with its `error` and stops the others, as on the OpenAI API."""
-        events, left = merged(streams), len(streams)
-        usages: list[dict | None] = [None] * len(streams)
-        engine_ids = self.engine_ids[request_id]
+        left = len(choices.streams)
+        usages: list[dict | None] = [None] * left
         try:
-            async for index, event in events:
-                if event.finished:
-                    usages[index], left = event.usage, left - 1
-                if event.error_code or (event.finished and not left):
-                    self._forget(request_id)
-                usage = summed_usage(usages) if event.finished and not left else None
-                await self._send_event(request_id, event, tokenizer, {"choice": index}, usage)
-                if event.error_code:
-                    break
+            async with choices:
+                async for index, event in choices:
+                    if event.finished:
+                        usages[index], left = event.usage, left - 1
+                    if event.error_code or (event.finished and not left):
+                        self._forget(request_id)
+                    usage = summed_usage(usages) if event.finished and not left else None
+                    await self._send_event(request_id, event, tokenizer, {"choice": index}, usage)
+                    if event.error_code:
+                        break
         finally:
-            await events.aclose()
-            for engine_id, stream in zip(engine_ids, streams):
-                if not stream.closed:  # a choice failed (or the socket went): nothing else may run on
-                    bridge.transport().cancel(engine_id)
             self._forget(request_id)
 
     async def _send_event(self, request_id: str, event: StreamEvent, tokenizer: Tokenizer, choice: dict[str, int],

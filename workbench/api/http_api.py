@@ -91,14 +91,11 @@ def check_model(body: Mapping[str, object], served: list[str]) -> str:
 
 
 def tokenizer_of(transport: Transport, model: str) -> Tokenizer:
-    """The tokenizer of a served model (read once per process, on the first request that names it: a
-    few milliseconds), or a 503 when this process cannot read it (its files are not where the workers'
-    WORKBENCH_MODEL names them)."""
+    """The tokenizer of a served model, or a 503 when this process cannot read it."""
     try:
-        return transport.tokenizer_for(model)
-    except Exception as exc:
-        raise ApiError(503, f"this server cannot read the tokenizer of {model!r}: {type(exc).__name__}: {exc}",
-                       param="model", code="unavailable", kind="server_error") from None
+        return served_models.tokenizer_of(transport, model)
+    except served_models.TokenizerUnreadable as exc:
+        raise ApiError(503, exc.message, param="model", code="unavailable", kind="server_error") from None
 
 
 def refuse_unless_off(body: Mapping[str, object], off: Mapping[str, object]) -> None:

@@ -105,7 +105,7 @@ class ChatConsumer(JsonSocketConsumer):
         if message is None:
             self.outbox.put_nowait({"type": "done", "content": None})
             return
-        self.outbox.put_nowait({"type": "done", "content": message.content, **await self._done_fields(message)})
+        self.outbox.put_nowait({"type": "done", "content": message.content, **await self._stored_done_fields(message)})
 
     async def receive_json(self, content: dict[str, object], **kwargs: object) -> None:
         kind = frames.kind(content)
@@ -201,10 +201,9 @@ class ChatConsumer(JsonSocketConsumer):
                       admission: limits.Admission) -> None:
         transport = await bridge.transport_from_loop()
         try:
-            tokenizer = await asyncio.to_thread(transport.tokenizer_for, model)  # read once per model
-        except Exception as exc:  # its files are not where the workers' WORKBENCH_MODEL names them
-            under_way.publish({"type": "error", "code": "unavailable",
-                               "message": f"this server cannot read the tokenizer of {model!r}: {exc}"})
+            tokenizer = await asyncio.to_thread(served_models.tokenizer_of, transport, model)  # read once per model
+        except served_models.TokenizerUnreadable as exc:
+            under_way.publish({"type": "error", "code": "unavailable", "message": exc.message})
             return
         try:
             prompt = await asyncio.to_thread(fitted_prompt, tokenizer, history, model)  # long ones take a while
@@ -227,21 +226,25 @@ class ChatConsumer(JsonSocketConsumer):
                 raise
             under_way.publish(GONE)  # deleted while it was answered
             return
-        under_way.publish({"type": "done", "message_id": message.pk, "finish_reason": event.finish_reason,
-                           "error": event.error, "usage": event.usage, "timings": event.timings,
-                           "title": self.conversation.title, "versions": await self._versions(message),
-                           "model": model})
+        under_way.publish({"type": "done", **await self._done_fields(
+            message, event.finish_reason, event.error, event.usage, event.timings)})
 
-    async def _done_fields(self, message: Message) -> dict[str, object]:
+    async def _done_fields(self, message: Message, finish_reason: str | None, error: str | None,
+                           usage: dict | None, timings: dict | None) -> dict[str, object]:
+        """A reply's `done` fields: how it ended, and the stored reply's id, model and place among its
+        versions. The live reply's ending is the engine's; a resumed one's is what was stored of it."""
+        return {"message_id": message.pk, "finish_reason": finish_reason, "error": error, "usage": usage,
+                "timings": timings, "title": self.conversation.title, "versions": await self._versions(message),
+                "model": message.model}
+
+    async def _stored_done_fields(self, message: Message) -> dict[str, object]:
         """A stored reply's `done` fields, as the frame that ended it carried them."""
         usage = None if message.completion_tokens is None else {
             "prompt_tokens": message.prompt_tokens, "completion_tokens": message.completion_tokens,
             "cached_tokens": message.cached_tokens}
-        return {"message_id": message.pk, "finish_reason": message.finish_reason, "error": message.error or None,
-                "usage": usage, "timings": {"time_to_first_token": message.time_to_first_token,
-                                            "decode_tokens_per_s": message.decode_tokens_per_s},
-                "title": self.conversation.title, "versions": await self._versions(message),
-                "model": message.model}
+        timings = {"time_to_first_token": message.time_to_first_token,
+                   "decode_tokens_per_s": message.decode_tokens_per_s}
+        return await self._done_fields(message, message.finish_reason, message.error or None, usage, timings)
 
     @database_sync_to_async
     def _still_signed_in(self) -> bool:

@@ -46,9 +46,10 @@ def _inprocess() -> Transport:
 
 
 def _celery() -> Transport:
+    from workbench.serving.celery.link_settings import LinkSettings
     from workbench.serving.celery.transport import CeleryTransport
 
-    return CeleryTransport()
+    return CeleryTransport(LinkSettings.from_django())
 
 
 def transport() -> Transport:

@@ -8,13 +8,19 @@ worker serves it, else the first served name, so a deployment whose workers all 
 answers. A name nobody serves is refused as OpenAI refuses an unknown model (404 model_not_found),
 except WORKBENCH_MODEL itself, which is the deployment's own: with no worker of it live the request
 fails as `unavailable` (503), as it did before there were several models.
+
+A served model's tokenizer is read here, on the first request that names it; where this process cannot
+read it (its files are not where the workers' WORKBENCH_MODEL names them) every API refuses the request
+with the same message, as `unavailable`.
 """
 
 from __future__ import annotations
 
 from django.conf import settings
 
+from engine.loading.tokenizer import Tokenizer
 from workbench.serving import bridge
+from workbench.serving.transport import Transport
 
 
 class UnknownModel(Exception):
@@ -23,6 +29,22 @@ class UnknownModel(Exception):
     def __init__(self, message: str, not_a_string: bool = False) -> None:
         super().__init__(message)
         self.message, self.not_a_string = message, not_a_string
+
+
+class TokenizerUnreadable(Exception):
+    """This process cannot read the tokenizer of a model it routes requests to."""
+
+    def __init__(self, model: str, cause: Exception) -> None:
+        self.message = f"this server cannot read the tokenizer of {model!r}: {type(cause).__name__}: {cause}"
+        super().__init__(self.message)
+
+
+def tokenizer_of(transport: Transport, model: str) -> Tokenizer:
+    """The tokenizer of a served model (read once per process: a few milliseconds), or TokenizerUnreadable."""
+    try:
+        return transport.tokenizer_for(model)
+    except Exception as exc:
+        raise TokenizerUnreadable(model, exc) from None
 
 
 def served() -> list[str]:

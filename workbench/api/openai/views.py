@@ -6,21 +6,27 @@ disconnects mid-stream aborts its sequence. Errors use OpenAI's shape: {"error":
 param, code}} with a 4xx status. The prompt, the messages and the sampling values are checked by the
 rules every API shares (workbench/protocol/request_input.py), with its error codes; this module maps OpenAI's
 field names onto them and refuses the fields it does not serve.
+
+The two generating endpoints are one _Serving each, as vLLM's OpenAIServingChat and
+OpenAIServingCompletion are: the base answers (authenticate, check, submit the choices, reply whole or
+streamed) and ChatServing and CompletionServing say where the endpoints differ (the prompt, tools,
+logprobs' shape, a choice's body, the object names).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 import uuid
+
+from collections.abc import AsyncIterator
 
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from engine import SamplingParams
 from engine.loading.tokenizer import Tokenizer
-from workbench.api.choice_streams import choice_params, merged, summed_usage
+from workbench.api.choice_streams import ChoiceGroup, choice_ids, summed_usage
 from workbench.api.http_api import ApiError, authenticate, check_model, json_body, refuse_unless_off, tokenizer_of
 from workbench.api.openai import params as openai_params
 from workbench.api.openai import tool_calls
@@ -63,104 +69,6 @@ def _body(request: HttpRequest) -> dict:
     return body
 
 
-def accepted_fields(kind: str) -> set[str]:
-    """Every field the endpoint `kind` takes (the OpenAPI document lists the same: workbench/api/openai/openapi.py)."""
-    chat_only = set(tool_calls.FIELDS) if kind == "chat" else set()
-    return set(FIELD_MAP) | IGNORED | set(OFF_ONLY) | openai_params.endpoint_fields(kind) | chat_only
-
-
-def _tools(kind: str, body: dict) -> tool_calls.Tools:
-    """The chat request's tools (none for a plain completion, which refuses the fields by name)."""
-    if kind != "chat":
-        return tool_calls.Tools((), "none")
-    try:
-        return tool_calls.tools_of(body)
-    except request_input.InvalidInput as exc:
-        raise ApiError.refused(exc) from None
-
-
-def _params(kind: str, body: dict, tools: tool_calls.Tools) -> SamplingParams:
-    both = body.get("max_tokens"), body.get("max_completion_tokens")
-    if None not in both and both[0] != both[1]:
-        raise ApiError(400, "max_tokens and max_completion_tokens disagree; send one", param="max_completion_tokens")
-    # Without max_tokens a chat reply may run to the end of the model's context, as in vLLM; a plain
-    # completion keeps OpenAI's default of 16 tokens.
-    values: dict[str, object] = {"max_tokens": None} if kind == "chat" else {}
-    accepted = accepted_fields(kind)
-    for key, value in body.items():
-        if key in FIELD_MAP:
-            if value is not None:
-                values[FIELD_MAP[key]] = value
-        elif key not in accepted:
-            raise ApiError.unsupported(key)
-    refuse_unless_off(body, OFF_ONLY)
-    values.update(openai_params.logprob_values(kind, body))
-    try:
-        return tools.apply(request_input.sampling_params(values, logprobs_allowed=True))
-    except request_input.InvalidInput as exc:
-        raise ApiError.refused(exc) from None
-
-
-def _handler(kind: str):
-    """A view for `kind` ("chat" or "completion"): authenticate, check, then answer whole or streamed."""
-
-    async def view(request: HttpRequest) -> HttpResponseBase:
-        try:
-            if request.method != "POST":
-                raise ApiError(405, "use POST")
-            user = await authenticate(request)
-            body = _body(request)
-            tools = _tools(kind, body)
-            params = _params(kind, body, tools)
-            n = openai_params.choice_count(body)
-            model = check_model(body, await served_models.served_from_loop())
-            transport = await bridge.transport_from_loop()
-            tokenizer = tokenizer_of(transport, model)
-            prompt = _prompt(kind, body, tokenizer, tools)
-            admissions = _admit(user.get_username(), n)
-        except ApiError as exc:
-            return exc.response()
-        request_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
-        # One engine sequence per choice; the first keeps the request's id, as with n=1.
-        choices = [_Choice(request_id if i == 0 else f"{request_id}-{i}", tokenizer,
-                           params.logprobs is not None) for i in range(n)]
-        streams = [admission.submit(transport, choice.engine_id, prompt, sampling, model)
-                   for admission, choice, sampling in zip(admissions, choices, choice_params(params, n))]
-        meta = {"id": request_id, "created": int(time.time()), "model": model}
-        if body.get("stream"):
-            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            response = StreamingHttpResponse(_sse(kind, streams, choices, transport, meta, include_usage, tools),
-                                             content_type="text/event-stream")
-            response["Cache-Control"] = "no-cache"
-            return response
-        return await _whole(kind, streams, choices, transport, meta, tools)
-
-    return csrf_exempt(view)
-
-
-def _admit(user: str, n: int) -> list[limits.Admission]:
-    """One admission per choice (each is an engine sequence, so each counts toward the limits); all or none."""
-    try:
-        return limits.admit_all(user, n)
-    except limits.Refused as exc:
-        raise ApiError(ERROR_STATUS[exc.code], exc.message, code=exc.code,
-                       kind="rate_limit_error" if exc.code == "rate_limited" else "server_error",
-                       retry_after=exc.retry_after) from None
-
-
-def _prompt(kind: str, body: dict, tokenizer: Tokenizer, tools: tool_calls.Tools) -> str | list[int]:
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]  # OpenAI accepts a list of prompts; one is what n=1 serves
-    try:
-        if kind == "chat":
-            messages, shown = tool_calls.messages_for(body.get("messages"), tools, tokenizer.takes_tools)
-            return request_input.chat_prompt(tokenizer, messages, tools=shown)
-        return request_input.prompt(prompt)
-    except request_input.InvalidInput as exc:
-        raise ApiError.refused(exc) from None
-
-
 class _Choice:
     """One choice of a reply: its engine sequence, and what it has sent so far."""
 
@@ -179,107 +87,244 @@ class _Choice:
                 self.records = []
             self.records.extend(event.logprobs)
 
-    def logprobs(self, kind: str, records: list[list] | None) -> dict | None:
-        """OpenAI's `logprobs` of a choice (or of a chunk's part of it): None when not asked for."""
-        if records is None:
-            return None
-        if kind == "chat":
-            return {"content": chat_content(self.tokenizer, records)}
-        return self.completion_logprobs.part(records)
 
+class _Serving:
+    """One generating endpoint: what chat and plain completions share."""
 
-def _cancel_unfinished(transport, choices: list[_Choice]) -> None:
-    for choice in choices:
-        if not choice.last.finished:
-            transport.cancel(choice.engine_id)
+    kind = ""  # "chat" or "completion": openai_params' and the OpenAPI document's name for the endpoint
+    id_prefix = ""  # of the reply's id
+    whole_object = ""  # the `object` of a whole reply
+    chunk_object = ""  # the `object` of a streamed chunk
+    prompt_field = ""  # what an engine refusal of the prompt names as its `param`
+    defaults: dict[str, object] = {}  # SamplingParams values the body may override
 
+    def accepted_fields(self) -> set[str]:
+        """Every field the endpoint takes (the OpenAPI document lists the same: workbench/api/openai/openapi.py)."""
+        return set(FIELD_MAP) | IGNORED | set(OFF_ONLY) | openai_params.endpoint_fields(self.kind)
 
-async def _whole(kind: str, streams, choices: list[_Choice], transport, meta: dict,
-                 tools: tool_calls.Tools) -> HttpResponse:
-    events = merged(streams)
-    try:
-        async for index, event in events:
-            choices[index].add(event)
-            if event.error_code:  # one failed choice fails the reply: the others need not run on
-                break
-    finally:
-        await events.aclose()
-        # The client went away, or a choice failed: stop the sequences still running.
-        _cancel_unfinished(transport, choices)
-    for choice in choices:
-        event = choice.last
-        if event.error_code:
-            status = ERROR_STATUS.get(event.error_code, 500)
-            # The engine refuses only prompts (empty, too long, a token id past the vocabulary) this way.
-            param = ("messages" if kind == "chat" else "prompt") if event.error_code == "invalid_request" else None
-            return ApiError(status, event.error or "", code=event.error_code, param=param,
-                            kind="invalid_request_error" if status == 400 else "server_error").response()
-    shaped = []
-    for index, choice in enumerate(choices):
-        finish = FINISH_REASONS.get(choice.last.finish_reason or "", choice.last.finish_reason)
-        one: dict[str, object] = {"index": index, "finish_reason": finish,
-                                  "logprobs": choice.logprobs(kind, choice.records)}
-        if kind == "chat":
-            content, calls = tool_calls.parse(choice.text, tools)
-            one["message"] = {"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {})}
-            one["finish_reason"] = tool_calls.finish_reason(finish, bool(calls))
-        else:
-            one["text"] = choice.text
-        shaped.append(one)
-    obj = "chat.completion" if kind == "chat" else "text_completion"
-    usage = openai_usage(summed_usage([choice.last.usage for choice in choices]))
-    return JsonResponse({**meta, "object": obj, "choices": shaped, "usage": usage})
+    def tools(self, body: dict) -> tool_calls.Tools:
+        return tool_calls.Tools((), "none")
 
+    def prompt(self, body: dict, tokenizer: Tokenizer, tools: tool_calls.Tools) -> str | list[int]:
+        raise NotImplementedError
 
-async def _sse(kind: str, streams, choices: list[_Choice], transport, meta: dict, include_usage: bool,
-               tools: tool_calls.Tools):
-    obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
-    calls = [tool_calls.CallStream(tools) for _ in choices]  # each choice makes its own calls
+    def logprobs(self, choice: _Choice, records: list[list] | None) -> dict | None:
+        """OpenAI's `logprobs` of a choice (or of a chunk's part of it), when asked for."""
+        raise NotImplementedError
 
-    def chunk(choices, usage=None) -> str:
-        payload = {**meta, "object": obj, "choices": choices}
-        if include_usage:
-            payload["usage"] = usage
-        return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+    def whole_choice(self, choice: _Choice, finish: str | None, tools: tool_calls.Tools) -> dict[str, object]:
+        """A whole reply's choice, past its index, finish_reason and logprobs."""
+        raise NotImplementedError
 
-    def part(index: int, event: StreamEvent, finish: str | None, text: str | None = None) -> dict:
-        text = event.text if text is None else text
-        body = {"delta": {"content": text}} if kind == "chat" else {"text": text}
-        return {"index": index, **body, "finish_reason": finish,
-                "logprobs": choices[index].logprobs(kind, event.logprobs)}
+    def part_body(self, text: str) -> dict[str, object]:
+        """A streamed chunk's choice, its text as the endpoint carries it."""
+        raise NotImplementedError
 
-    events = merged(streams)
-    try:
-        if kind == "chat":
-            for index in range(len(choices)):
-                yield chunk([{"index": index, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
-        async for index, event in events:
-            choices[index].last = event  # a stream sends each part as it comes: no whole text is kept
+    def opening_parts(self, n: int) -> list[dict[str, object]]:
+        """Each a chunk of its own before any choice's text."""
+        return []
+
+    async def view(self, request: HttpRequest) -> HttpResponseBase:
+        """Authenticate, check, then answer whole or streamed."""
+        try:
+            if request.method != "POST":
+                raise ApiError(405, "use POST")
+            user = await authenticate(request)
+            body = _body(request)
+            tools = self.tools(body)
+            params = self._params(body, tools)
+            n = openai_params.choice_count(body)
+            model = check_model(body, await served_models.served_from_loop())
+            transport = await bridge.transport_from_loop()
+            tokenizer = tokenizer_of(transport, model)
+            prompt = self.prompt(body, tokenizer, tools)
+            admissions = _admit(user.get_username(), n)
+        except ApiError as exc:
+            return exc.response()
+        request_id = f"{self.id_prefix}-{uuid.uuid4().hex}"
+        engine_ids = choice_ids(request_id, n)
+        choices = [_Choice(engine_id, tokenizer, params.logprobs is not None) for engine_id in engine_ids]
+        group = ChoiceGroup.submit(transport, admissions, engine_ids, prompt, params, model)
+        meta = {"id": request_id, "created": int(time.time()), "model": model}
+        if body.get("stream"):
+            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            response = StreamingHttpResponse(self.sse(group, choices, meta, include_usage, tools),
+                                             content_type="text/event-stream")
+            response["Cache-Control"] = "no-cache"
+            return response
+        return await self.whole(group, choices, meta, tools)
+
+    def _params(self, body: dict, tools: tool_calls.Tools) -> SamplingParams:
+        both = body.get("max_tokens"), body.get("max_completion_tokens")
+        if None not in both and both[0] != both[1]:
+            raise ApiError(400, "max_tokens and max_completion_tokens disagree; send one",
+                           param="max_completion_tokens")
+        values = dict(self.defaults)
+        accepted = self.accepted_fields()
+        for key, value in body.items():
+            if key in FIELD_MAP:
+                if value is not None:
+                    values[FIELD_MAP[key]] = value
+            elif key not in accepted:
+                raise ApiError.unsupported(key)
+        refuse_unless_off(body, OFF_ONLY)
+        values.update(openai_params.logprob_values(self.kind, body))
+        try:
+            return tools.apply(request_input.sampling_params(values, logprobs_allowed=True))
+        except request_input.InvalidInput as exc:
+            raise ApiError.refused(exc) from None
+
+    async def whole(self, group: ChoiceGroup, choices: list[_Choice], meta: dict,
+                    tools: tool_calls.Tools) -> HttpResponse:
+        # Leaving the group (the client went away, or a choice failed) stops the sequences still running.
+        async with group:
+            async for index, event in group:
+                choices[index].add(event)
+                if event.error_code:  # one failed choice fails the reply: the others need not run on
+                    break
+        for choice in choices:
+            event = choice.last
             if event.error_code:
-                if event.text or event.logprobs:  # what came before the failure (a stream interval holds it back)
-                    yield chunk([part(index, event, None)])
-                error = {"message": event.error, "type": "server_error", "code": event.error_code}
-                yield f"data: {json.dumps({'error': error})}\n\n"
-                break
-            finish = FINISH_REASONS.get(event.finish_reason or "", event.finish_reason) if event.finished else None
-            if tools.active:  # content until a call starts, then the call as tool-call deltas
-                for delta in calls[index].deltas(event.text, final=event.finished):
-                    yield chunk([{"index": index, "delta": delta, "finish_reason": None, "logprobs": None}])
-                finish = tool_calls.finish_reason(finish, calls[index].calls > 0) if finish else None
-                if finish or event.logprobs:
-                    yield chunk([part(index, event, finish, text="")])
-            # A delta whose text is held back (half a character, a stop string's start) still sends
-            # its tokens' logprobs, so that a stream carries every value the whole reply does.
-            elif event.text or finish or event.logprobs:
-                yield chunk([part(index, event, finish)])
-        else:
+                status = ERROR_STATUS.get(event.error_code, 500)
+                # The engine refuses only prompts (empty, too long, a token id past the vocabulary) this way.
+                param = self.prompt_field if event.error_code == "invalid_request" else None
+                return ApiError(status, event.error or "", code=event.error_code, param=param,
+                                kind="invalid_request_error" if status == 400 else "server_error").response()
+        shaped = []
+        for index, choice in enumerate(choices):
+            finish = FINISH_REASONS.get(choice.last.finish_reason or "", choice.last.finish_reason)
+            one: dict[str, object] = {"index": index, "finish_reason": finish,
+                                      "logprobs": self.logprobs(choice, choice.records)}
+            shaped.append({**one, **self.whole_choice(choice, finish, tools)})
+        usage = openai_usage(summed_usage([choice.last.usage for choice in choices]))
+        return JsonResponse({**meta, "object": self.whole_object, "choices": shaped, "usage": usage})
+
+    async def sse(self, group: ChoiceGroup, choices: list[_Choice], meta: dict, include_usage: bool,
+                  tools: tool_calls.Tools) -> AsyncIterator[str]:
+        calls = [tool_calls.CallStream(tools) for _ in choices]  # each choice makes its own calls
+
+        def chunk(parts: list[dict], usage: dict | None = None) -> str:
+            payload = {**meta, "object": self.chunk_object, "choices": parts}
             if include_usage:
-                yield chunk([], openai_usage(summed_usage([choice.last.usage for choice in choices])))
-        yield "data: [DONE]\n\n"
-    finally:
-        await events.aclose()
-        # The client went away mid-stream, or a choice failed: stop the sequences still running.
-        _cancel_unfinished(transport, choices)
+                payload["usage"] = usage
+            return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+        def part(index: int, event: StreamEvent, finish: str | None, text: str | None = None) -> dict:
+            return {"index": index, **self.part_body(event.text if text is None else text), "finish_reason": finish,
+                    "logprobs": self.logprobs(choices[index], event.logprobs)}
+
+        # Leaving the group (the client went away mid-stream, or a choice failed) stops the sequences
+        # still running.
+        async with group:
+            for opening in self.opening_parts(len(choices)):
+                yield chunk([opening])
+            async for index, event in group:
+                choices[index].last = event  # a stream sends each part as it comes: no whole text is kept
+                if event.error_code:
+                    if event.text or event.logprobs:  # what came before the failure (a stream interval holds it back)
+                        yield chunk([part(index, event, None)])
+                    error = {"message": event.error, "type": "server_error", "code": event.error_code}
+                    yield f"data: {json.dumps({'error': error})}\n\n"
+                    break
+                finish = FINISH_REASONS.get(event.finish_reason or "", event.finish_reason) if event.finished else None
+                if tools.active:  # content until a call starts, then the call as tool-call deltas
+                    for delta in calls[index].deltas(event.text, final=event.finished):
+                        yield chunk([{"index": index, "delta": delta, "finish_reason": None, "logprobs": None}])
+                    finish = tool_calls.finish_reason(finish, calls[index].calls > 0) if finish else None
+                    if finish or event.logprobs:
+                        yield chunk([part(index, event, finish, text="")])
+                # A delta whose text is held back (half a character, a stop string's start) still sends
+                # its tokens' logprobs, so that a stream carries every value the whole reply does.
+                elif event.text or finish or event.logprobs:
+                    yield chunk([part(index, event, finish)])
+            else:
+                if include_usage:
+                    yield chunk([], openai_usage(summed_usage([choice.last.usage for choice in choices])))
+            yield "data: [DONE]\n\n"
+
+
+class ChatServing(_Serving):
+    """/v1/chat/completions: messages through the chat template, tools, content logprobs."""
+
+    kind, id_prefix, whole_object, chunk_object = "chat", "chatcmpl", "chat.completion", "chat.completion.chunk"
+    prompt_field = "messages"
+    # Without max_tokens a chat reply may run to the end of the model's context, as in vLLM.
+    defaults = {"max_tokens": None}
+
+    def accepted_fields(self) -> set[str]:
+        return super().accepted_fields() | set(tool_calls.FIELDS)
+
+    def tools(self, body: dict) -> tool_calls.Tools:
+        try:
+            return tool_calls.tools_of(body)
+        except request_input.InvalidInput as exc:
+            raise ApiError.refused(exc) from None
+
+    def prompt(self, body: dict, tokenizer: Tokenizer, tools: tool_calls.Tools) -> str | list[int]:
+        try:
+            messages, shown = tool_calls.messages_for(body.get("messages"), tools, tokenizer.takes_tools)
+            return request_input.chat_prompt(tokenizer, messages, tools=shown)
+        except request_input.InvalidInput as exc:
+            raise ApiError.refused(exc) from None
+
+    def logprobs(self, choice: _Choice, records: list[list] | None) -> dict | None:
+        return None if records is None else {"content": chat_content(choice.tokenizer, records)}
+
+    def whole_choice(self, choice: _Choice, finish: str | None, tools: tool_calls.Tools) -> dict[str, object]:
+        content, calls = tool_calls.parse(choice.text, tools)
+        return {"finish_reason": tool_calls.finish_reason(finish, bool(calls)),
+                "message": {"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {})}}
+
+    def part_body(self, text: str) -> dict[str, object]:
+        return {"delta": {"content": text}}
+
+    def opening_parts(self, n: int) -> list[dict[str, object]]:
+        return [{"index": index, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
+                for index in range(n)]
+
+
+class CompletionServing(_Serving):
+    """/v1/completions: a prompt as text or token ids, no tools, completion logprobs."""
+
+    kind, id_prefix, whole_object, chunk_object = "completion", "cmpl", "text_completion", "text_completion"
+    prompt_field = "prompt"
+    defaults: dict[str, object] = {}  # a plain completion keeps OpenAI's default of 16 tokens
+
+    def prompt(self, body: dict, tokenizer: Tokenizer, tools: tool_calls.Tools) -> str | list[int]:
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            prompt = prompt[0]  # OpenAI accepts a list of prompts; one is what n=1 serves
+        try:
+            return request_input.prompt(prompt)
+        except request_input.InvalidInput as exc:
+            raise ApiError.refused(exc) from None
+
+    def logprobs(self, choice: _Choice, records: list[list] | None) -> dict | None:
+        return None if records is None else choice.completion_logprobs.part(records)
+
+    def whole_choice(self, choice: _Choice, finish: str | None, tools: tool_calls.Tools) -> dict[str, object]:
+        return {"text": choice.text}
+
+    def part_body(self, text: str) -> dict[str, object]:
+        return {"text": text}
+
+
+SERVINGS: dict[str, _Serving] = {"chat": ChatServing(), "completion": CompletionServing()}
+
+
+def accepted_fields(kind: str) -> set[str]:
+    """Every field the endpoint `kind` ("chat" or "completion") takes."""
+    return SERVINGS[kind].accepted_fields()
+
+
+def _admit(user: str, n: int) -> list[limits.Admission]:
+    """One admission per choice (each is an engine sequence, so each counts toward the limits); all or none."""
+    try:
+        return limits.admit_all(user, n)
+    except limits.Refused as exc:
+        raise ApiError(ERROR_STATUS[exc.code], exc.message, code=exc.code,
+                       kind="rate_limit_error" if exc.code == "rate_limited" else "server_error",
+                       retry_after=exc.retry_after) from None
 
 
 @csrf_exempt
@@ -293,5 +338,5 @@ async def models(request: HttpRequest) -> HttpResponse:
                                                      "owned_by": "workbench"} for name in served]})
 
 
-completions = _handler("completion")
-chat_completions = _handler("chat")
+completions = csrf_exempt(SERVINGS["completion"].view)
+chat_completions = csrf_exempt(SERVINGS["chat"].view)

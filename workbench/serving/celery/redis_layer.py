@@ -23,7 +23,6 @@ import time
 
 from channels.exceptions import ChannelFull
 from channels_redis.core import RedisChannelLayer
-from django.conf import settings
 from redis.exceptions import ResponseError
 
 log = logging.getLogger(__name__)
@@ -100,7 +99,7 @@ class OneTripChannelLayer(RedisChannelLayer):
 SOCKET_TIMEOUT_S = 30
 
 
-def make_layer() -> OneTripChannelLayer:
+def make_layer(redis_url: str) -> OneTripChannelLayer:
     """A channels-redis layer of our own for the transport (the Channels default may be in-memory)."""
-    return OneTripChannelLayer(hosts=[{"address": settings.REDIS_URL, "socket_timeout": SOCKET_TIMEOUT_S}],
+    return OneTripChannelLayer(hosts=[{"address": redis_url, "socket_timeout": SOCKET_TIMEOUT_S}],
                                capacity=1000, expiry=60)

@@ -4,78 +4,65 @@ The Transport (transport.py), as the in-process transport is, so consumers canno
 serves them. One link thread with its own event loop holds this process's reply channel and does all
 the Redis work: it picks a live worker for each request among those that have its model loaded (each
 heartbeat names the worker's model; the least loaded by its heartbeat and what this process sent it
-since), publishes the Celery task, relays the coalesced deltas to each request's
-RequestStream in order (workbench/serving/celery/sequencing.py), sends cancels to the owning worker's
-control channel, and ends a request with an error when its worker is lost, so no client hangs.
+since), publishes the Celery task, reads the reply channel, and polls the workers' heartbeats.
 
-One class over ~300 lines, for a reason: every part of the link (routing, relaying, cancels, flag
-answers, the lost-worker watch) reads and changes the same pending-request table on the same loop.
-
-Each submission travels under a wire id of its own (the request id plus a random suffix): a client
-may reuse a request id once its request is over, and the workers' run-once guard and any late delta
-of the earlier request must not mistake one for the other.
+Two parts of it keep their own tables on that loop: the requests sent and not yet ended (pending.py:
+relaying their deltas in order, cancels, the lost-worker watch), and the operators' flag changes
+waiting for answers (flag_fanout.py). The rest reads the last poll's heartbeats: the routing, the
+dashboard's views, the flags in force; the tokenizers and the dashboards' watch count need no loop.
+Its settings come in as one LinkSettings (link_settings.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import random
 import threading
 import time
-import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from functools import partial
 from typing import Callable
 
-from django.conf import settings
-
 from engine import SamplingParams
-from engine.host.capabilities import capability
 from engine.loading.loader import load_tokenizer
 from engine.loading.tokenizer import Tokenizer
 from workbench.celery import app as celery_app
 from workbench.serving.celery import wire
+from workbench.serving.celery.flag_fanout import FlagFanout
+from workbench.serving.celery.link_settings import LinkSettings
+from workbench.serving.celery.pending import PendingRequests
 from workbench.serving.celery.presence import Heartbeat, Presence
-from workbench.serving.celery.redis_layer import OneTripChannelLayer, make_layer
-from workbench.serving.celery.sequencing import DeliveryGap, InOrder
+from workbench.serving.celery.redis_layer import make_layer
 from workbench.serving.streams import RequestStream, StreamEvent, deliver
-from workbench.serving.transport import FLAG_ANSWER_S, FlagAnswer, Flags, Snapshot, WorkerView
+from workbench.serving.transport import FlagAnswer, Flags, Snapshot, WorkerView
 
 log = logging.getLogger(__name__)
-CANCEL_ATTEMPTS = 5
-
-
-@dataclass
-class _Pending:
-    request_id: str
-    stream: RequestStream
-    worker_id: str
-    confirmed_at: float  # last time the worker was seen holding it, or a delta of it arrived
-    order: InOrder = field(default_factory=InOrder)
 
 
 class CeleryTransport:
-    def __init__(self) -> None:
-        self.tokenizer = load_tokenizer(settings.WORKBENCH_MODEL)
+    def __init__(self, link_settings: LinkSettings) -> None:
+        self.link_settings = link_settings
+        self.tokenizer = load_tokenizer(link_settings.model)
         # Other models' tokenizers, read when a request first names one: this process needs each served
         # model's tokenizer files (the same name or path the workers were started with).
-        self._tokenizers: dict[str, Tokenizer] = {settings.WORKBENCH_MODEL: self.tokenizer}
+        self._tokenizers: dict[str, Tokenizer] = {link_settings.model: self.tokenizer}
         self._tokenizers_lock = threading.Lock()
-        self.lost_after_s = settings.WORKBENCH_WORKER_LOST_S
-        self._pending: dict[str, _Pending] = {}  # by wire id
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run_loop, name="celery-link", daemon=True)
+        # Built here, connected on the link loop at first use: neither opens a connection before start().
+        self.layer = make_layer(link_settings.redis_url)
+        self.presence = Presence(link_settings.redis_url, link_settings.queue_prefix, link_settings.lost_after_s)
+        self.reply_channel = ""  # named by the layer once the link loop runs (start)
+        self._pending = PendingRequests(self._loop, self.layer)
+        self._flags = FlagFanout(self._loop, self.layer, self.presence.redis)
         self._outgoing: dict[str, list[dict]] = {}  # worker id -> requests waiting for the next task to it
         self._publishing: set[str] = set()  # workers with a task on its way
-        self._wire_ids: dict[str, str] = {}  # request id -> wire id, while pending
         self._workers: dict[str, Heartbeat] = {}  # as of the last successful poll
         self._beat_changed: dict[str, tuple[float, float]] = {}  # worker -> (its sent_at, when it changed)
         self._polled_at = 0.0
-        self._flag_answers: dict[str, dict[str, asyncio.Future[FlagAnswer]]] = {}  # change id -> worker -> answer
         self._dashboards = 0  # dashboards open in this process: while any is, workers send sequence lists
         self._dashboards_lock = threading.Lock()
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._run_loop, name="celery-link", daemon=True)
         self._tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
@@ -87,8 +74,6 @@ class CeleryTransport:
         self._loop.close()  # here, where no other loop runs: channels-redis closes its pools on close
 
     async def _open(self) -> None:
-        self.layer: OneTripChannelLayer = make_layer()
-        self.presence = Presence(settings.REDIS_URL, settings.WORKBENCH_QUEUE_PREFIX, self.lost_after_s)
         self.reply_channel = await self.layer.new_channel(prefix="workbench-web.")
         try:
             await self._refresh()
@@ -127,11 +112,11 @@ class CeleryTransport:
                user: str = "", model: str = "") -> RequestStream:
         stream = RequestStream(request_id, asyncio.get_running_loop())
         self._loop.call_soon_threadsafe(self._dispatch, request_id, prompt, params, stream, user,
-                                        model or settings.WORKBENCH_MODEL)
+                                        model or self.link_settings.model)
         return stream
 
     def cancel(self, request_id: str) -> None:
-        self._loop.call_soon_threadsafe(self._cancel_request, request_id)
+        self._loop.call_soon_threadsafe(self._pending.cancel_request, request_id)
 
     async def cancel_as_operator(self, worker: str, request_id: str) -> str | None:
         """`request_id`: the wire id the worker's heartbeat lists (what the dashboard shows). Sent from
@@ -153,9 +138,9 @@ class CeleryTransport:
 
     def running_request_ids(self) -> set[str]:
         """What the live workers hold: this process's requests by their request id, others by wire id."""
-        pending = dict(self._pending)
+        request_of = self._pending.request_ids()
         held = {wire_id for beat in list(self._workers.values()) for wire_id in beat.requests}
-        return {pending[w].request_id if w in pending else w for w in held}
+        return {request_of.get(w, w) for w in held}
 
     def answering(self) -> bool:
         # From the web side's loop, like running_request_ids: it only reads the link loop's tables.
@@ -225,27 +210,27 @@ class CeleryTransport:
         if worker is None:
             stream.push_threadsafe(StreamEvent.failure("overloaded", "every GPU worker is at capacity; try again later"))
             return
-        wire_id = f"{request_id}.{uuid.uuid4().hex[:12]}"
-        self._pending[wire_id] = _Pending(request_id, stream, worker.worker_id, time.monotonic())
-        self._wire_ids[request_id] = wire_id
+        wire_id = self._pending.add(request_id, stream, worker.worker_id)
         self._outgoing.setdefault(worker.worker_id, []).append(
             {"request_id": wire_id, "prompt": prompt, "params": asdict(params), "user": user, "model": model})
         if worker.worker_id not in self._publishing:
             self._publishing.add(worker.worker_id)
             self._loop.create_task(self._publish(worker))
 
+    async def _change_flag(self, name: str, value: bool | int, workers: list[str] | None) -> dict[str, FlagAnswer]:
+        return await self._flags.change(name, value, workers, self._workers, self.reply_channel)
+
     def _routable(self) -> list[Heartbeat]:
         """Workers taking requests: not draining, and whose heartbeat moved lately (a worker killed a
         moment ago still has its key in Redis until it expires). Judged by this process's own clock,
         so clock skew between machines cannot make a live worker look stale."""
-        now, fresh_for = time.monotonic(), 2.5 * settings.WORKBENCH_HEARTBEAT_S
+        now, fresh_for = time.monotonic(), 2.5 * self.link_settings.heartbeat_s
         return [beat for worker_id, beat in self._workers.items()
                 if not beat.draining and now - self._beat_changed.get(worker_id, (0, 0))[1] < fresh_for]
 
     def _least_loaded(self, live: list[Heartbeat]) -> Heartbeat | None:
         def held(beat: Heartbeat) -> int:
-            sent_here = {w for w, p in self._pending.items() if p.worker_id == beat.worker_id}
-            return len(sent_here | set(beat.requests))
+            return len(self._pending.sent_to(beat.worker_id) | set(beat.requests))
 
         loads = [(held(beat), beat) for beat in live]
         open_loads = [(n, beat) for n, beat in loads if n < beat.capacity]
@@ -273,73 +258,9 @@ class CeleryTransport:
                 except Exception as exc:
                     log.warning("could not send %s to %s: %s", ids, worker.worker_id, exc)
                     for wire_id in ids:
-                        self._fail(wire_id, "unavailable", "the request could not reach a GPU worker (is Redis up?)")
+                        self._pending.fail(wire_id, "unavailable", "the request could not reach a GPU worker (is Redis up?)")
         finally:
             self._publishing.discard(worker.worker_id)
-
-    async def _change_flag(self, name: str, value: bool | int, workers: list[str] | None) -> dict[str, FlagAnswer]:
-        targets = list(self._workers) if workers is None else workers
-        answers: dict[str, FlagAnswer] = {w: {"error": "no such worker"} for w in targets if w not in self._workers}
-        asked = [w for w in targets if w in self._workers]
-        change_id = uuid.uuid4().hex
-        waiting = self._flag_answers[change_id] = {w: self._loop.create_future() for w in asked}
-        try:
-            if workers is None and capability(name).settable:  # a start-only flag is only answered
-                try:
-                    await self.presence.redis.hset(wire.flags_key(), name, json.dumps(value))
-                except Exception as exc:
-                    log.warning("flag change %s not kept for later workers: %s", change_id, exc)
-            for worker_id in asked:
-                try:
-                    await self.layer.send(wire.control_channel(worker_id),
-                                          wire.set_flag_message(change_id, name, value, self.reply_channel))
-                except Exception as exc:  # this one is not reached; the others are still waited for
-                    waiting[worker_id].set_result({"error": f"could not reach the worker: {exc}"})
-            if waiting:
-                await asyncio.wait(waiting.values(), timeout=FLAG_ANSWER_S)
-        finally:
-            del self._flag_answers[change_id]
-        for worker_id, answer in waiting.items():
-            answers[worker_id] = answer.result() if answer.done() else \
-                {"error": f"no answer within {FLAG_ANSWER_S:.0f} s (unconfirmed: it may still apply)"}
-        return answers
-
-    def _flag_answered(self, message: dict) -> None:
-        change_id, worker_id = message.get("change_id"), message.get("worker_id")
-        if not isinstance(change_id, str) or not isinstance(worker_id, str):
-            return  # not an answer to a change asked from here
-        answer = self._flag_answers.get(change_id, {}).get(worker_id)
-        if answer is not None and not answer.done():
-            in_force, error = message.get("in_force"), message.get("error")
-            answer.set_result({"in_force": in_force} if error is None else {"error": error})
-
-    def _cancel_request(self, request_id: str) -> None:
-        wire_id = self._wire_ids.get(request_id)
-        if wire_id is not None:
-            self._cancel(wire_id)
-
-    def _cancel(self, wire_id: str) -> None:
-        pending = self._pending.get(wire_id)
-        if pending is not None:
-            self._loop.create_task(self._send_cancel(pending.worker_id, wire_id))
-
-    async def _send_cancel(self, worker_id: str, wire_id: str) -> None:
-        """A few tries: a cancel that cannot get through leaves a worker generating for nobody."""
-        for attempt in range(CANCEL_ATTEMPTS):
-            try:
-                await self.layer.send(wire.control_channel(worker_id), wire.cancel_message(wire_id))
-                return
-            except Exception as exc:
-                log.warning("could not cancel %s on %s (try %d): %s", wire_id, worker_id, attempt + 1, exc)
-                await asyncio.sleep(0.5 * (attempt + 1))
-
-    def _fail(self, wire_id: str, code: str, message: str) -> None:
-        """End a request here with an error, and tell its worker to stop (if it can still hear)."""
-        self._cancel(wire_id)
-        pending = self._pending.pop(wire_id, None)
-        if pending is not None:
-            self._wire_ids.pop(pending.request_id, None)
-            pending.stream.push_threadsafe(StreamEvent.failure(code, message))
 
     async def _receive_forever(self) -> None:
         while True:
@@ -355,9 +276,9 @@ class CeleryTransport:
             for message in messages:
                 try:
                     if message.get("type") == wire.FLAG_DONE:
-                        self._flag_answered(message)
+                        self._flags.answered(message)
                         continue
-                    relayed = (self._relay(wire_id, event) for wire_id, event in wire.events_of(message))
+                    relayed = (self._pending.relay(wire_id, event) for wire_id, event in wire.events_of(message))
                     deliveries += filter(None, relayed)
                 except Exception:  # a garbled message (a worker of another version?) must not end every stream here
                     log.exception("unreadable message on the reply channel; requests it carried end with an error "
@@ -365,24 +286,6 @@ class CeleryTransport:
             # A message holds a worker's step for many requests, a batch several steps: one wake-up of
             # the consumers' loop for all of it.
             deliver(deliveries)
-
-    def _relay(self, wire_id: str, event: StreamEvent) -> tuple[RequestStream, StreamEvent] | None:
-        """What of `event` is new, in order, for its request's stream (None: nothing to pass on)."""
-        pending = self._pending.get(wire_id)
-        if pending is None:
-            return None  # ended here already (lost, or failed to send); its worker has been told or is gone
-        try:
-            fresh = pending.order.accept(event)
-        except DeliveryGap as exc:
-            self._fail(wire_id, "delivery_gap", str(exc))
-            return None
-        pending.confirmed_at = time.monotonic()
-        if fresh is None:
-            return None
-        if fresh.finished:
-            del self._pending[wire_id]
-            self._wire_ids.pop(pending.request_id, None)
-        return pending.stream, fresh
 
     async def _poll_forever(self) -> None:
         while True:
@@ -392,12 +295,12 @@ class CeleryTransport:
                 raise
             except Exception as exc:
                 log.warning("presence: %s: %s", type(exc).__name__, exc)
-                if time.monotonic() - self._polled_at > self.lost_after_s:
+                if time.monotonic() - self._polled_at > self.link_settings.lost_after_s:
                     self._workers = {}  # nothing known for that long: no worker counts as live
             else:
-                self._watch()
-            self._watch_silence()
-            await asyncio.sleep(settings.WORKBENCH_HEARTBEAT_S / 2)
+                self._pending.watch(self._workers)
+            self._pending.watch_silence(self.link_settings.lost_after_s)
+            await asyncio.sleep(self.link_settings.heartbeat_s / 2)
 
     async def _refresh(self) -> None:
         await self.presence.mark_web(self.reply_channel)
@@ -410,21 +313,3 @@ class CeleryTransport:
                 self._beat_changed[worker_id] = (beat.sent_at, now)
         self._beat_changed = {w: seen for w, seen in self._beat_changed.items() if w in workers}
         self._workers = workers
-
-    def _watch(self) -> None:
-        """After a fresh poll: confirm the requests their worker holds; end those whose worker is gone."""
-        now = time.monotonic()
-        for wire_id, pending in list(self._pending.items()):
-            worker = self._workers.get(pending.worker_id)
-            if worker is not None and wire_id in worker.requests:
-                pending.confirmed_at = now
-            elif worker is None and now - pending.confirmed_at > 1.0:
-                self._fail(wire_id, "worker_lost", "the GPU worker serving this request stopped; "
-                                                   "its output so far is kept")
-
-    def _watch_silence(self) -> None:
-        """End the requests nothing has confirmed for lost_after_s (Redis away, or a task that never ran)."""
-        now = time.monotonic()
-        for wire_id, pending in list(self._pending.items()):
-            if now - pending.confirmed_at > self.lost_after_s:
-                self._fail(wire_id, "worker_lost", "the GPU worker serving this request stopped answering")

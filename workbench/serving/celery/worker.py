@@ -85,7 +85,7 @@ class WorkerHost:
 
     async def _open(self) -> None:
         self._beat_now = asyncio.Event()
-        self.layer: OneTripChannelLayer = make_layer()
+        self.layer: OneTripChannelLayer = make_layer(settings.REDIS_URL)
         self.presence = Presence(settings.REDIS_URL, settings.WORKBENCH_QUEUE_PREFIX, settings.WORKBENCH_WORKER_LOST_S)
         for loop in (self._heartbeats, self._control, self._deliveries, self._orphans):
             self._tasks.append(asyncio.create_task(_forever(loop)))
