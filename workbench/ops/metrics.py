@@ -7,6 +7,9 @@ what the transport last heard; a worker that is gone drops out of the scrape.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from django.http import HttpRequest, HttpResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -34,7 +37,9 @@ HISTOGRAMS = {"ttft": ("workbench_time_to_first_token_seconds", "Time to first t
 
 
 class WorkersCollector:
-    def __init__(self, by_worker: dict[str, dict]) -> None:
+    def __init__(self, by_worker: Mapping[str, Mapping[str, Any]]) -> None:
+        """`by_worker`: each worker's MetricsSnapshot (workbench/serving/metrics.py), read by key with a
+        default, so that a worker of another version that sends fewer keys still renders."""
         self.by_worker = by_worker
 
     def collect(self):
@@ -63,7 +68,7 @@ class WorkersCollector:
             yield histograms
 
 
-def _cumulative(histogram: dict) -> list[tuple[str, int]]:
+def _cumulative(histogram: Mapping[str, Any]) -> list[tuple[str, int]]:
     buckets, running = [], 0
     for bound, count in zip([*map(str, histogram["bounds"]), "+Inf"], histogram["counts"]):
         running += count

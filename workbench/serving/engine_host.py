@@ -4,9 +4,9 @@ The engine is single-threaded by design, so the thread owns it: other threads on
 (add, abort, flag), and the thread applies them between steps, steps while any request is unfinished,
 and hands each output to its request's sink (a RequestStream for the in-process transport, inprocess.py;
 the worker's outbox in a Celery worker, worker.py). A cancel therefore reaches the engine at its next
-step. What other threads may read (load, flags, metrics, the inspection snapshot) is published as one
-immutable Load after each step; the engine is read only through its public surface (Engine.stats(),
-apply_flags(), leak_events_since(), flags()) and engine/host/inspection.py.
+step. What other threads may read (the requests held, flags, metrics, the inspection snapshot) is
+published as one immutable HostSnapshot after each step; the engine is read only through its public
+surface (Engine.stats(), apply_flags(), leak_events_since(), flags()) and engine/host/inspection.py.
 """
 
 from __future__ import annotations
@@ -17,16 +17,16 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, replace
-from typing import Callable, assert_never
+from typing import Callable, assert_never, cast
 
 from engine import Engine, InvalidSamplingParams, PromptError, RequestError, SamplingParams
 from engine.host.inspection import engine_state
 from engine.loading.tokenizer import Tokenizer, TokenizerError
 from engine.outputs import RequestOutput
-from workbench.serving.metrics import EngineMetrics
+from workbench.serving.metrics import EngineMetrics, MetricsSnapshot
 from workbench.serving.stream_interval import DeltaHold
 from workbench.serving.streams import Sink, StreamEvent, deliver
-from workbench.serving.transport import Flags, Snapshot
+from workbench.serving.transport import EngineState, Flags
 
 log = logging.getLogger(__name__)
 
@@ -45,14 +45,15 @@ FlagDone = Callable[[Flags | None, str | None], None]
 
 
 @dataclass(frozen=True)
-class Load:
-    """What the engine holds, as of its last step: read by other threads without touching the engine."""
+class HostSnapshot:
+    """The host's state as of the engine's last step: what it holds, its flags, metrics and inspection,
+    read by other threads without touching the engine."""
     running: int = 0
     waiting: int = 0
     request_ids: tuple[str, ...] = ()
-    metrics: Snapshot | None = None  # EngineMetrics.snapshot
+    metrics: MetricsSnapshot | None = None
     flags: Flags | None = None  # the runtime flags in force
-    state: Snapshot | None = None  # engine/host/inspection.py's engine_state, for the operator dashboard
+    state: EngineState | None = None  # for the operator dashboard
 
 
 # What other threads ask of the engine thread, applied between steps in the order asked.
@@ -109,14 +110,14 @@ class EngineHost:
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
         self._engine: Engine | None = None
         self.startup_error: BaseException | None = None
-        self._load = Load()
+        self._snapshot = HostSnapshot()
         # Requests handed over by another thread and not yet taken in by the engine thread (they wait
-        # for the step in flight, seconds under load): `load` counts them as held, so a Celery worker's
+        # for the step in flight, seconds under load): `snapshot` counts them as held, so a Celery worker's
         # heartbeat lists them and its web side does not take them for lost (under load a first wave of
         # requests would all end worker_lost while the worker's first step ran for seconds).
         self._arriving: set[str] = set()
         self._arriving_lock = threading.Lock()
-        self._taken_in: list[str] = []  # added to the engine (or refused) since the last published load
+        self._taken_in: list[str] = []  # added to the engine (or refused) since the last published snapshot
         self.metrics = EngineMetrics()
         self.engine_run = uuid.uuid4().hex[:12]  # this engine's start, as its records in the database name it
 
@@ -131,13 +132,13 @@ class EngineHost:
         self._thread.join(timeout=10)
 
     @property
-    def load(self) -> Load:
-        """What the engine holds as of its last step, and the requests handed to it since (not yet taken
-        in): readable from any thread."""
-        load = self._load
+    def snapshot(self) -> HostSnapshot:
+        """The host's state as of the engine's last step, its requests counting those handed to it since
+        (not yet taken in): readable from any thread."""
+        snapshot = self._snapshot
         with self._arriving_lock:
-            arriving = tuple(r for r in self._arriving if r not in load.request_ids)
-        return replace(load, request_ids=load.request_ids + arriving) if arriving else load
+            arriving = tuple(r for r in self._arriving if r not in snapshot.request_ids)
+        return replace(snapshot, request_ids=snapshot.request_ids + arriving) if arriving else snapshot
 
     @property
     def engine(self) -> Engine:
@@ -182,7 +183,7 @@ class EngineHost:
             self.startup_error = exc
             self._ready.set()
             return
-        self._publish_load()
+        self._publish_snapshot()
         self._ready.set()
         while True:
             # Idle: block until work arrives. Busy: take what is queued and step.
@@ -194,10 +195,10 @@ class EngineHost:
                 return
             for command in commands:
                 self._apply(command)
-            self._publish_load()  # before the step: a long prefill must not hide what it holds
+            self._publish_snapshot()  # before the step: a long prefill must not hide what it holds
             if self.engine.has_unfinished_requests():
                 self._step()
-                self._publish_load()
+                self._publish_snapshot()
             elif self._flags_waiting:
                 self.engine.apply_flags()  # idle: this is the step boundary
             self._acknowledge_flags()
@@ -224,7 +225,7 @@ class EngineHost:
 
     def _add(self, command: _Add) -> None:
         request_id, sink = command.request_id, command.sink
-        self._taken_in.append(request_id)  # held or answered from here on; _publish_load says so
+        self._taken_in.append(request_id)  # held or answered from here on; _publish_snapshot says so
         if self._canceled_early.pop(request_id, None) is not None:
             sink.push_threadsafe(StreamEvent(finished=True, finish_reason="canceled"))
             return
@@ -286,30 +287,31 @@ class EngineHost:
 
     def _acknowledge_flags(self) -> None:
         if self._flags_waiting:
-            self._publish_load()  # the flags now in force, before anyone hears they are
+            self._publish_snapshot()  # the flags now in force, before anyone hears they are
             for done in self._flags_waiting:
-                _tell(done, self._load.flags, None)
+                _tell(done, self._snapshot.flags, None)
             self._flags_waiting.clear()
 
-    def _publish_load(self) -> None:
+    def _publish_snapshot(self) -> None:
         stats, request_ids, flags = self.engine.stats(), tuple(self._sinks), self.engine.flags()
-        self._load = Load(running=stats.running, waiting=stats.waiting,
-                          request_ids=request_ids, metrics=self.metrics.snapshot(stats),
-                          flags=flags, state=self._state(request_ids, flags))
-        if self._taken_in:  # after the new load: a request is always in one or the other
+        self._snapshot = HostSnapshot(running=stats.running, waiting=stats.waiting,
+                                      request_ids=request_ids, metrics=self.metrics.snapshot(stats),
+                                      flags=flags, state=self._state(request_ids, flags))
+        if self._taken_in:  # after the new snapshot: a request is always in one or the other
             with self._arriving_lock:
                 self._arriving.difference_update(self._taken_in)
             self._taken_in.clear()
 
-    def _state(self, request_ids: tuple[str, ...], flags: Flags) -> Snapshot:
+    def _state(self, request_ids: tuple[str, ...], flags: Flags) -> EngineState:
         now = time.monotonic()
         _, self._leak_cursor = self.engine.leak_events_since(self._leak_cursor)
         key = (request_ids, self._leak_cursor, tuple(flags.values()), self.sequences_in_state)
-        if self._load.state is not None and key == self._state_key and now - self._state_at < STATE_EVERY_S:
-            return self._load.state
+        if self._snapshot.state is not None and key == self._state_key and now - self._state_at < STATE_EVERY_S:
+            return self._snapshot.state
         self._state_key, self._state_at = key, now
         try:
-            return engine_state(self.engine, self._users, with_sequences=self.sequences_in_state)
+            # A plain dict on the engine's side (engine/ imports nothing of workbench/): EngineState names its keys.
+            return cast(EngineState, engine_state(self.engine, self._users, with_sequences=self.sequences_in_state))
         except Exception as exc:  # a view for operators must never stop the engine serving
             log.exception("the engine's inspection snapshot failed")
             return {"error": f"{type(exc).__name__}: {exc}"}

@@ -2,8 +2,8 @@
 
 It is the Transport (transport.py) over one EngineHost (engine_host.py): a request's stream is a
 RequestStream that the engine thread pushes to directly, and every operator call names the one worker
-there is, LOCAL_WORKER. Everything it reports comes from the host's published Load, so the consumers'
-event loop never waits for the engine thread.
+there is, LOCAL_WORKER. Everything it reports comes from the host's published HostSnapshot, so the
+consumers' event loop never waits for the engine thread.
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from typing import Callable
 from engine import SamplingParams
 from engine.loading.tokenizer import Tokenizer
 from workbench.serving.engine_host import EngineHost
+from workbench.serving.metrics import MetricsSnapshot
 from workbench.serving.streams import RequestStream, StreamEvent
-from workbench.serving.transport import FLAG_ANSWER_S, FlagAnswer, Flags, Snapshot, WorkerView
+from workbench.serving.transport import FLAG_ANSWER_S, FlagAnswer, Flags, WorkerView
 
 LOCAL_WORKER = "in-process"  # the in-process transport's one engine, by the name a worker would have
 
@@ -58,13 +59,13 @@ class InProcessTransport:
     async def cancel_as_operator(self, worker: str, request_id: str) -> str | None:
         if worker != LOCAL_WORKER:
             return "no such worker"
-        if request_id not in self.host.load.request_ids:
+        if request_id not in self.host.snapshot.request_ids:
             return "no such request on this worker (it may have just finished)"
         self.host.cancel(request_id, by_operator=True)
         return None
 
     def running_request_ids(self) -> set[str]:
-        return set(self.host.load.request_ids)
+        return set(self.host.snapshot.request_ids)
 
     def answering(self) -> bool:
         return self.host.serving
@@ -90,10 +91,10 @@ class InProcessTransport:
         return answers
 
     def flags_in_force(self) -> dict[str, Flags]:
-        return {LOCAL_WORKER: self.host.load.flags or {}}
+        return {LOCAL_WORKER: self.host.snapshot.flags or {}}
 
-    def metrics_by_worker(self) -> dict[str, Snapshot]:
-        metrics = self.host.load.metrics
+    def metrics_by_worker(self) -> dict[str, MetricsSnapshot]:
+        metrics = self.host.snapshot.metrics
         return {LOCAL_WORKER: metrics} if metrics else {}
 
     def watch_state(self) -> Callable[[], None]:
@@ -102,7 +103,7 @@ class InProcessTransport:
         return lambda: None
 
     def workers_view(self) -> dict[str, WorkerView]:
-        load, config = self.host.load, self.host.engine.config
+        snapshot, config = self.host.snapshot, self.host.engine.config
         return {LOCAL_WORKER: {"device": config.device, "model": config.model, "engine_run": self.host.engine_run,
-                               "running": load.running, "waiting": load.waiting, "draining": False,
-                               "flags": load.flags or {}, "state": load.state or {}}}
+                               "running": snapshot.running, "waiting": snapshot.waiting, "draining": False,
+                               "flags": snapshot.flags or {}, "state": snapshot.state or {}}}

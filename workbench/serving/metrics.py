@@ -2,8 +2,9 @@
 
 EngineHost (engine_host.py) feeds every output to `observe` and takes a `snapshot` of the engine's
 stats (Engine.stats()) after each step; a Celery worker sends its snapshot in its heartbeat, so the web
-side's /metrics (workbench/ops/metrics.py) can show every worker without reaching into any engine. Histograms are cumulative bucket counts, as Prometheus
-keeps them.
+side's /metrics (workbench/ops/metrics.py) can show every worker without reaching into any engine.
+Histograms are bucket counts and a sum; /metrics accumulates them as Prometheus keeps them.
+MetricsSnapshot is that snapshot's shape, the contract between the engine's side and /metrics.
 """
 
 from __future__ import annotations
@@ -11,12 +12,38 @@ from __future__ import annotations
 import time
 from bisect import bisect_left
 from collections import Counter
+from typing import TypedDict
 
 from engine.host.stats import EngineStats
 from engine.outputs import RequestOutput
 
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+
+
+class HistogramSnapshot(TypedDict):
+    bounds: list[float]  # each bucket's upper bound
+    counts: list[int]  # per bucket, the last for +Inf (one more than bounds)
+    sum: float
+
+
+class MetricsSnapshot(TypedDict):
+    """One engine's serving metrics: gauges as of its last step, counters since it started."""
+    running: int
+    waiting: int
+    kv_cache_usage: float
+    prefix_cache_usage: float
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    preemptions: int
+    prompt_tokens: int
+    generation_tokens: int
+    finished: dict[str, int]  # finished requests by finish_reason
+    device_loop_bursts: int
+    parked_tokens_dropped: int
+    replay_max_delta: float
+    ttft: HistogramSnapshot
+    itl: HistogramSnapshot
 
 
 class Histogram:
@@ -29,7 +56,7 @@ class Histogram:
         self.counts[bisect_left(self.bounds, value)] += times
         self.total += value * times
 
-    def snapshot(self) -> dict[str, object]:
+    def snapshot(self) -> HistogramSnapshot:
         return {"bounds": list(self.bounds), "counts": list(self.counts), "sum": self.total}
 
 
@@ -64,7 +91,7 @@ class EngineMetrics:
         self._last_delta.pop(request_id, None)
         self.finished["error"] += 1
 
-    def snapshot(self, stats: EngineStats) -> dict[str, object]:
+    def snapshot(self, stats: EngineStats) -> MetricsSnapshot:
         """Counters and gauges as of `stats` (the engine's, taken on its thread just now) and this."""
         return {
             "running": stats.running, "waiting": stats.waiting,

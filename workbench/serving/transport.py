@@ -13,13 +13,28 @@ from typing import Callable, NotRequired, Protocol, TypedDict, runtime_checkable
 
 from engine import SamplingParams
 from engine.loading.tokenizer import Tokenizer
+from workbench.serving.metrics import MetricsSnapshot
 from workbench.serving.streams import RequestStream
 
 # A flag change is in force after the engine's next step boundary: milliseconds, unless it is stuck.
 FLAG_ANSWER_S = 10.0
 
 Flags = dict[str, bool | int]  # the runtime flags in force on one worker, by name (engine/host/capabilities.py)
-Snapshot = dict[str, object]  # JSON-ready data: a metrics snapshot (metrics.py), an inspection (engine/host/inspection.py)
+
+
+class EngineState(TypedDict, total=False):
+    """An engine's inspection for the operator dashboard: engine/host/inspection.py's engine_state (every
+    key but `error`), or only `error` when taking it failed, or empty before the first. JSON-ready; the
+    page and the ops app (recorder.py, request_cancels.py) read it."""
+    device_loop: dict[str, object]  # enabled, engaged, killed and why, generation, bursts, resets, parked
+    parked_slots: list[dict[str, object]]  # per decode row: its owner, tokens parked, whether the owner lives
+    capture: dict[str, object]  # graph capture's mode and reason, replays
+    sequences: list[dict[str, object]] | None  # the live sequences; None while no dashboard watches a worker
+    sequence_count: int
+    leak_events: list[dict[str, object]]  # the latest, each with its `number`
+    prefix_cache: dict[str, object]  # enabled, scope, usage, queries, hits, hit_rate
+    replay_checks: list[dict[str, object]]  # the latest and the divergent replay verifications, each with `replay`
+    error: str
 
 
 class FlagAnswer(TypedDict, total=False):
@@ -37,7 +52,7 @@ class WorkerView(TypedDict):
     waiting: int
     draining: bool
     flags: Flags
-    state: Snapshot  # engine/host/inspection.py's engine_state, or {"error": ...}
+    state: EngineState
     heartbeat_age_s: NotRequired[int]  # a Celery worker's, whole seconds since its last heartbeat
 
 
@@ -96,7 +111,7 @@ class Transport(Protocol):
 
     def flags_in_force(self) -> dict[str, Flags]: ...
 
-    def metrics_by_worker(self) -> dict[str, Snapshot]: ...
+    def metrics_by_worker(self) -> dict[str, MetricsSnapshot]: ...
 
     def watch_state(self) -> Callable[[], None]:
         """A dashboard opens: the workers' views carry their sequence lists until the returned unwatch."""

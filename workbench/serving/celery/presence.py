@@ -18,6 +18,9 @@ import json
 import time
 from dataclasses import asdict, dataclass, field
 
+from workbench.serving.metrics import MetricsSnapshot
+from workbench.serving.transport import EngineState
+
 import redis
 import redis.asyncio as aioredis
 
@@ -44,9 +47,9 @@ class Heartbeat:
     requests: list[str] = field(default_factory=list)
     flags: dict = field(default_factory=dict)
     draining: bool = False  # shutting down: finishing what it holds, taking nothing new
-    metrics: dict = field(default_factory=dict)  # workbench/serving/metrics.py snapshot
+    metrics: MetricsSnapshot | dict[str, object] = field(default_factory=dict)  # {} before the engine's first
     engine_run: str = ""  # the engine's start (EngineHost.engine_run): names its recorded events
-    state: dict = field(default_factory=dict)  # engine/host/inspection.py snapshot, for the dashboard
+    state: EngineState = field(default_factory=lambda: EngineState())
     sent_at: float = 0.0
 
     def to_json(self) -> str:

@@ -22,7 +22,7 @@ import threading
 import time
 from dataclasses import asdict
 from functools import partial
-from typing import Callable
+from typing import Callable, cast
 
 from engine import SamplingParams
 from engine.loading.loader import load_tokenizer
@@ -34,8 +34,9 @@ from workbench.serving.celery.link_settings import LinkSettings
 from workbench.serving.celery.pending import PendingRequests
 from workbench.serving.celery.presence import Heartbeat, Presence
 from workbench.serving.celery.redis_layer import make_layer
+from workbench.serving.metrics import MetricsSnapshot
 from workbench.serving.streams import RequestStream, StreamEvent, deliver
-from workbench.serving.transport import FlagAnswer, Flags, Snapshot, WorkerView
+from workbench.serving.transport import FlagAnswer, Flags, WorkerView
 
 log = logging.getLogger(__name__)
 
@@ -152,8 +153,10 @@ class CeleryTransport:
     def flags_in_force(self) -> dict[str, Flags]:
         return {worker_id: beat.flags for worker_id, beat in self._workers.items()}
 
-    def metrics_by_worker(self) -> dict[str, Snapshot]:
-        return {worker_id: beat.metrics for worker_id, beat in self._workers.items() if beat.metrics}
+    def metrics_by_worker(self) -> dict[str, MetricsSnapshot]:
+        # A heartbeat's metrics are its engine's MetricsSnapshot, or {} before the first.
+        return {worker_id: cast(MetricsSnapshot, beat.metrics) for worker_id, beat in self._workers.items()
+                if beat.metrics}
 
     def watch_state(self) -> Callable[[], None]:
         """A dashboard opens: the workers include their sequence lists in their heartbeats (within one
@@ -258,7 +261,8 @@ class CeleryTransport:
                 except Exception as exc:
                     log.warning("could not send %s to %s: %s", ids, worker.worker_id, exc)
                     for wire_id in ids:
-                        self._pending.fail(wire_id, "unavailable", "the request could not reach a GPU worker (is Redis up?)")
+                        self._pending.fail(wire_id, "unavailable",
+                                           "the request could not reach a GPU worker (is Redis up?)")
         finally:
             self._publishing.discard(worker.worker_id)
 

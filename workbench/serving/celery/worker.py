@@ -108,12 +108,12 @@ class WorkerHost:
         """Warm shutdown: take nothing new, let held requests finish (up to WORKBENCH_DRAIN_S), then cancel."""
         self.begin_drain()
         deadline = time.monotonic() + settings.WORKBENCH_DRAIN_S
-        while self.engine_host.load.request_ids and time.monotonic() < deadline:
+        while self.engine_host.snapshot.request_ids and time.monotonic() < deadline:
             time.sleep(0.1)
-        for request_id in self.engine_host.load.request_ids:
+        for request_id in self.engine_host.snapshot.request_ids:
             self.engine_host.cancel(request_id)
         deadline = time.monotonic() + 5  # the cancels' final events reach the outbox and go out
-        while (self.engine_host.load.request_ids or self.outbox) and time.monotonic() < deadline:
+        while (self.engine_host.snapshot.request_ids or self.outbox) and time.monotonic() < deadline:
             time.sleep(0.05)
         self.engine_host.stop()
         self._retired = True
@@ -179,16 +179,16 @@ class WorkerHost:
     async def _heartbeats(self) -> None:
         first = True
         while not self._retired:
-            load = self.engine_host.load
-            sent_requests = load.request_ids
+            snapshot = self.engine_host.snapshot
+            sent_requests = snapshot.request_ids
             watched = await self.presence.beat(Heartbeat(
                 worker_id=self.worker_id, queue=self.queue,
                 hostname=socket.gethostname(), pid=os.getpid(), device=self.engine_config.device,
                 model=self.engine_config.model, capacity=settings.WORKBENCH_WORKER_CAPACITY,
-                started_at=self.started_at, running=load.running, waiting=load.waiting,
-                requests=list(load.request_ids), flags=load.flags or {},
-                draining=self._draining, metrics=load.metrics or {}, engine_run=self.engine_host.engine_run,
-                state=load.state or {}))
+                started_at=self.started_at, running=snapshot.running, waiting=snapshot.waiting,
+                requests=list(snapshot.request_ids), flags=snapshot.flags or {},
+                draining=self._draining, metrics=snapshot.metrics or {}, engine_run=self.engine_host.engine_run,
+                state=snapshot.state or {}))
             if watched != self.engine_host.sequences_in_state:
                 self.engine_host.sequences_in_state = watched
                 if watched:  # a dashboard just opened: the list once the engine has taken it (<= 0.1 s)
@@ -209,7 +209,7 @@ class WorkerHost:
                 await asyncio.wait_for(self._beat_now.wait(), min(left, EARLY_BEAT_S))
                 return
             except asyncio.TimeoutError:
-                if self.engine_host.load.request_ids != sent_requests:
+                if self.engine_host.snapshot.request_ids != sent_requests:
                     return
 
     async def _control(self) -> None:
