@@ -20,15 +20,22 @@ from engine.loading.tensor_checks import check_complete, check_tensor, expected_
 from engine.model import LlamaForCausalLM
 
 
+# Where the output head's weight comes from: the embedding's data when the two are tied.
+HEAD_SOURCES = {True: "model.embed_tokens.weight", False: "lm_head.weight"}
+
+
 def load_gguf_weights(model: LlamaForCausalLM, checkpoint: GGUFCheckpoint, dtype: torch.dtype,
                       quantized: bool) -> None:
     expected = expected_tensors(model)
     seen: set[str] = set()
     kept = {}  # module path -> its GGUF tensor, for the weights served quantized
+    by_name: dict[str, GGUFTensor] = {}  # the head's candidates, kept from the one pass over the file
     with torch.no_grad():
         for tensor in checkpoint.tensors():
             check_tensor(expected, checkpoint.path.name, tensor.name, tensor.shape)
             seen.add(tensor.name)
+            if tensor.name in HEAD_SOURCES.values():
+                by_name[tensor.name] = tensor
             if quantized and _servable_quantized(tensor):
                 kept[tensor.name.removesuffix(".weight")] = tensor
                 continue
@@ -36,7 +43,7 @@ def load_gguf_weights(model: LlamaForCausalLM, checkpoint: GGUFCheckpoint, dtype
             expected[tensor.name].copy_(torch.from_numpy(values).to(dtype))
     check_complete(expected, seen)
     if quantized and dtype == torch.bfloat16:
-        head = _quantized_head(checkpoint, model.config.tie_word_embeddings)
+        head = _quantized_head(by_name.get(HEAD_SOURCES[model.config.tie_word_embeddings]))
         if head is not None:
             kept["lm_head"] = head
     if kept:
@@ -50,14 +57,12 @@ def load_gguf_weights(model: LlamaForCausalLM, checkpoint: GGUFCheckpoint, dtype
                                                            bias=linear.bias))
 
 
-def _quantized_head(checkpoint: GGUFCheckpoint, tied: bool) -> GGUFTensor | None:
+def _quantized_head(tensor: GGUFTensor | None) -> GGUFTensor | None:
     """The output head's GGUF tensor where the native kernels can serve it, else None."""
     from kernels import cpu
 
     if not cpu.native_available():
         return None
-    name = "model.embed_tokens.weight" if tied else "lm_head.weight"
-    tensor = next((t for t in checkpoint.tensors() if t.name == name), None)
     return tensor if tensor is not None and _servable_type(tensor) else None
 
 
