@@ -115,16 +115,19 @@ def _build_tiny_checkpoint(out_dir: Path, model_type: str, seed: int, **override
     import transformers
 
     config_class = {"llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig,
-                    "qwen2": transformers.Qwen2Config}[model_type]
+                    "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config,
+                    "phi3": transformers.Phi3Config, "gemma3_text": transformers.Gemma3TextConfig}[model_type]
     config = config_class(**{**TINY_BASE, **overrides})
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     # HF initialises with std 0.02, which leaves tiny models with nearly flat logits; a wider spread
     # gives greedy decoding clear winners, so a parity failure means a real difference, not a tie.
+    # Gemma multiplies the embedding by sqrt(hidden_size): 0.15 there makes every greedy run one token.
+    spread = 0.05 if model_type == "gemma3_text" else 0.15
     with torch.no_grad():
         for name, param in model.named_parameters():
             if param.dim() == 2:
-                param.normal_(0, 0.15)
+                param.normal_(0, spread)
             elif "bias" in name:
                 param.normal_(0, 0.1)
     model.save_pretrained(out_dir)

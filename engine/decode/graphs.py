@@ -102,6 +102,7 @@ class DecodeGraphs:
         self.model, self.kv_cache, self.max_blocks = model, kv_cache, max_blocks
         self.dtype, self.device = dtype, device
         self.sliding_window = model.config.sliding_window
+        self.some_layers_windowed = model.config.mixes_windows
         self.verify = VerifySettings(every=verify_every, always=verify_always, bisect=layer_bisect)
         self.replays = 0
         self.refusal: str | None = None
@@ -240,7 +241,8 @@ class DecodeGraphs:
 
     @torch.inference_mode()
     def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
-        metadata = decode_metadata(block_tables, positions, self.kv_cache.block_size, self.sliding_window, self.dtype)
+        metadata = decode_metadata(block_tables, positions, self.kv_cache.block_size, self.sliding_window, self.dtype,
+                                   self.some_layers_windowed)
         return self.model.logits(self.model(input_ids, positions, metadata, self.kv_cache))
 
     # -- verification ---------------------------------------------------------------------------

@@ -106,7 +106,8 @@ class ModelRunner:
         metadata = AttentionMetadata.build(
             block_size=self.kv_cache.block_size, block_tables=[s.block_table for s in seqs],
             cached_lens=[s.num_cached for s in seqs], query_lens=feeds,
-            sliding_window=self.loaded.config.sliding_window, device=device, dtype=self.loaded.dtype)
+            sliding_window=self.loaded.config.sliding_window, some_layers_windowed=self.loaded.config.mixes_windows,
+            device=device, dtype=self.loaded.dtype)
         ids = device_tensor([t for s, n in zip(seqs, feeds) for t in s.uncached_tokens()[:n]], device)
         model = self.loaded.model
         hidden = model(ids, metadata.positions, metadata, self.kv_cache)

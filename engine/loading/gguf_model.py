@@ -23,23 +23,39 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from engine.loading.fused_tensors import split_rows
 from engine.loading.model_errors import ModelLoadError
 from engine.loading.tokenizer import Tokenizer, TokenizerError
 from engine.model import ConfigError, ModelConfig
 
 # general.architecture -> our model_type. llama.cpp writes most Mistral models as "llama".
-ARCHITECTURES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2"}
+ARCHITECTURES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3",
+                 "gemma3": "gemma3_text"}
 # Architectures whose converter permuted the Q/K rows (llama.cpp's `permute` in convert_hf_to_gguf).
 _PERMUTED_QK = {"llama", "mistral"}
 _REQUIRED = object()
+# Tensors that are settings, not parameters: Llama 3.1's RoPE scaling as per-frequency factors.
+ROPE_FREQS = "rope_freqs.weight"
 
 _GLOBAL_TENSORS = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
                    "output.weight": "lm_head.weight"}
 _LAYER_TENSORS = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
                   "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
+                  "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
                   "ffn_norm": "post_attention_layernorm", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
                   "ffn_down": "mlp.down_proj"}
+# Where an architecture's names differ from Llama's: Phi-3's fused projections (split on loading,
+# engine/loading/fused_tensors.py), Gemma's norms around attention and MLP.
+_ARCHITECTURE_TENSORS = {
+    "phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
+    "gemma3": {"post_attention_norm": "post_attention_layernorm", "ffn_norm": "pre_feedforward_layernorm",
+               "post_ffw_norm": "post_feedforward_layernorm"},
+}
 _LAYER_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+# llama.cpp's Gemma 3 defaults where the file is silent: every sixth layer attends to the whole
+# context, the others within the window, with RoPE base 10,000 there.
+_GEMMA3_WINDOW_PATTERN = 6
+_GEMMA3_SLIDING_ROPE_BASE = 10000.0
 
 
 @dataclass(frozen=True)
@@ -73,11 +89,9 @@ class GGUFTensor:
 
 class GGUFCheckpoint:
     def __init__(self, path: Path) -> None:
-        import gguf  # imported here: only GGUF models need it
-
         self.path = path
         try:
-            self._reader = gguf.GGUFReader(str(path))
+            self._reader = _reader_class()(str(path))
         except Exception as exc:  # the reader raises ValueError, struct.error, ... on a malformed file
             raise ModelLoadError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc})") from exc
         architecture = self.metadata("general.architecture")
@@ -113,9 +127,9 @@ class GGUFCheckpoint:
         if self._arch("rope.dimension_count", head_dim) != head_dim:
             raise ModelLoadError(f"{self.path}: RoPE over {self._arch('rope.dimension_count')} of {head_dim} "
                                  "head features (partial rotary) is not supported")
-        if "rope_freqs.weight" in self._tensor_names:
-            raise ModelLoadError(f"{self.path}: per-frequency RoPE factors (rope_freqs.weight, Llama 3.1's "
-                                 "scaling) are not supported yet")
+        longrope = sorted(self._tensor_names & {"rope_factors_long.weight", "rope_factors_short.weight"})
+        if longrope:
+            raise ModelLoadError(f"{self.path}: LongRoPE scaling ({', '.join(longrope)}) is not supported")
         raw = {
             "model_type": ARCHITECTURES[self.architecture],
             "vocab_size": self._arch("vocab_size", None) or len(self.metadata("tokenizer.ggml.tokens")),
@@ -132,11 +146,33 @@ class GGUFCheckpoint:
             "tie_word_embeddings": "output.weight" not in self._tensor_names,
             "attention_bias": "blk.0.attn_q.bias" in self._tensor_names,
             "sliding_window": self._arch("attention.sliding_window", None),
+            "rope_freq_factors": self._rope_freq_factors(),
+            "final_logit_softcapping": self._arch("final_logit_softcapping", None),
+            "attn_logit_softcapping": self._arch("attn_logit_softcapping", None),
         }
+        if self.architecture == "gemma3":
+            raw.update(self._gemma3_settings(raw, head_dim))
         try:
             return ModelConfig.from_hf_dict(raw)
         except ConfigError as exc:
             raise ModelLoadError(f"{self.path}: {exc}") from exc
+
+    def _rope_freq_factors(self) -> list[float] | None:
+        tensor = next((t for t in self._reader.tensors if t.name == ROPE_FREQS), None)
+        return None if tensor is None else [float(v) for v in np.asarray(tensor.data, dtype=np.float32).reshape(-1)]
+
+    def _gemma3_settings(self, raw: dict[str, Any], head_dim: int) -> dict[str, Any]:
+        """What llama.cpp assumes for a Gemma 3 file where its metadata is silent."""
+        layers = raw["num_hidden_layers"]
+        pattern = self._arch("attention.sliding_window_pattern", _GEMMA3_WINDOW_PATTERN)
+        if isinstance(pattern, list):  # one flag per layer: True where the layer is windowed
+            kinds = ["sliding_attention" if windowed else "full_attention" for windowed in pattern]
+        else:
+            kinds = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(layers)]
+        # Gemma 3 27B scales queries by hidden_size / heads, the others by their head size (llama.cpp).
+        scalar = raw["hidden_size"] // raw["num_attention_heads"] if layers == 62 else head_dim
+        return {"layer_types": kinds, "query_pre_attn_scalar": scalar,
+                "rope_local_base_freq": self._arch("rope.freq_base_swa", _GEMMA3_SLIDING_ROPE_BASE)}
 
     def _rope_scaling(self) -> dict | None:
         kind = self._arch("rope.scaling.type", "none")
@@ -166,6 +202,8 @@ class GGUFCheckpoint:
         """Every tensor of the file under its HF name and in HF's shape (the loader checks the shapes)."""
         config = self.config
         for tensor in self._reader.tensors:
+            if tensor.name == ROPE_FREQS:  # read into the config
+                continue
             name = self._hf_name(tensor.name)
             shape = tuple(int(n) for n in reversed(tensor.shape))  # ggml lists the fastest dimension first
             row_order = None
@@ -176,16 +214,42 @@ class GGUFCheckpoint:
             raw = tensor.data
             if raw.ndim == 1 and len(shape) == 2:
                 raw = raw.reshape(shape[0], -1)
-            yield GGUFTensor(name, tensor.name, tensor.tensor_type, shape, raw, row_order)
+            parts = split_rows(config, name, shape[0])
+            if parts is None:
+                yield GGUFTensor(name, tensor.name, tensor.tensor_type, shape, raw, row_order)
+                continue
+            for part, rows in parts:
+                part_raw = raw[rows]
+                yield GGUFTensor(part, tensor.name, tensor.tensor_type, (part_raw.shape[0], *shape[1:]), part_raw, None)
 
     def _hf_name(self, gguf_name: str) -> str:
         if gguf_name in _GLOBAL_TENSORS:
             return _GLOBAL_TENSORS[gguf_name]
         match = _LAYER_NAME.fullmatch(gguf_name)
-        if match is None or match.group(2) not in _LAYER_TENSORS:
+        names = {**_LAYER_TENSORS, **_ARCHITECTURE_TENSORS.get(self.architecture, {})}
+        if match is None or match.group(2) not in names:
             raise ModelLoadError(f"{self.path}: unexpected tensor {gguf_name!r} for this architecture")
         layer, part, kind = match.groups()
-        return f"model.layers.{layer}.{_LAYER_TENSORS[part]}.{kind}"
+        return f"model.layers.{layer}.{names[part]}.{kind}"
+
+
+def _reader_class() -> type:
+    import gguf  # imported here: only GGUF models need it
+
+    class PlainArrayReader(gguf.GGUFReader):
+        """gguf's reader over a plain ndarray view of its memory map: the reader makes a view per
+        metadata element, and a memmap's view costs several times a plain one's (a 262,144-piece
+        vocabulary: 20 s to read, 10 s plain, measured)."""
+
+        @property  # type: ignore[override]  # a plain view where gguf declares its memmap
+        def data(self) -> np.ndarray:
+            return self._plain
+
+        @data.setter
+        def data(self, value: np.ndarray) -> None:
+            self._plain = value.view(np.ndarray)
+
+    return PlainArrayReader
 
 
 def _unpermute_rows(rows: int, heads: int) -> np.ndarray:

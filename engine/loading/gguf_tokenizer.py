@@ -4,9 +4,9 @@ A GGUF carries no tokenizer.json: llama.cpp stores the vocabulary, the merges, e
 special ids as metadata (`tokenizer.ggml.*`), and the chat template as `tokenizer.chat_template`. This
 module rebuilds the byte-level BPE tokenizer those keys describe (`tokenizer.ggml.model == "gpt2"`:
 SmolLM, Qwen2, Llama 3 and most recent models), splitting text the way the vocabulary's merges were
-learned (`tokenizer.ggml.pre`), and hands it to our `Tokenizer`, so encode, decode and chat rendering
-behave as for an HF directory. Sentencepiece vocabularies (`"llama"`: Llama 2, Mistral 7B) are refused
-by name for now.
+learned (`tokenizer.ggml.pre`), or the SentencePiece BPE vocabulary (`"llama"`: Llama 2, Mistral 7B,
+TinyLlama, Gemma; engine/loading/sentencepiece_vocab.py), and hands it to our `Tokenizer`, so encode,
+decode and chat rendering behave as for an HF directory.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any, Callable, cast
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
 from tokenizers import Tokenizer as BackendTokenizer
 
+from engine.loading.sentencepiece_vocab import gemma_pieces, sentencepiece_backend
 from engine.loading.tokenizer import Tokenizer, TokenizerError
 
 # llama.cpp's token types (gguf.TokenType): CONTROL tokens are special (never split, skipped on
@@ -40,18 +41,47 @@ def tokenizer_from_gguf(metadata: Callable[..., Any], source: str) -> Tokenizer:
     """`metadata(key, default=...)` reads one GGUF key (engine/loading/gguf_model.py); `source` names the file
     in errors."""
     kind = metadata("tokenizer.ggml.model", None)
-    if kind != "gpt2":
+    if kind not in ("gpt2", "llama"):
         raise TokenizerError(f"{source}: tokenizer.ggml.model {kind!r} is not supported; "
-                             "supported: 'gpt2' (byte-level BPE)")
+                             "supported: 'gpt2' (byte-level BPE), 'llama' (SentencePiece BPE)")
+    tokens: list[str] = metadata("tokenizer.ggml.tokens")
+    types: list[int] = metadata("tokenizer.ggml.token_type", [1] * len(tokens))
+    if len(types) != len(tokens):
+        raise TokenizerError(f"{source}: {len(types)} token types for {len(tokens)} tokens")
+    if kind == "llama" and str(metadata("general.architecture", "")).startswith("gemma"):
+        tokens = gemma_pieces(tokens)
+    backend = (_byte_level_backend(metadata, source, tokens) if kind == "gpt2"
+               else _sentencepiece_backend(metadata, source, tokens))
+    backend.add_special_tokens([AddedToken(t, normalized=False, special=True)
+                                for t, kind in zip(tokens, types) if kind == _CONTROL])
+    backend.add_tokens([AddedToken(t, normalized=False, special=False)
+                        for t, kind in zip(tokens, types) if kind == _USER_DEFINED])
+
+    def token(key: str) -> str | None:
+        index = metadata(f"tokenizer.ggml.{key}", None)
+        if index is None:
+            return None
+        if not 0 <= index < len(tokens):
+            raise TokenizerError(f"{source}: tokenizer.ggml.{key} {index} is outside the vocabulary")
+        return tokens[index]
+
+    special = {"bos_token": token("bos_token_id"), "eos_token": token("eos_token_id"),
+               "unk_token": token("unknown_token_id"), "pad_token": token("padding_token_id")}
+    # llama.cpp adds BOS to a SentencePiece vocabulary whose file does not say otherwise.
+    if metadata("tokenizer.ggml.add_bos_token", kind == "llama") and special["bos_token"] is not None:
+        bos = special["bos_token"]
+        backend.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", special_tokens=[(bos, metadata("tokenizer.ggml.bos_token_id"))])
+    config = {name: text for name, text in special.items() if text is not None}
+    return Tokenizer(backend, config, metadata("tokenizer.chat_template", None))
+
+
+def _byte_level_backend(metadata: Callable[..., Any], source: str, tokens: list[str]) -> BackendTokenizer:
     pre = metadata("tokenizer.ggml.pre", "default")
     if pre not in PRE_TOKENIZER_PATTERNS:
         raise TokenizerError(f"{source}: tokenizer.ggml.pre {pre!r} is not supported; "
                              f"supported: {', '.join(sorted(PRE_TOKENIZER_PATTERNS))}")
-    tokens: list[str] = metadata("tokenizer.ggml.tokens")
     merges: list[str] = metadata("tokenizer.ggml.merges")
-    types: list[int] = metadata("tokenizer.ggml.token_type", [1] * len(tokens))
-    if len(types) != len(tokens):
-        raise TokenizerError(f"{source}: {len(types)} token types for {len(tokens)} tokens")
     pairs = [tuple(merge.split(" ")) for merge in merges]
     bad = next((m for m, pair in zip(merges, pairs) if len(pair) != 2), None)
     if bad is not None:
@@ -68,24 +98,17 @@ def tokenizer_from_gguf(metadata: Callable[..., Any], source: str) -> Tokenizer:
                                  pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
                                  pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]))
     backend.decoder = decoders.ByteLevel()
-    backend.add_special_tokens([AddedToken(t, normalized=False, special=True)
-                                for t, kind in zip(tokens, types) if kind == _CONTROL])
-    backend.add_tokens([AddedToken(t, normalized=False, special=False)
-                        for t, kind in zip(tokens, types) if kind == _USER_DEFINED])
+    return backend
 
-    def token(key: str) -> str | None:
-        index = metadata(f"tokenizer.ggml.{key}", None)
-        if index is None:
-            return None
-        if not 0 <= index < len(tokens):
-            raise TokenizerError(f"{source}: tokenizer.ggml.{key} {index} is outside the vocabulary")
-        return tokens[index]
 
-    special = {"bos_token": token("bos_token_id"), "eos_token": token("eos_token_id"),
-               "unk_token": token("unknown_token_id"), "pad_token": token("padding_token_id")}
-    if metadata("tokenizer.ggml.add_bos_token", False) and special["bos_token"] is not None:
-        bos = special["bos_token"]
-        backend.post_processor = processors.TemplateProcessing(
-            single=f"{bos} $A", special_tokens=[(bos, metadata("tokenizer.ggml.bos_token_id"))])
-    config = {name: text for name, text in special.items() if text is not None}
-    return Tokenizer(backend, config, metadata("tokenizer.chat_template", None))
+def _sentencepiece_backend(metadata: Callable[..., Any], source: str, tokens: list[str]) -> BackendTokenizer:
+    scores = metadata("tokenizer.ggml.scores", None)
+    if scores is not None and len(scores) != len(tokens):
+        raise TokenizerError(f"{source}: {len(scores)} token scores for {len(tokens)} tokens")
+    unknown = metadata("tokenizer.ggml.unknown_token_id", None)
+    if unknown is not None and not 0 <= unknown < len(tokens):
+        raise TokenizerError(f"{source}: tokenizer.ggml.unknown_token_id {unknown} is outside the vocabulary")
+    gemma = str(metadata("general.architecture", "")).startswith("gemma")
+    return sentencepiece_backend(tokens, scores, gemma=gemma,
+                                 add_space_prefix=bool(metadata("tokenizer.ggml.add_space_prefix", True)),
+                                 unknown=None if unknown is None else tokens[unknown])

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 from safetensors import safe_open
 
+from engine.loading.fused_tensors import split_rows
 from engine.loading.json_files import read_json_object
 from engine.loading.model_errors import ModelLoadError
 from engine.loading.packaged_models import PACKAGED_MODELS
@@ -156,9 +157,14 @@ def load_weights(model: LlamaForCausalLM, files: list[Path], dtype: torch.dtype)
                     if name.endswith(_IGNORED_SUFFIXES) or (name == "lm_head.weight" and model.config.tie_word_embeddings):
                         continue
                     tensor = handle.get_tensor(name)
-                    check_tensor(expected, file.name, name, tuple(tensor.shape))
-                    expected[name].copy_(tensor.to(dtype))
-                    seen.add(name)
+                    if model.config.sandwich_norms and name.endswith("norm.weight"):
+                        # Gemma stores w and scales by 1 + w; our norms scale by what is stored.
+                        tensor = tensor.float() + 1.0
+                    fused = split_rows(model.config, name, tensor.shape[0])
+                    for part, rows in fused or [(name, slice(None))]:
+                        check_tensor(expected, file.name, part, tuple(tensor[rows].shape))
+                        expected[part].copy_(tensor[rows].to(dtype))
+                        seen.add(part)
     check_complete(expected, seen)
 
 

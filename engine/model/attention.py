@@ -25,7 +25,7 @@ from torch.nn import functional as F
 import kernels.cpu
 from engine.model.attention_metadata import AttentionMetadata, DecodeGroup, PrefillGroup
 from engine.model.config import ModelConfig
-from engine.model.layers import Linear, fuse_projections
+from engine.model.layers import Linear, RMSNorm, fuse_projections
 from engine.model.rope import apply_rope
 
 
@@ -35,17 +35,22 @@ def native_attention(device: torch.device) -> bool:
 
 
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, index: int = 0) -> None:
         super().__init__()
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
-        self.sliding_window = config.sliding_window
+        self.sliding_window = config.layer_window(index)
+        self.scale = config.attention_scale
         hidden, bias = config.hidden_size, config.attention_bias
         self.q_proj = Linear(hidden, self.num_heads * self.head_dim, bias=bias)
         self.k_proj = Linear(hidden, self.num_kv_heads * self.head_dim, bias=bias)
         self.v_proj = Linear(hidden, self.num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = Linear(self.num_heads * self.head_dim, hidden, bias=config.attention_output_bias)
+        if config.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        self.qk_norm = config.qk_norm
         self._qkv: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def fuse_for_inference(self) -> None:
@@ -62,8 +67,11 @@ class Attention(nn.Module):
             qkv = self._qkv(x).view(*lead, heads + 2 * kv_heads, dim)
         else:
             qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1).view(*lead, -1, dim)
+        qk = qkv[..., : heads + kv_heads, :]
+        if self.qk_norm:  # each head normed over its own features, before RoPE (Qwen3, Gemma 3)
+            qk = torch.cat([self.q_norm(qk[..., :heads, :]), self.k_norm(qk[..., heads:, :])], dim=-2)
         # RoPE once over the query and key heads together.
-        qk = apply_rope(qkv[..., : heads + kv_heads, :], cos, sin)
+        qk = apply_rope(qk, cos, sin)
         q, k, v = qk[..., :heads, :], qk[..., heads:, :], qkv[..., heads + kv_heads:, :]
 
         if metadata is None:
@@ -79,7 +87,7 @@ class Attention(nn.Module):
         if self.sliding_window is not None and q.shape[2] > self.sliding_window:
             t = torch.arange(q.shape[2], device=q.device)
             mask = (t[None, :] <= t[:, None]) & (t[None, :] > t[:, None] - self.sliding_window)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=self.scale,
                                              enable_gqa=self.num_kv_heads != self.num_heads)
         return out.transpose(1, 2)
 
@@ -100,7 +108,8 @@ class Attention(nn.Module):
             # The step's keys are in the cache now: every row reads its own through its block table.
             return kernels.cpu.paged_attention(q, key_cache, value_cache, metadata.block_tables,
                                                metadata.token_sequence, metadata.positions, metadata.block_size,
-                                               self.sliding_window)  # [N, H, D]
+                                               self.sliding_window, self.scale)  # [N, H, D]
+        metadata = metadata.for_window(self.sliding_window)
         decodes = metadata.decodes
         if metadata.decode_only:
             assert decodes is not None  # a step has at least one sequence
@@ -123,7 +132,7 @@ class Attention(nn.Module):
         if q.device.type == "cpu":
             return self._decode_attention_float32_math(q, keys, values, decodes.attn_mask)
         out = F.scaled_dot_product_attention(q.unsqueeze(2), keys, values, attn_mask=decodes.attn_mask,
-                                             enable_gqa=self.num_kv_heads != self.num_heads)
+                                             scale=self.scale, enable_gqa=self.num_kv_heads != self.num_heads)
         return out.squeeze(2)
 
     def _prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor],
@@ -136,7 +145,7 @@ class Attention(nn.Module):
             table = prefill.block_table[None]
             keys, values = (self._gather_blocks(c, table, block_size)[:, :, : prefill.key_len] for c in cache)
         out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=prefill.attn_mask,
-                                             is_causal=prefill.attn_mask is None,
+                                             is_causal=prefill.attn_mask is None, scale=self.scale,
                                              enable_gqa=self.num_kv_heads != self.num_heads)
         return out[0].transpose(0, 1)
 
@@ -156,7 +165,7 @@ class Attention(nn.Module):
         bias = mask.reshape(batch, 1, 1, keys_len).expand(batch, kv_heads, 1, keys_len)
         scores = torch.baddbmm(bias.reshape(batch * kv_heads, 1, keys_len).float(), queries,
                                keys.reshape(batch * kv_heads, keys_len, dim).float().transpose(1, 2),
-                               alpha=dim ** -0.5)                                 # [B*Hkv, g, T]
+                               alpha=self.scale)                                  # [B*Hkv, g, T]
         weights = torch.softmax(scores, dim=-1)
         out = torch.bmm(weights, values.reshape(batch * kv_heads, keys_len, dim).float())  # [B*Hkv, g, D]
         return out.to(q.dtype).view(batch, self.num_heads, dim)                  # [B, H, D]

@@ -20,7 +20,7 @@ per-layer code only slices and indexes with what is here, so no layer waits on t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -58,6 +58,13 @@ class AttentionMetadata:
     # block (never read), and the row of it each flat token reads.
     block_tables: torch.Tensor | None = None     # [B, max_blocks]
     token_sequence: torch.Tensor | None = None   # [N]
+    # The same step as the model's sliding-window layers see it, where it also has layers without a
+    # window (Gemma 3); None where every layer sees the step alike.
+    windowed: "AttentionMetadata | None" = None
+
+    def for_window(self, window: int | None) -> "AttentionMetadata":
+        """What a layer with sliding window `window` (None: none) attends with."""
+        return self.windowed if window is not None and self.windowed is not None else self
 
     @property
     def decode_only(self) -> bool:
@@ -66,10 +73,18 @@ class AttentionMetadata:
 
     @classmethod
     def build(cls, *, block_size: int, block_tables: list[list[int]], cached_lens: list[int],
-              query_lens: list[int], sliding_window: int | None = None,
+              query_lens: list[int], sliding_window: int | None = None, some_layers_windowed: bool = False,
               device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> "AttentionMetadata":
         """Metadata for one step. Sequence b already has cached_lens[b] tokens in its blocks and feeds
-        query_lens[b] new tokens (its whole prompt or a chunk for a prefill, 1 for a decode)."""
+        query_lens[b] new tokens (its whole prompt or a chunk for a prefill, 1 for a decode).
+        `sliding_window` applies to every layer, or with `some_layers_windowed` (ModelConfig.mixes_windows)
+        only to the layers that read `windowed`."""
+        if some_layers_windowed and sliding_window is not None:
+            whole = cls.build(block_size=block_size, block_tables=block_tables, cached_lens=cached_lens,
+                              query_lens=query_lens, device=device, dtype=dtype)
+            windowed = cls.build(block_size=block_size, block_tables=block_tables, cached_lens=cached_lens,
+                                 query_lens=query_lens, sliding_window=sliding_window, device=device, dtype=dtype)
+            return replace(whole, windowed=windowed)
         if not (len(block_tables) == len(cached_lens) == len(query_lens)) or not query_lens:
             raise ValueError("block_tables, cached_lens and query_lens must be non-empty and of one length")
         for b, table in enumerate(block_tables):
@@ -164,13 +179,21 @@ def _prefill_group(start: int, table: list[int], cached: int, count: int, block_
 
 
 def decode_metadata(block_tables: torch.Tensor, positions: torch.Tensor, block_size: int,
-                    sliding_window: int | None, dtype: torch.dtype) -> AttentionMetadata:
+                    sliding_window: int | None, dtype: torch.dtype,
+                    some_layers_windowed: bool = False) -> AttentionMetadata:
     """Metadata for a batch of one-token decodes, from device tensors by tensor operations only: what
-    a captured graph can recompute on replay from its static buffers, with no host values."""
+    a captured graph can recompute on replay from its static buffers, with no host values.
+    `sliding_window` and `some_layers_windowed` as in AttentionMetadata.build."""
     batch, max_blocks = block_tables.shape
     rows = torch.arange(batch, device=positions.device)
     slots = block_tables[rows, positions // block_size] * block_size + positions % block_size
-    mask = _decode_mask(positions, max_blocks * block_size, sliding_window, dtype)
-    return AttentionMetadata(positions=positions, slot_mapping=slots, last_token_index=rows,
-                             decodes=DecodeGroup(token_index=None, block_tables=block_tables, attn_mask=mask),
-                             prefills=(), block_size=block_size, block_tables=block_tables, token_sequence=rows)
+
+    def with_mask(window: int | None) -> AttentionMetadata:
+        mask = _decode_mask(positions, max_blocks * block_size, window, dtype)
+        return AttentionMetadata(positions=positions, slot_mapping=slots, last_token_index=rows,
+                                 decodes=DecodeGroup(token_index=None, block_tables=block_tables, attn_mask=mask),
+                                 prefills=(), block_size=block_size, block_tables=block_tables, token_sequence=rows)
+
+    if some_layers_windowed and sliding_window is not None:
+        return replace(with_mask(None), windowed=with_mask(sliding_window))
+    return with_mask(sliding_window)

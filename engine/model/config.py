@@ -1,8 +1,10 @@
 """ModelConfig: the architecture hyper-parameters of a Llama-family checkpoint, read from HF config.json.
 
-One dataclass for llama, mistral and qwen2: they differ only in a few switches (q/k/v bias, sliding
-window, RoPE scaling). Values are checked in `__post_init__` so a malformed config fails at load time
-with a message naming the field, not deep inside a forward pass.
+One dataclass for llama, mistral, qwen2, qwen3, phi3 and gemma3: each is the Llama block with a few
+switches (q/k/v bias, q/k norms, Gemma's norms around attention and MLP, the MLP's activation, the
+embedding scale, the attention scale, sliding-window layers with a RoPE base of their own, RoPE
+scaling). Values are checked in `__post_init__` so a malformed config fails at load time with a message
+naming the field, not deep inside a forward pass.
 """
 
 from __future__ import annotations
@@ -10,10 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3_text")
 SUPPORTED_ROPE_SCALING = ("llama3", "linear", "default")
 _ROPE_SCALING_KEYS = {"llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
                       "linear": ("factor",), "default": ()}
+ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
+LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
 class ConfigError(ValueError):
@@ -40,6 +44,31 @@ class ModelConfig:
     mlp_bias: bool = False
     sliding_window: int | None = None
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    # Each layer's kind (LAYER_TYPES); None: every layer is alike, windowed where sliding_window is set.
+    layer_types: tuple[str, ...] | None = None
+    rope_local_theta: float | None = None      # the RoPE base of sliding layers (None: rope_theta)
+    # Per-frequency divisors of the RoPE inverse frequencies, as GGUF files store Llama 3.1's scaling.
+    rope_freq_factors: tuple[float, ...] | None = None
+    qk_norm: bool = False                      # RMSNorm over each query and key head (Qwen3, Gemma 3)
+    sandwich_norms: bool = False               # Gemma: norms after attention and MLP too, before the residual
+    hidden_act: str = "silu"
+    embedding_multiplier: float | None = None  # Gemma scales the embedding by sqrt(hidden_size)
+    query_pre_attn_scalar: float | None = None  # attention scale is its -1/2 power (None: head_dim's)
+
+    @property
+    def attention_scale(self) -> float:
+        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
+
+    def layer_window(self, index: int) -> int | None:
+        """The sliding window of layer `index` (None: it attends to every earlier token)."""
+        if self.layer_types is None or self.layer_types[index] == "sliding_attention":
+            return self.sliding_window
+        return None
+
+    @property
+    def mixes_windows(self) -> bool:
+        """Some layers windowed and some not: a step's attention metadata then comes in both kinds."""
+        return self.sliding_window is not None and len({self.layer_window(i) for i in range(self.num_hidden_layers)}) > 1
 
     def __post_init__(self) -> None:
         if self.model_type not in SUPPORTED_MODEL_TYPES:
@@ -69,10 +98,21 @@ class ModelConfig:
                 raise ConfigError(f"rope_scaling of type {kind} needs number(s): {', '.join(missing)}")
         if self.sliding_window is not None and (not isinstance(self.sliding_window, int) or self.sliding_window < 1):
             raise ConfigError(f"sliding_window must be a positive integer or null, got {self.sliding_window!r}")
+        if self.layer_types is not None:
+            if len(self.layer_types) != self.num_hidden_layers or not set(self.layer_types) <= set(LAYER_TYPES):
+                raise ConfigError(f"layer_types must name one of {', '.join(LAYER_TYPES)} for each of the "
+                                  f"{self.num_hidden_layers} layers, got {list(self.layer_types)!r}")
+        if self.hidden_act not in ACTIVATIONS:
+            raise ConfigError(f"unsupported hidden_act {self.hidden_act!r}; supported: {', '.join(ACTIVATIONS)}")
+        if self.rope_freq_factors is not None and len(self.rope_freq_factors) != self.head_dim // 2:
+            raise ConfigError(f"{len(self.rope_freq_factors)} RoPE frequency factors for a head of "
+                              f"{self.head_dim} features (needs {self.head_dim // 2})")
 
     @classmethod
     def from_hf_dict(cls, raw: dict[str, Any]) -> "ModelConfig":
         """Build from the dict in an HF config.json, applying each model_type's HF defaults."""
+        if raw.get("model_type") == "gemma3" and isinstance(raw.get("text_config"), dict):
+            raw = {**raw["text_config"], "model_type": "gemma3_text"}  # the multimodal wrapper's language model
         model_type = raw.get("model_type")
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise ConfigError(
@@ -85,21 +125,21 @@ class ModelConfig:
         heads = raw["num_attention_heads"]
         if not isinstance(heads, int) or heads <= 0:
             raise ConfigError(f"config field num_attention_heads must be a positive integer, got {heads!r}")
-        head_dim = raw.get("head_dim") or raw["hidden_size"] // heads
+        default_head_dim = {"qwen3": 128, "gemma3_text": 256}.get(model_type)
+        head_dim = raw.get("head_dim") or default_head_dim or raw["hidden_size"] // heads
         eos = raw.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
-        # HF keeps RoPE settings either flat (rope_theta, rope_scaling) or, from transformers 5 on,
-        # in one rope_parameters dict; both spellings describe the same thing.
-        rope_params = raw.get("rope_parameters") or {}
-        rope_theta = raw.get("rope_theta") or rope_params.get("rope_theta") or 10000.0
-        rope_scaling = raw.get("rope_scaling")
-        if rope_scaling is None and rope_params.get("rope_type", "default") != "default":
-            rope_scaling = {k: v for k, v in rope_params.items() if k != "rope_theta"}
-        if isinstance(rope_scaling, dict) and rope_scaling.get("rope_type", rope_scaling.get("type")) == "default":
-            rope_scaling = None
+        rope_theta, rope_scaling, rope_local_theta = _rope_settings(raw, model_type)
         sliding_window = raw.get("sliding_window")
-        if model_type == "qwen2" and not raw.get("use_sliding_window", False):
+        if model_type in ("qwen2", "qwen3") and not raw.get("use_sliding_window", False):
             sliding_window = None
+        for key in ("final_logit_softcapping", "attn_logit_softcapping"):
+            if raw.get(key) is not None:
+                raise ConfigError(f"{key} is not supported (got {raw[key]!r})")
+        rotary = raw.get("partial_rotary_factor") or (raw.get("rope_parameters") or {}).get("partial_rotary_factor")
+        if rotary not in (None, 1, 1.0):
+            raise ConfigError(f"partial_rotary_factor {rotary!r} is not supported (RoPE over every head feature only)")
+        gemma = model_type == "gemma3_text"
         return cls(
             model_type=model_type,
             vocab_size=raw["vocab_size"],
@@ -111,14 +151,51 @@ class ModelConfig:
             head_dim=head_dim,
             max_position_embeddings=raw.get("max_position_embeddings", 2048),
             rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
-            rope_theta=float(rope_theta),
+            rope_theta=rope_theta,
             rope_scaling=rope_scaling,
-            tie_word_embeddings=raw.get("tie_word_embeddings", False),
-            # Qwen2 always has q/k/v bias and no o bias; Llama's attention_bias covers q/k/v and o;
-            # Mistral has none.
-            attention_bias=True if model_type == "qwen2" else bool(raw.get("attention_bias", False)),
-            attention_output_bias=model_type == "llama" and bool(raw.get("attention_bias", False)),
+            tie_word_embeddings=raw.get("tie_word_embeddings", gemma),
+            # Qwen2 always has q/k/v bias and no o bias; Llama's and Qwen3's attention_bias covers q/k/v
+            # and o (Qwen3's o too); Mistral, Phi-3 and Gemma have none.
+            attention_bias=True if model_type == "qwen2" else (
+                model_type in ("llama", "qwen3") and bool(raw.get("attention_bias", False))),
+            attention_output_bias=model_type in ("llama", "qwen3") and bool(raw.get("attention_bias", False)),
             mlp_bias=bool(raw.get("mlp_bias", False)) if model_type == "llama" else False,
             sliding_window=sliding_window,
             eos_token_ids=eos_ids,
+            layer_types=_layer_types(raw) if gemma else None,
+            rope_local_theta=rope_local_theta,
+            rope_freq_factors=tuple(raw["rope_freq_factors"]) if raw.get("rope_freq_factors") else None,
+            qk_norm=model_type in ("qwen3", "gemma3_text"),
+            sandwich_norms=gemma,
+            hidden_act=raw.get("hidden_activation") or ("gelu_pytorch_tanh" if gemma else raw.get("hidden_act", "silu")),
+            embedding_multiplier=raw["hidden_size"] ** 0.5 if gemma else None,
+            query_pre_attn_scalar=raw.get("query_pre_attn_scalar", 256) if gemma else None,
         )
+
+
+def _rope_settings(raw: dict[str, Any], model_type: str) -> tuple[float, dict | None, float | None]:
+    """(rope_theta, rope_scaling, the sliding layers' base) from either spelling HF uses: flat
+    (rope_theta, rope_scaling, rope_local_base_freq) or, from transformers 5 on, one rope_parameters
+    dict, which Gemma 3 keys by layer type."""
+    params = raw.get("rope_parameters") or {}
+    local = None
+    if model_type == "gemma3_text":
+        local = float(raw.get("rope_local_base_freq") or params.get("sliding_attention", {}).get("rope_theta") or 10000.0)
+        params = params.get("full_attention", params)
+    theta = raw.get("rope_theta") or params.get("rope_theta") or (1e6 if model_type == "gemma3_text" else 10000.0)
+    scaling = raw.get("rope_scaling")
+    if scaling is None and params.get("rope_type", "default") != "default":
+        scaling = {k: v for k, v in params.items() if k not in ("rope_theta", "partial_rotary_factor")}
+    if isinstance(scaling, dict) and scaling.get("rope_type", scaling.get("type")) == "default":
+        scaling = None
+    return float(theta), scaling, local
+
+
+def _layer_types(raw: dict[str, Any]) -> tuple[str, ...]:
+    """Gemma 3's layer kinds: as listed, or every `sliding_window_pattern`-th layer full (6 by default)."""
+    listed = raw.get("layer_types")
+    if listed is not None:
+        return tuple(listed)
+    pattern = raw.get("sliding_window_pattern", 6)
+    return tuple("full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
+                 for i in range(raw["num_hidden_layers"]))

@@ -1,4 +1,4 @@
-"""The small building blocks of a Llama decoder layer: RMSNorm, the SwiGLU MLP, and Linear/Embedding
+"""The small building blocks of a Llama decoder layer: RMSNorm, the gated MLP, and Linear/Embedding
 that skip their random initialisation on the meta device."""
 
 from __future__ import annotations
@@ -46,14 +46,19 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(input_dtype)
 
 
-class SwiGLUMLP(nn.Module):
-    """down(silu(gate(x)) * up(x))."""
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "silu": F.silu, "gelu_pytorch_tanh": partial(F.gelu, approximate="tanh")}
 
-    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool) -> None:
+
+class GatedMLP(nn.Module):
+    """down(act(gate(x)) * up(x)): SwiGLU with silu (Llama), GeGLU with tanh-approximated gelu (Gemma)."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool, activation: str = "silu") -> None:
         super().__init__()
         self.gate_proj = Linear(hidden_size, intermediate_size, bias=bias)
         self.up_proj = Linear(hidden_size, intermediate_size, bias=bias)
         self.down_proj = Linear(intermediate_size, hidden_size, bias=bias)
+        self.act = ACTIVATIONS[activation]
         self._gate_up: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def fuse_for_inference(self) -> None:
@@ -61,9 +66,9 @@ class SwiGLUMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._gate_up is None:
-            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+            return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
         gate, up = self._gate_up(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(self.act(gate) * up)
 
 
 def fuse_projections(*projections: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:

@@ -1,4 +1,5 @@
-"""The Llama-family decoder (Llama, Mistral, Qwen2) as plain torch modules, with HF parameter names.
+"""The Llama-family decoder (Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 3) as plain torch modules, with HF
+parameter names.
 
 Parameter names match HF checkpoints one for one (model.layers.N.self_attn.q_proj.weight, ...), so a
 safetensors file loads with no renaming and our checkpoints load unchanged in HF transformers.
@@ -16,7 +17,7 @@ from torch import nn
 from engine.model.attention import Attention
 from engine.model.attention_metadata import AttentionMetadata
 from engine.model.config import ModelConfig
-from engine.model.layers import Embedding, Linear, RMSNorm, SwiGLUMLP
+from engine.model.layers import Embedding, GatedMLP, Linear, RMSNorm
 from engine.model.rope import rope_cos_sin, rope_inverse_frequencies
 
 if TYPE_CHECKING:  # kv_cache imports the model's config; a runtime import here would be circular
@@ -24,15 +25,27 @@ if TYPE_CHECKING:  # kv_cache imports the model's config; a runtime import here 
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    """Norm, attention, residual; norm, MLP, residual. With sandwich norms (Gemma) the attention's and
+    the MLP's outputs are normed again before their residual add, under Gemma's names
+    (post_attention_layernorm is then the norm after attention, pre_feedforward_layernorm the one
+    before the MLP; in Llama post_attention_layernorm is the one before the MLP)."""
+
+    def __init__(self, config: ModelConfig, index: int) -> None:
         super().__init__()
+        self.sandwich = config.sandwich_norms
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = Attention(config)
+        self.self_attn = Attention(config, index)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = SwiGLUMLP(config.hidden_size, config.intermediate_size, config.mlp_bias)
+        if self.sandwich:
+            self.pre_feedforward_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+            self.post_feedforward_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, config.mlp_bias, config.hidden_act)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, metadata: AttentionMetadata | None,
                 cache: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+        if self.sandwich:
+            x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), cos, sin, metadata, cache))
+            return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, metadata, cache)
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -43,7 +56,7 @@ class DecoderStack(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
@@ -54,8 +67,13 @@ class LlamaForCausalLM(nn.Module):
         self.model = DecoderStack(config)
         self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_weights()
-        # Kept in fp32 and outside the module's buffers so that model.to(bfloat16) cannot round it.
-        self._inv_freq = {torch.device("cpu"): rope_inverse_frequencies(config)}
+        # Kept in fp32 and outside the module's buffers so that model.to(bfloat16) cannot round them;
+        # keyed by (sliding, device): sliding-window layers may have a RoPE base of their own (Gemma 3).
+        self._layer_rope = tuple(config.rope_local_theta is not None and config.layer_window(i) is not None
+                                 for i in range(config.num_hidden_layers))
+        self._inv_freq = {(sliding, torch.device("cpu")): rope_inverse_frequencies(config, sliding)
+                          for sliding in set(self._layer_rope)}
+        self._rope_kinds = tuple(sorted(set(self._layer_rope)))
 
     def fuse_for_inference(self) -> None:
         """Fuse q/k/v and gate/up projections (fewer, larger matmuls per step). Parameters keep their
@@ -71,10 +89,10 @@ class LlamaForCausalLM(nn.Module):
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
-    def _inv_freq_on(self, device: torch.device) -> torch.Tensor:
-        if device not in self._inv_freq:
-            self._inv_freq[device] = self._inv_freq[torch.device("cpu")].to(device)
-        return self._inv_freq[device]
+    def _inv_freq_on(self, sliding: bool, device: torch.device) -> torch.Tensor:
+        if (sliding, device) not in self._inv_freq:
+            self._inv_freq[sliding, device] = self._inv_freq[sliding, torch.device("cpu")].to(device)
+        return self._inv_freq[sliding, device]
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 metadata: AttentionMetadata | None = None,
@@ -85,10 +103,14 @@ class LlamaForCausalLM(nn.Module):
         are written to the cache. Training: [B, T] with neither; plain causal attention.
         """
         x = self.model.embed_tokens(input_ids)
-        cos, sin = rope_cos_sin(self._inv_freq_on(x.device), positions, x.dtype)
+        if self.config.embedding_multiplier is not None:
+            # In the activation dtype, as HF rounds it (Gemma: sqrt(hidden_size)).
+            x = x * torch.tensor(self.config.embedding_multiplier, dtype=x.dtype)
+        tables = {sliding: rope_cos_sin(self._inv_freq_on(sliding, x.device), positions, x.dtype)
+                  for sliding in self._rope_kinds}
         for index, layer in enumerate(self.model.layers):
             cache = kv_cache.layer(index) if kv_cache is not None else None
-            x = layer(x, cos, sin, metadata, cache)
+            x = layer(x, *tables[self._layer_rope[index]], metadata, cache)
         return self.model.norm(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

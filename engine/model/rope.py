@@ -1,4 +1,5 @@
-"""Rotary position embeddings (RoPE) for the Llama family, with llama3 and linear frequency scaling.
+"""Rotary position embeddings (RoPE) for the Llama family, with llama3 and linear frequency scaling
+and the per-frequency factors GGUF files store.
 
 The inverse frequencies are computed once per model; `rope_cos_sin` turns positions into the cos/sin
 tables for one forward. Arithmetic follows HF transformers step for step (fp32 tables, cast to the
@@ -14,11 +15,17 @@ import torch
 from engine.model.config import ModelConfig
 
 
-def rope_inverse_frequencies(config: ModelConfig) -> torch.Tensor:
+def rope_inverse_frequencies(config: ModelConfig, sliding: bool = False) -> torch.Tensor:
     """[head_dim / 2] fp32 inverse frequencies on the CPU (also under a meta-device build), scaled as
-    config.rope_scaling says."""
+    config.rope_scaling or config.rope_freq_factors say; `sliding`: those of the sliding-window layers
+    of a model that gives them a base of their own (Gemma 3), unscaled."""
     dim = config.head_dim
-    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim))
+    base = config.rope_local_theta if sliding and config.rope_local_theta is not None else config.rope_theta
+    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim))
+    if sliding and config.rope_local_theta is not None:
+        return inv_freq
+    if config.rope_freq_factors is not None:
+        return inv_freq / torch.tensor(config.rope_freq_factors, dtype=torch.float32)
     scaling = config.rope_scaling
     if scaling is None:
         return inv_freq

@@ -83,12 +83,12 @@ def test_float32_every_attention_row_is_its_alone_result_in_a_running_engine(tin
     calls = {"rows": 0, "mixed": 0}
     op = kernels.cpu.paged_attention
 
-    def checking(q, key_cache, value_cache, block_tables, token_sequence, positions, block_size, window):
-        out = op(q, key_cache, value_cache, block_tables, token_sequence, positions, block_size, window)
+    def checking(q, key_cache, value_cache, block_tables, token_sequence, positions, block_size, window, scale):
+        out = op(q, key_cache, value_cache, block_tables, token_sequence, positions, block_size, window, scale)
         for t in range(q.shape[0]):
             row = token_sequence[t:t + 1]
             alone = op(q[t:t + 1], key_cache, value_cache, block_tables[row], torch.zeros_like(row),
-                       positions[t:t + 1], block_size, window)
+                       positions[t:t + 1], block_size, window, scale)
             assert torch.equal(out[t:t + 1], alone), f"row {t} of {q.shape[0]} differs from its alone result"
         calls["rows"] += q.shape[0]
         calls["mixed"] += int(token_sequence.unique().numel() > 1 and q.shape[0] > token_sequence.unique().numel())

@@ -64,7 +64,7 @@ def test_the_chat_template_comes_from_the_metadata(tiny_gguf):
 
 @pytest.mark.parametrize("damage, fragments", [
     (dict(drop_keys={"llama.block_count"}), ["metadata key 'llama.block_count' is missing"]),
-    (dict(set_values={"tokenizer.ggml.model": "llama"}), ["tokenizer.ggml.model 'llama' is not supported"]),
+    (dict(set_values={"tokenizer.ggml.model": "t5"}), ["tokenizer.ggml.model 't5' is not supported"]),
     (dict(set_values={"tokenizer.ggml.pre": "made-up"}), ["tokenizer.ggml.pre 'made-up' is not supported"]),
     (dict(drop_tensors={"blk.1.ffn_up.weight"}), ["lacks tensor", "model.layers.1.mlp.up_proj.weight"]),
     (dict(rename={"blk.0.ffn_up.weight": "blk.0.ffn_upp.weight"}), ["unexpected tensor 'blk.0.ffn_upp.weight'"]),

@@ -2,7 +2,8 @@
 
 Random tiny configs cover each switch the architectures differ in: GQA, llama3 and linear RoPE
 scaling, tied and untied embeddings, Qwen2's q/k/v bias, Mistral's sliding window (smaller than the
-sequence, so the mask really cuts).
+sequence, so the mask really cuts), Qwen3's q/k norms, Phi-3's fused projections, and Gemma 3's
+norms, GeGLU, embedding and attention scales and mix of windowed and full layers.
 """
 
 from __future__ import annotations
@@ -26,6 +27,13 @@ CASES = {
                                                       rope_scaling={"rope_type": "linear", "factor": 2.0})),
     "mistral-sliding-window": ("mistral", dict(sliding_window=16, rope_theta=1e6)),
     "qwen2-bias-tied": ("qwen2", dict(tie_word_embeddings=True, num_key_value_heads=1)),
+    "qwen3-qk-norm": ("qwen3", dict(head_dim=32, tie_word_embeddings=False)),
+    "phi3-fused": ("phi3", dict(pad_token_id=0)),
+    # Windowed and full layers, each RoPE base its own, an attention scale not head_dim's, the window
+    # shorter than the sequences so it really cuts.
+    "gemma3-sandwich-window": ("gemma3_text", dict(
+        head_dim=16, query_pre_attn_scalar=24, sliding_window=12, rope_local_base_freq=100.0,
+        rope_theta=1e5, layer_types=["sliding_attention", "full_attention", "sliding_attention"])),
 }
 
 
@@ -72,7 +80,8 @@ def test_paged_prefill_then_decode_logits_match_hf(checkpoint):
 
     def step(start: int, count: int) -> torch.Tensor:
         md = AttentionMetadata.build(block_size=4, block_tables=[table], cached_lens=[start], query_lens=[count],
-                                     sliding_window=config.sliding_window)
+                                     sliding_window=config.sliding_window,
+                                     some_layers_windowed=config.mixes_windows)
         return model.logits(model(ids[start:start + count], md.positions, md, cache))
 
     got = [step(0, 25)] + [step(t, 1) for t in range(25, 40)]
