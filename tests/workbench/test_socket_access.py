@@ -28,6 +28,8 @@ from workbench.protocol.socket_access import SIGNED_OUT_CLOSE
 pytestmark = pytest.mark.slow  # the shared Daphne's start, when this module runs first
 LONG = {"max_tokens": 400, "ignore_eos": True, "temperature": 0}
 SHORT = {"max_tokens": 4, "ignore_eos": True, "temperature": 0}
+# The first socket of a fresh server may wait for the engine's start (the dashboard's before accept).
+OPEN_TIMEOUT = 90
 
 
 def change_user(db_path: Path, username: str, **columns: int) -> None:
@@ -97,12 +99,12 @@ class Frames:
 
 def chat_socket(session: Session, conversation: int):
     return websockets.connect(f"{session.base.replace('http', 'ws')}/ws/chat/{conversation}",
-                              additional_headers=session.socket_headers())
+                              additional_headers=session.socket_headers(), open_timeout=OPEN_TIMEOUT)
 
 
 def dashboard_socket(session: Session):
     return websockets.connect(f"{session.base.replace('http', 'ws')}/ws/ops/dashboard",
-                              additional_headers=session.socket_headers())
+                              additional_headers=session.socket_headers(), open_timeout=OPEN_TIMEOUT)
 
 
 def test_a_user_deactivated_while_their_reply_streams_is_refused_at_the_next_frame(inprocess_daphne, make_user):
