@@ -37,7 +37,7 @@ def test_compose_accepts_the_file_and_it_describes_the_deployment():
     result = compose_config(SECRETS)
     assert result.returncode == 0, result.stderr
     services = yaml.safe_load(result.stdout)["services"]
-    assert set(services) == {"redis", "postgres", "web", "worker"}
+    assert set(services) == {"redis", "postgres", "web", "worker"}, "prometheus only with its profile"
     assert services["web"]["image"] == services["worker"]["image"], "one shared image"
     devices = services["worker"]["deploy"]["resources"]["reservations"]["devices"]
     assert devices[0]["driver"] == "nvidia" and "gpu" in devices[0]["capabilities"]
@@ -53,6 +53,36 @@ def test_compose_accepts_the_file_and_it_describes_the_deployment():
 def test_compose_refuses_to_run_without_the_secrets(missing):
     result = compose_config({k: v for k, v in SECRETS.items() if k != missing})
     assert result.returncode != 0 and missing in result.stderr
+
+
+@needs_compose
+def test_compose_hands_the_metrics_token_to_the_web_process_and_the_scrape():
+    result = subprocess.run([*compose_command(), "--profile", "monitoring", "config"], cwd=ROOT,
+                            env={**os.environ, **SECRETS, "WORKBENCH_METRICS_TOKEN": "a-scrape-token"},
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    services = yaml.safe_load(result.stdout)["services"]
+    assert services["web"]["environment"]["WORKBENCH_METRICS_TOKEN"] == "a-scrape-token"
+    assert services["prometheus"]["environment"]["WORKBENCH_METRICS_TOKEN"] == "a-scrape-token"
+
+
+def test_the_prometheus_scrape_sends_the_metrics_token_that_compose_gives_it():
+    """Read as files (no compose client needed): Prometheus reads no environment in its configuration,
+    so its entrypoint writes the token to the file its scrape sends as the bearer token, and the web
+    process answers to the host name the scrape uses."""
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    prometheus, web = compose["services"]["prometheus"], compose["services"]["web"]
+    assert prometheus["profiles"] == ["monitoring"], "started only when asked for"
+    assert prometheus["environment"]["WORKBENCH_METRICS_TOKEN"] == "${WORKBENCH_METRICS_TOKEN:-}"
+    assert web["environment"]["WORKBENCH_METRICS_TOKEN"] == "${WORKBENCH_METRICS_TOKEN:-}", "unset: both open"
+    [mounted] = [v.split(":")[0] for v in prometheus["volumes"] if v.endswith(":/etc/prometheus/prometheus.yml:ro")]
+    scrape = yaml.safe_load((ROOT / mounted).read_text())["scrape_configs"]
+    [job] = [job for job in scrape if job["metrics_path"] == "/metrics"]
+    assert job["static_configs"][0]["targets"] == ["web:8000"]
+    assert "web" in web["environment"]["WORKBENCH_ALLOWED_HOSTS"].rstrip("}").split("-", 1)[1].split(",")
+    assert job["authorization"]["type"] == "Bearer"
+    token_file = job["authorization"]["credentials_file"]
+    assert f'"$$WORKBENCH_METRICS_TOKEN" > {token_file} && exec /bin/prometheus' in prometheus["entrypoint"][-1]
 
 
 def environment_variables_read() -> set[str]:

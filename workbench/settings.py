@@ -137,6 +137,8 @@ WORKBENCH_STREAM_INTERVAL = env_int("WORKBENCH_STREAM_INTERVAL", 1, minimum=1, m
 # meanwhile travels together. 0 sends every step's tokens as they come.
 WORKBENCH_STREAM_GAP_S = env_float("WORKBENCH_STREAM_GAP_MS", 0.0, minimum=0, maximum=10000,
                                    unit="milliseconds") / 1000
+# The bearer token a /metrics scrape must send (workbench/ops/metrics.py); unset, /metrics is open.
+WORKBENCH_METRICS_TOKEN = env_str("WORKBENCH_METRICS_TOKEN")
 # Limits on what one websocket frame or HTTP body may carry.
 WORKBENCH_MAX_FRAME_BYTES = env_int("WORKBENCH_MAX_FRAME_BYTES", 256 * 1024, minimum=1, unit="bytes")
 # The largest websocket message Daphne takes in at all (workbench/serve.py): up to it, a message over

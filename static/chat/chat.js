@@ -13,7 +13,7 @@ let socket = null;
 let reply = null;        // {article, content, text} of the reply being streamed
 let pending = null;      // the user's message shown before the server took it (a "started" frame)
 // Errors that mean the message was refused before it was stored: it comes off the page, back to the input.
-const NOT_STORED = new Set(["busy", "invalid_params", "signed_out"]);
+const NOT_STORED = new Set(["busy", "invalid_params", "signed_out", "account_disabled"]);
 let sentAt = 0;
 // Deltas can come hundreds of times a second, and each render parses the whole reply's markdown again
 // (a cost that grows with the square of its length): the reply is rendered at most once per painted
@@ -25,6 +25,8 @@ let retries = 0;
 let retryTimer = null;
 // Closed by the server for good (not signed in, not the owner, deleted): no point trying again.
 const FINAL_CLOSE = new Set([4401, 4404]);
+// Closed because this session signed out (here or in another tab): the page says so, and links to the login.
+const SIGNED_OUT = 4440;
 
 document.querySelectorAll("[data-markdown]").forEach((el) => renderMarkdown(el, el.textContent));
 
@@ -43,6 +45,7 @@ function connect() {
   };
   socket.onmessage = (event) => handle(JSON.parse(event.data));
   socket.onclose = (event) => {
+    if (event.code === SIGNED_OUT) { signedOut(); return; }
     if (FINAL_CLOSE.has(event.code)) { setBusy(false); statusLine.textContent = "Disconnected; reload the page."; return; }
     sendButton.disabled = true;
     statusLine.textContent = "Reconnecting…";
@@ -50,6 +53,17 @@ function connect() {
     retryTimer = setTimeout(connect, Math.min(500 * 2 ** retries, 8000));
     retries += 1;
   };
+}
+
+function signedOut() {
+  clearTimeout(retryTimer);
+  setBusy(true);
+  stopButton.disabled = true;
+  statusLine.textContent = "You were signed out (in this or another tab). ";
+  const again = document.createElement("a");
+  again.href = `/login?next=${encodeURIComponent(location.pathname)}`;
+  again.textContent = "Sign in again";
+  statusLine.appendChild(again);
 }
 
 function addMessage(role, text) {

@@ -16,6 +16,7 @@ class Session:
     """One browser's cookies on the Daphne at `address`."""
 
     def __init__(self, address: str) -> None:
+        self.username = ""  # set by sign_up or log_in
         self.base = f"http://{address}"
         self.jar = http.cookiejar.CookieJar()
         self.opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(self.jar))
@@ -45,14 +46,21 @@ class Session:
         self._form("/tokens", {}, action=f"/tokens/{token_id}/revoke")
 
     def sign_up(self, username: str) -> Session:
+        self.username = username
         landed = self._form("/signup", {"username": username, "password1": PASSWORD, "password2": PASSWORD})
         assert landed == self.base + "/", f"sign-up of {username!r} ended at {landed}"
         return self
 
     def log_in(self, username: str, password: str) -> Session:
+        self.username = username
         landed = self._form("/login", {"username": username, "password": password})
         assert landed == self.base + "/", f"login of {username!r} ended at {landed}"
         return self
+
+    def log_out(self) -> None:
+        """The Log out button every page has."""
+        landed = self._form("/", {}, action="/logout")
+        assert landed.startswith(self.base + "/login"), f"logout ended at {landed}"
 
     def new_conversation(self) -> int:
         """A new conversation of this user's (the page's New button), its id."""

@@ -265,6 +265,45 @@ def test_response_format_and_a_forced_tool_call_travel_to_the_celery_workers(dap
     jsonschema.validate(json.loads(call.function.arguments), LOOKUP["function"]["parameters"])
 
 
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "parameters": {"type": "object", "additionalProperties": False, "required": ["city", "days"],
+                                          "properties": {"city": {"enum": ["Paris", "Oslo"]},
+                                                         "days": {"type": "integer", "minimum": 1, "maximum": 7}}}}}
+
+
+def test_a_forced_tool_call_cut_by_max_tokens_keeps_its_arguments_so_far(daphne_server):
+    """As OpenAI answers it: finish_reason `length`, and the call with the arguments generated so far (a
+    JSON string that does not parse yet), whole and streamed alike, through either transport."""
+    address, token = daphne_server
+    client = openai.OpenAI(base_url=f"http://{address}/v1", api_key=token, max_retries=0)
+    forced = dict(model="demo", messages=MESSAGES, tools=[WEATHER], temperature=1.0, seed=4,
+                  tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    whole = client.chat.completions.create(max_tokens=80, **forced)
+    [call] = whole.choices[0].message.tool_calls
+    assert whole.choices[0].finish_reason == "tool_calls", "liveness: with room, the seeded call ends whole"
+    # The grammar writes the arguments compact; the call's own are normalized (json.dumps) once whole.
+    compact = json.dumps(json.loads(call.function.arguments), separators=(",", ":"))
+    max_tokens = whole.usage.completion_tokens - CUT_BEFORE_THE_END
+    cut = client.chat.completions.create(max_tokens=max_tokens, **forced).choices[0]
+    assert cut.finish_reason == "length" and cut.message.content is None, cut
+    [partial] = cut.message.tool_calls
+    arguments = partial.function.arguments
+    assert partial.function.name == "get_weather" and partial.id.startswith("call_") and partial.type == "function"
+    assert arguments and compact.startswith(arguments) and arguments != compact, (arguments, compact)
+
+    chunks = list(client.chat.completions.create(max_tokens=max_tokens, stream=True, **forced))
+    pieces = [t for c in chunks if c.choices for t in c.choices[0].delta.tool_calls or []]
+    assert pieces[0].function.name == "get_weather" and pieces[0].id.startswith("call_")
+    assert "".join(p.function.arguments or "" for p in pieces) == arguments
+    assert not any(c.choices[0].delta.content for c in chunks if c.choices), "no content: the call is all"
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+
+
+# Tokens taken off the whole call's count: the cut then falls inside its arguments (the demo model,
+# seed 4: 8 left the arguments whole, in the closing `}}`, newline and tag; 16 cuts inside them).
+CUT_BEFORE_THE_END = 16
+
+
 def test_a_request_naming_another_model_is_404_model_not_found(daphne_server):
     address, token = daphne_server
     client = openai.OpenAI(base_url=f"http://{address}/v1", api_key=token, max_retries=0)

@@ -72,3 +72,25 @@ def test_a_value_on_a_bucket_bound_counts_in_that_bucket():
     for value in (0.005, 0.01, 0.0100001, 7.0):
         histogram.observe(value)
     assert _cumulative(histogram.snapshot()) == [("0.005", 1), ("0.01", 2), ("0.025", 3), ("+Inf", 4)]
+
+
+@pytest.mark.parametrize("sent, status", [
+    (None, 401), ("wb_not-it", 401), ("a-metrics-token-of-the-deploymenX", 401), ("é-not-ascii", 401),
+    ("a-metrics-token-of-the-deployment", 200)])
+def test_with_a_metrics_token_set_a_scrape_needs_it(client, settings, sent, status):
+    settings.WORKBENCH_METRICS_TOKEN = "a-metrics-token-of-the-deployment"
+    headers = {} if sent is None else {"HTTP_AUTHORIZATION": f"Bearer {sent}"}
+    response = client.get("/metrics", **headers)
+    assert response.status_code == status, response.content
+    if status == 401:
+        assert b"workbench_" not in response.content and response["WWW-Authenticate"].startswith("Bearer")
+    else:
+        assert b"# TYPE workbench_requests_running gauge" in response.content
+
+
+@pytest.mark.parametrize("sent", [None, "anything"])
+def test_without_a_metrics_token_metrics_stays_open(client, settings, sent):
+    settings.WORKBENCH_METRICS_TOKEN = ""
+    headers = {} if sent is None else {"HTTP_AUTHORIZATION": f"Bearer {sent}"}
+    response = client.get("/metrics", **headers)
+    assert response.status_code == 200 and b"# TYPE workbench_requests_running gauge" in response.content

@@ -5,6 +5,7 @@ shows them to neither kind), and bad tools are refused naming the field."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 
@@ -133,3 +134,70 @@ def test_the_websocket_apis_params_take_response_format():
     with pytest.raises(InvalidInput) as refused:
         request_input.sampling_params({"response_format": {"type": "yaml"}})
     assert (refused.value.code, refused.value.param) == ("invalid_params", "response_format")
+
+
+FORCED_WEATHER = tool_calls.tools_of({"tools": [WEATHER, TIME],
+                                      "tool_choice": {"type": "function", "function": {"name": "get_weather"}}})
+REQUIRED = tool_calls.tools_of({"tools": [WEATHER, TIME], "tool_choice": "required"})
+WHOLE_CALL = '<tool_call>\n{"name":"get_weather","arguments":{"city":"Oslo","days":2}}\n</tool_call>'
+
+
+def streamed_cut(text: str, tools: tool_calls.Tools, size: int) -> tuple[str, list[dict], str | None]:
+    """(content, tool-call pieces, the chunk's finish_reason) of `text` streamed in pieces of `size`,
+    ended by max_tokens, as the SSE endpoint streams it."""
+    stream = tool_calls.CallStream(tools)
+    deltas = [d for at in range(0, len(text), size) for d in stream.deltas(text[at:at + size], final=False)]
+    deltas += stream.deltas("", final=True, finish="length")
+    return ("".join(d.get("content", "") for d in deltas), [t for d in deltas for t in d.get("tool_calls", [])],
+            tool_calls.finish_reason("length", stream.calls > 0))
+
+
+def test_a_forced_call_cut_anywhere_comes_back_with_its_arguments_so_far_whole_and_streamed():
+    """OpenAI's answer to a forced call max_tokens ended: the call, its arguments as far as they got
+    (a JSON string that may not parse), finish_reason `length`; the same streamed in any pieces."""
+    arguments_at = WHOLE_CALL.index('"arguments":') + len('"arguments":')
+    compact = '{"city":"Oslo","days":2}'
+    for end in range(len(WHOLE_CALL)):  # every cut but none (the whole call is a plain tool call)
+        text = WHOLE_CALL[:end]
+        for tools in (FORCED_WEATHER, REQUIRED):
+            call = tool_calls.cut(text, tools)
+            # "required" offers get_weather and get_time: the name is told from its first letter on.
+            told = tools is FORCED_WEATHER or end > WHOLE_CALL.index('get_weather') + len("get_")
+            assert (call is not None) == told, (text, call)
+            if call is None:
+                continue
+            arguments = call["function"]["arguments"]
+            assert call["function"]["name"] == "get_weather" and call["id"].startswith("call_")
+            if end < arguments_at + len(compact):
+                assert arguments == WHOLE_CALL[arguments_at:end] if end > arguments_at else arguments == "", text
+            else:  # written whole, only the call's end missing: as a complete call carries them
+                assert json.loads(arguments) == {"city": "Oslo", "days": 2}, text
+            for size in (1, 5, len(text) or 1):
+                content, pieces, finish = streamed_cut(text, tools, size)
+                assert content == "" and finish == "length", (text, size, content)
+                assert pieces[0]["function"]["name"] == "get_weather" and pieces[0]["function"]["arguments"] == ""
+                assert "".join(p["function"]["arguments"] for p in pieces) == arguments, (text, size)
+    # Liveness of the cut: the same text ended by its closing tag is an ordinary call, and only a forced
+    # call is cut (with tool_choice "auto" the text stays content).
+    assert tool_calls.parse(WHOLE_CALL, FORCED_WEATHER)[1][0]["function"]["arguments"] == '{"city": "Oslo", "days": 2}'
+    auto = tool_calls.tools_of({"tools": [WEATHER]})
+    assert tool_calls.cut(WHOLE_CALL[:40], auto) is None
+    assert streamed_cut(WHOLE_CALL[:40], auto, 3)[:2] == (WHOLE_CALL[:40], [])
+    assert tool_calls.cut("Sure! " + WHOLE_CALL[:40], FORCED_WEATHER) is None, "no call's start: nothing made up"
+
+
+def test_a_forced_call_from_a_random_model_cut_by_max_tokens_keeps_what_it_generated(tiny_checkpoint):
+    engine = Engine(EngineConfig(model=str(tiny_checkpoint("llama", seed=5)), device_loop=False, graphs=False))
+    params = FORCED_WEATHER.apply(SamplingParams(max_tokens=80, temperature=1.0, seed=3))
+    [whole] = engine.generate(["weather?"], params)
+    [call] = tool_calls.parse(whole.text, FORCED_WEATHER)[1]
+    assert whole.finish_reason == "tool_calls", "liveness: with room, the seeded call ends whole"
+    # Cut inside the closing tag (the arguments whole: as the whole call has them), and inside the arguments.
+    for max_tokens, whole_arguments in ((len(whole.token_ids) - 6, True), (len(whole.token_ids) // 2, False)):
+        [cut_short] = engine.generate(["weather?"], dataclasses.replace(params, max_tokens=max_tokens))
+        assert cut_short.finish_reason == "length" and whole.text.startswith(cut_short.text)
+        assert tool_calls.parse(cut_short.text, FORCED_WEATHER)[1] == [], "no whole call in it"
+        cut = tool_calls.cut(cut_short.text, FORCED_WEATHER)
+        assert cut is not None and cut["function"]["name"] == "get_weather"
+        so_far = call["function"]["arguments"] if whole_arguments else cut_short.text.split('"arguments":', 1)[1]
+        assert cut["function"]["arguments"] == so_far, cut_short.text

@@ -27,18 +27,12 @@ def user_for_token(token: str):
     return ApiToken.user_for(token)
 
 
-@database_sync_to_async
-def token_still_valid(token: str, user) -> bool:
-    """The token a socket was opened with still names `user`: not revoked, the user still active."""
-    holder = ApiToken.user_for(token)
-    return holder is not None and holder.pk == user.pk
-
-
 class BearerTokenMiddleware:
     """Inside AuthMiddlewareStack: a bearer token, when sent, decides scope["user"] (an invalid or
     revoked one means anonymous); otherwise the session's user stands. scope["bearer_token"] (the token
     itself) says which: an API token is for generating, and sockets meant for people (the dashboard)
-    refuse it; the websocket API checks it again for every frame, so a revocation reaches open sockets."""
+    refuse it; every socket checks it again for every frame (workbench/protocol/socket_access.py), so a
+    revocation reaches open sockets."""
 
     def __init__(self, inner) -> None:
         self.inner = inner

@@ -2,7 +2,10 @@
 
 Thin on purpose: its frames are checked by workbench/api/frames.py, the request goes to the serving
 bridge, and its stream is relayed. Every bad frame gets an `error` frame (workbench/protocol/json_socket.py)
-and changes nothing else: the socket and every other request on it keep working.
+and changes nothing else: the socket and every other request on it keep working. A token revoked (or
+its user deactivated) while the socket is open gets its next frame refused and the socket closed
+(workbench/protocol/socket_access.py), which cancels its running requests (`disconnect`); a socket that
+only listens keeps its running requests until they end.
 """
 
 from __future__ import annotations
@@ -12,7 +15,6 @@ import uuid
 
 from engine.loading.tokenizer import Tokenizer
 from workbench.api import frames
-from workbench.api.auth import token_still_valid
 from workbench.api.choice_streams import ChoiceGroup, choice_ids, summed_usage
 from workbench.api.openai.logprobs_shape import socket_logprobs
 from workbench.protocol.json_socket import FrameError, JsonSocketConsumer
@@ -42,18 +44,6 @@ class GenerateConsumer(JsonSocketConsumer):
         for request_id in list(getattr(self, "active", {})):
             self._cancel(request_id)
             self.active.pop(request_id).cancel()
-
-    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: object) -> None:
-        # A token revoked (or its user deactivated) while the socket is open: its next frame is refused
-        # and the socket closed, which cancels its running requests (docs/PROTOCOL.md). One indexed
-        # lookup per frame; a socket that only listens keeps its running requests until they end.
-        token = self.scope.get("bearer_token")
-        if isinstance(token, str) and not await token_still_valid(token, self.scope["user"]):
-            await self.send_error("token_revoked", "this socket's API token was revoked (or its user deactivated); "
-                                                   "the socket closes with code 4401")
-            await self.close(code=4401)
-            return
-        await super().receive(text_data, bytes_data, **kwargs)
 
     def echo_of(self, refused: dict[str, object] | None) -> str | None:
         return frames.request_id_of(refused)

@@ -1,6 +1,8 @@
 """The chat page's websocket, /ws/chat/<id>: send, stop, regenerate and edit for one conversation.
 
-Only the conversation's owner connects (anyone else is refused before accept). The user's message is
+Only the conversation's owner connects (anyone else is refused before accept), and only while they
+may: each frame checks that the user is still active and the session still signed in, and logging out
+closes the socket at once (workbench/protocol/socket_access.py). The user's message is
 stored before generation starts; the reply is stored when it ends, also when stopped (with the partial
 text and finish_reason "canceled") or when it fails ("error"). Thin on purpose: frames are checked by
 workbench/chat/frames.py, what a turn does to the conversation is Conversation.take_turn, and errors
@@ -24,6 +26,7 @@ from engine.loading.tokenizer import TokenizerError
 from workbench.chat import frames, live, versions
 from workbench.chat.fitting import fitted_prompt
 from workbench.chat.models import Conversation, Message, NotShown, ReplyUnderWay, Turn
+from workbench.protocol import socket_access
 from workbench.protocol.json_socket import FrameError, JsonSocketConsumer
 from workbench.protocol.model_choice import model_of
 from workbench.serving import bridge, limits, served_models
@@ -79,6 +82,20 @@ class ChatConsumer(JsonSocketConsumer):
         generation = getattr(self, "generation", None)
         return generation is not None and not generation.done()
 
+    async def refuse(self, refusal: socket_access.Refusal) -> None:
+        # A reply outlives its socket's drop, but not its user's loss of the socket: it is stopped
+        # (stored as far as it got, "canceled") before the socket closes.
+        if hasattr(self, "conversation"):  # (a socket refused at connect has none)
+            self._stop_reply()
+        await super().refuse(refusal)
+
+    def _stop_reply(self) -> None:
+        """Stops the conversation's reply under way: this socket's own, or one it resumed."""
+        if self._replying():
+            self._stop()
+        elif (under_way := live.of(self.conversation.pk)) is not None:
+            self._cancel(under_way.engine_id)
+
     def _stop(self) -> None:
         self.stop_asked = True  # seen by _answer if its request is not submitted yet
         if self.engine_id:
@@ -110,20 +127,13 @@ class ChatConsumer(JsonSocketConsumer):
     async def receive_json(self, content: dict[str, object], **kwargs: object) -> None:
         kind = frames.kind(content)
         if kind == "stop":
-            if self._replying():
-                self._stop()
-            elif (under_way := live.of(self.conversation.pk)) is not None:
-                self._cancel(under_way.engine_id)  # a reply this socket resumed
+            self._stop_reply()
             return
         if kind == "resume":
             await self._resume(frames.resume_offset(content))
             return
         if self._replying():
             raise FrameError("busy", "a reply is still being generated; stop it first")
-        if not await self._still_signed_in():
-            await self.send_error("signed_out", "you signed out (in this or another tab); sign in again")
-            await self.close(code=4401)
-            return
         text, params = frames.turn_request(kind, content)
         edited = frames.edited_message(content) if kind == "edit" else None
         model = model_of(content, await served_models.served_from_loop())
@@ -245,15 +255,6 @@ class ChatConsumer(JsonSocketConsumer):
         timings = {"time_to_first_token": message.time_to_first_token,
                    "decode_tokens_per_s": message.decode_tokens_per_s}
         return await self._done_fields(message, message.finish_reason, message.error or None, usage, timings)
-
-    @database_sync_to_async
-    def _still_signed_in(self) -> bool:
-        """False once the session this socket was opened with is gone: logging out (in any tab) deletes
-        it, and a socket opened before must not go on generating in the user's name. (A socket without
-        a session key was not opened by a session.)"""
-        session = self.scope.get("session")
-        key = getattr(session, "session_key", None)
-        return session is None or key is None or bool(session.exists(key))
 
     @database_sync_to_async
     def _versions(self, reply: Message) -> dict[str, object] | None:

@@ -1,6 +1,9 @@
 """The dashboard socket, /ws/ops/dashboard: staff signed in with a session only (anyone else, and any
-API token, is refused before accept). The user is read afresh from the database for each flag change
-and every RECHECK_S, so an operator who loses staff status or the permission loses them here too.
+API token, is refused before accept). Every frame checks that the user is still active, signed in and
+staff (workbench/protocol/socket_access.py; refused: `forbidden` or `signed_out` and closed), and so does
+the push loop every RECHECK_S for a socket that sends nothing; logging out closes it at once. A flag
+change also reads the user's permissions afresh, so an operator who loses `ops.flip_flags` has the next
+change refused (`forbidden`) and keeps watching.
 
 Every PUSH_EVERY_S it sends what changed of the transport's view of every worker (device, model,
 flags, load, and the engine's inspection snapshot, engine/host/inspection.py) together with the flag
@@ -14,7 +17,7 @@ Frames are limited and refused like every socket's (workbench/protocol/json_sock
     -> {"type": "flag_result", "id": any, "change": 12, "answers": {"w1": {"in_force": {...}}}}
     <- {"type": "cancel_request", "id": any, "worker": "w1", "request_id": "<as the state shows it>"}
     -> {"type": "cancel_result", "id": any, "cancel": 7, "error": null | "no such request on this worker ..."}
-    -> {"type": "error", "id": any, "code": "forbidden" | "invalid_change" | "invalid_cancel" | "invalid_frame" | "frame_too_large"
+    -> {"type": "error", "id": any, "code": "forbidden" | "signed_out" | "account_disabled" | "invalid_change" | "invalid_cancel" | "invalid_frame" | "frame_too_large"
         | "internal_error", "message": "..."}
 """
 
@@ -29,6 +32,7 @@ from django.contrib.auth import get_user_model
 
 from engine.host.capabilities import UnknownFlag
 from workbench.ops import flag_changes, request_cancels
+from workbench.protocol import socket_access
 from workbench.protocol.json_socket import FrameError, JsonSocketConsumer
 from workbench.serving import bridge
 
@@ -53,6 +57,7 @@ def _is_staff(user) -> bool:
 class DashboardConsumer(JsonSocketConsumer):
     error_echo = "id"
     bad_json_code = "invalid_frame"
+    needs_staff = True
 
     async def connect(self) -> None:
         if self.scope.get("bearer_token") or not _is_staff(self.scope.get("user")):
@@ -82,9 +87,10 @@ class DashboardConsumer(JsonSocketConsumer):
         clock = asyncio.get_running_loop().time
         last, checked, self.changes_read_at = None, clock(), 0.0
         while True:
-            if clock() - checked > RECHECK_S:
-                if not _is_staff(await _current(self.scope["user"])):
-                    await self.close(code=REFUSED)
+            if clock() - checked > RECHECK_S:  # a socket that only watches sends no frame to be checked at
+                refusal = await socket_access.refusal(self.scope, staff=True)
+                if refusal is not None:
+                    await self.refuse(refusal)
                     return
                 checked = clock()
             if clock() - self.changes_read_at > CHANGES_EVERY_S:

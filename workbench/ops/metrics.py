@@ -3,17 +3,24 @@
 The numbers are kept where the engine runs (workbench/serving/metrics.py) and reach this process as
 snapshots (in-process directly, Celery workers through their heartbeats), so each scrape renders
 what the transport last heard; a worker that is gone drops out of the scrape.
+
+With WORKBENCH_METRICS_TOKEN set, a scrape must send it (`Authorization: Bearer <token>`, compared in
+constant time): without it, or with another, the answer is 401 and no numbers. Unset, /metrics is open,
+as most scrape targets are (docs/OPERATIONS.md, "Watching it").
 """
 
 from __future__ import annotations
 
+import hmac
 from collections.abc import Mapping
 from typing import Any
 
+from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
+from workbench.api.auth import bearer_token
 from workbench.serving import bridge
 
 GAUGES = {"running": ("workbench_requests_running", "Requests the engine is running"),
@@ -76,7 +83,24 @@ def _cumulative(histogram: Mapping[str, Any]) -> list[tuple[str, int]]:
     return buckets
 
 
+def _scrape_refusal(request: HttpRequest) -> HttpResponse | None:
+    """401 for a scrape without the configured token (None: it may read, or no token is configured)."""
+    expected = settings.WORKBENCH_METRICS_TOKEN
+    if not expected:
+        return None
+    sent = bearer_token(request.headers)
+    if sent is not None and hmac.compare_digest(sent.encode(), expected.encode()):
+        return None
+    refused = HttpResponse("/metrics needs this deployment's metrics token: Authorization: Bearer <token>\n",
+                           status=401, content_type="text/plain; charset=utf-8")
+    refused["WWW-Authenticate"] = 'Bearer realm="metrics"' + ("" if sent is None else ', error="invalid_token"')
+    return refused
+
+
 async def metrics(request: HttpRequest) -> HttpResponse:
+    refused = _scrape_refusal(request)
+    if refused is not None:
+        return refused
     # A scrape starts nothing: before the first request has started the transport there is no worker.
     transport = bridge.running()
     registry = CollectorRegistry(auto_describe=False)

@@ -7,6 +7,11 @@ It is then parsed by workbench/protocol/json_input.py (lone surrogates and deep 
 to `receive_json`. Whatever a frame does wrong is raised as FrameError and becomes one structured
 `error` frame; anything else it raises is logged and answered with `internal_error`: a bug costs that
 frame its answer, never the socket and every request on it.
+
+Before all that, each frame asks workbench/protocol/socket_access.py whether the socket's user may still
+use it (active, still signed in, still staff where `needs_staff`, the API token not revoked): if not, the
+frame is answered with that refusal's `error` and the socket closed with its code. A socket opened with
+a session joins that session's group, so that logging out closes it at once (`session_signed_out`).
 """
 
 from __future__ import annotations
@@ -15,9 +20,11 @@ import json
 import logging
 from typing import ClassVar
 
+from asgiref.typing import WebSocketConnectEvent
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 
+from workbench.protocol import socket_access
 from workbench.protocol.json_input import JsonInputError, parse_object
 
 log = logging.getLogger(__name__)
@@ -39,8 +46,21 @@ class JsonSocketConsumer(AsyncJsonWebsocketConsumer):
     # The code for a frame that is not a JSON object (None: json_input's own, invalid_json or
     # invalid_request): each socket keeps the codes its clients already handle.
     bad_json_code: ClassVar[str | None] = None
+    # The socket is for operators: a user who is no longer staff is refused at the next frame.
+    needs_staff: ClassVar[bool] = False
+
+    async def websocket_connect(self, message: WebSocketConnectEvent) -> None:
+        # Joined before connect() decides; a refused socket leaves it again in websocket_disconnect.
+        group = socket_access.session_group(self.scope)
+        if group is not None:
+            self.groups = [*self.groups, group]
+        await super().websocket_connect(message)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: object) -> None:
+        refusal = await socket_access.refusal(self.scope, staff=self.needs_staff)
+        if refusal is not None:
+            await self.refuse(refusal)
+            return
         try:
             await self.receive_json(self._frame(text_data, bytes_data))
         except FrameError as exc:
@@ -49,6 +69,16 @@ class JsonSocketConsumer(AsyncJsonWebsocketConsumer):
             log.exception("a websocket frame failed")
             await self.send_error("internal_error", "the server failed on this frame (it is logged); "
                                                     "the socket stays open")
+
+    async def refuse(self, refusal: socket_access.Refusal) -> None:
+        """The user may use this socket no more: told why, then closed. A consumer that runs work of its
+        own past a disconnect (the chat's reply) stops it first."""
+        await self.send_error(refusal.code, refusal.message)
+        await self.close(code=refusal.close_code)
+
+    async def session_signed_out(self, event: dict[str, object]) -> None:
+        """The channel layer's socket_access.SIGNED_OUT_EVENT: the session this socket was opened with logged out."""
+        await self.refuse(socket_access.SIGNED_OUT)
 
     def _frame(self, text_data: str | None, bytes_data: bytes | None) -> dict[str, object]:
         # surrogatepass: a test client may send a str UTF-8 cannot carry; it is counted, then refused by the parse.

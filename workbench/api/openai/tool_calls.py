@@ -21,6 +21,9 @@ one JSON object between tags:
   finish_reason `tool_calls`: one call per turn, whatever `parallel_tool_calls` says.
 - Parsed: `parse` for a whole answer, `CallStream` for a streamed one (content deltas until a call
   starts, then the call as OpenAI's tool-call deltas once its closing tag came).
+- Cut: a forced call that max_tokens (or the model's length) ends before its closing tag is still
+  returned, with the arguments generated so far and finish_reason `length`, as OpenAI returns it
+  (`cut`, workbench/api/openai/cut_calls.py).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from typing import Any
 
 from engine import InvalidSamplingParams, SamplingParams
 from engine.grammar import ResponseFormatError, grammar_of
+from workbench.api.openai import cut_calls
 from workbench.protocol.request_input import BAD_PARAMS, BAD_PROMPT, InvalidInput
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -250,6 +254,18 @@ def parse(text: str, tools: Tools) -> tuple[str | None, list[dict[str, Any]]]:
     return (content or None) if calls else content, calls
 
 
+def cut(text: str, tools: Tools) -> dict[str, Any] | None:
+    """The call of a forced answer `text` that stops inside its call block, arguments as far as they
+    go; None when no call is forced, the text is no start of one, or its function cannot be told yet.
+    For an answer that ended with `length` and no whole call."""
+    if not tools.forced:
+        return None
+    text = text.lstrip()
+    if not (text.startswith(OPEN) or OPEN.startswith(text)):
+        return None
+    return cut_calls.cut_call(text[len(OPEN):], tools.choice, tools.names)
+
+
 class CallStream:
     """A streamed answer split into content deltas and tool calls, as the text arrives."""
 
@@ -284,12 +300,13 @@ class CallStream:
                 self.calls += 1
             self._held = self._held[match.end():]
 
-    def deltas(self, text: str, final: bool) -> list[dict[str, Any]]:
+    def deltas(self, text: str, final: bool, finish: str | None = None) -> list[dict[str, Any]]:
         """OpenAI's chat-chunk deltas for the next text: content, and for each call one delta with its
-        id and name (arguments "") and one with its arguments, as OpenAI streams them."""
+        id and name (arguments "") and one with its arguments, as OpenAI streams them. `finish`: how
+        the answer ended, when `final`."""
         out: list[dict[str, Any]] = []
         at = self.calls
-        for kind, value in self.feed(text) + (self.close() if final else []):
+        for kind, value in self.feed(text) + (self.close(finish) if final else []):
             if kind == "content":
                 out.append({"content": value})
                 continue
@@ -300,10 +317,15 @@ class CallStream:
             at += 1
         return out
 
-    def close(self) -> list[tuple[str, Any]]:
-        """What is still held when the answer ends: text that never became a call."""
+    def close(self, finish: str | None = None) -> list[tuple[str, Any]]:
+        """What is still held when the answer ends: text that never became a call, or a forced call cut
+        by `length` (not counted in `calls`: the answer's finish_reason stays `length`)."""
         out: list[tuple[str, Any]] = []
-        self._emit(out, self._held)
+        cut_short = cut(self._held, self.tools) if finish == "length" and not self.calls else None
+        if cut_short is not None:
+            out.append(("call", cut_short))
+        else:
+            self._emit(out, self._held)
         self._held = ""
         return out
 

@@ -228,7 +228,7 @@ class _Serving:
                     break
                 finish = FINISH_REASONS.get(event.finish_reason or "", event.finish_reason) if event.finished else None
                 if tools.active:  # content until a call starts, then the call as tool-call deltas
-                    for delta in calls[index].deltas(event.text, final=event.finished):
+                    for delta in calls[index].deltas(event.text, final=event.finished, finish=finish):
                         yield chunk([{"index": index, "delta": delta, "finish_reason": None, "logprobs": None}])
                     finish = tool_calls.finish_reason(finish, calls[index].calls > 0) if finish else None
                     if finish or event.logprobs:
@@ -272,7 +272,10 @@ class ChatServing(_Serving):
 
     def whole_choice(self, choice: _Choice, finish: str | None, tools: tool_calls.Tools) -> dict[str, object]:
         content, calls = tool_calls.parse(choice.text, tools)
-        return {"finish_reason": tool_calls.finish_reason(finish, bool(calls)),
+        reason = tool_calls.finish_reason(finish, bool(calls))
+        if reason == "length" and not calls and (cut := tool_calls.cut(choice.text, tools)) is not None:
+            content, calls = None, [cut]  # a forced call max_tokens ended: its arguments so far, still "length"
+        return {"finish_reason": reason,
                 "message": {"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {})}}
 
     def part_body(self, text: str) -> dict[str, object]:
