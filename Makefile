@@ -41,9 +41,12 @@ stack: $(STAMP)
 
 # In file order: CI's run must not change with a seed. `make test-random SEED=N` runs the same suite in
 # pytest-randomly's order N, the check that no test depends on another having run first.
+# Then the modules marked `postgres` (conversation storage) again on PostgreSQL, in-process only: they
+# test what the database does, which the Celery halves do not change (docs/TESTING.md, "On PostgreSQL").
 test: typecheck chromium redis compose
 	@$(PY) -m kernels.cpu
 	$(PY) -m pytest -p no:randomly
+	$(PY) -m pytest -p no:randomly --ds=tests.settings_postgres -m postgres -k "not celery" tests/workbench
 
 SEED ?= 1
 test-random: typecheck chromium redis compose

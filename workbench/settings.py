@@ -7,7 +7,8 @@ WORKBENCH_MAX_NUM_BATCHED_TOKENS, WORKBENCH_MAX_PREFILL_BESIDE_DECODES, WORKBENC
 WORKBENCH_STATIC_ROOT; the transport: WORKBENCH_TRANSPORT ("inprocess" or "celery"), REDIS_URL,
 WORKBENCH_QUEUE_PREFIX, WORKBENCH_WORKER_CAPACITY, WORKBENCH_HEARTBEAT_S, WORKBENCH_WORKER_LOST_S,
 WORKBENCH_DRAIN_S; the limits: WORKBENCH_SOCKET_MESSAGE_BYTES, WORKBENCH_USER_CONCURRENT_REQUESTS,
-WORKBENCH_USER_REQUESTS_PER_MINUTE, WORKBENCH_MAX_IN_FLIGHT, WORKBENCH_QUEUE_TIMEOUT_S, WORKBENCH_REQUEST_TIMEOUT_S.
+WORKBENCH_USER_REQUESTS_PER_MINUTE, WORKBENCH_MAX_IN_FLIGHT, WORKBENCH_QUEUE_TIMEOUT_S, WORKBENCH_REQUEST_TIMEOUT_S,
+WORKBENCH_LIMIT_LEASE_S, WORKBENCH_LIMITS_PREFIX.
 docs/OPERATIONS.md says what each is for. Every variable is read through workbench/env.py, which
 refuses a malformed one at start with ImproperlyConfigured naming it. The engine's own ARC_* flags are
 read by the engine (EngineConfig.from_env).
@@ -93,14 +94,21 @@ WORKBENCH_WORKER_CAPACITY = env_int("WORKBENCH_WORKER_CAPACITY", 256, minimum=1,
 # requests end with an error.
 WORKBENCH_HEARTBEAT_S = env_float("WORKBENCH_HEARTBEAT_S", 1.0, positive=True, unit="seconds")
 WORKBENCH_WORKER_LOST_S = env_float("WORKBENCH_WORKER_LOST_S", 4.0, positive=True, unit="seconds")
-# Limits on requests (workbench/serving/limits.py; 0 turns one off), counted per web process: what one
-# user may have under way and start in a minute (beyond: rate_limited), what this process holds in all
-# (beyond: overloaded), how long a request may wait for its first output and run in all (timeout).
+# Limits on requests (workbench/serving/limits.py; 0 turns one off): what one user may have under way
+# and start in a minute (beyond: rate_limited; counted in Redis across web processes with the Celery
+# transport, in this process otherwise), what this process holds in all (beyond: overloaded), how long
+# a request may wait for its first output and run in all (timeout).
 WORKBENCH_USER_CONCURRENT_REQUESTS = env_int("WORKBENCH_USER_CONCURRENT_REQUESTS", 64, minimum=0, unit="requests")
 WORKBENCH_USER_REQUESTS_PER_MINUTE = env_int("WORKBENCH_USER_REQUESTS_PER_MINUTE", 600, minimum=0, unit="requests")
 WORKBENCH_MAX_IN_FLIGHT = env_int("WORKBENCH_MAX_IN_FLIGHT", 1024, minimum=0, unit="requests")
 WORKBENCH_QUEUE_TIMEOUT_S = env_float("WORKBENCH_QUEUE_TIMEOUT_S", 120.0, minimum=0, unit="seconds")
 WORKBENCH_REQUEST_TIMEOUT_S = env_float("WORKBENCH_REQUEST_TIMEOUT_S", 600.0, minimum=0, unit="seconds")
+# With the Celery transport a request's slot is a lease in Redis that its web process renews every third
+# of this; a process that dies frees its users' slots within it. Keys under LIMITS_PREFIX (unset: the
+# queue prefix), so deployments (or test runs) sharing a Redis count apart.
+WORKBENCH_LIMIT_LEASE_S = env_float("WORKBENCH_LIMIT_LEASE_S", 30.0, positive=True, unit="seconds")
+WORKBENCH_LIMITS_PREFIX = env_str("WORKBENCH_LIMITS_PREFIX", "", pattern=r"[A-Za-z0-9_-]{1,32}",
+                                  expected="1-32 letters, digits, '-' or '_'")
 # On a warm shutdown (SIGTERM) a worker takes nothing new and gives what it holds this long to finish.
 WORKBENCH_DRAIN_S = env_float("WORKBENCH_DRAIN_S", 30.0, minimum=0, unit="seconds")
 

@@ -60,3 +60,29 @@ def engine_thread_stops_at_the_end():
     from workbench.serving import bridge
 
     bridge.shutdown()
+
+
+
+def pytest_collection_modifyitems(config, items):
+    """On PostgreSQL (tests/settings_postgres.py), every test skips, saying why, when no server answers:
+    the PostgreSQL run needs one (.ci/run starts it where none answers), and a run that found none must
+    not pass as if it had tested anything. Asked with psycopg itself: pytest-django lets no connection
+    through before a test."""
+    from django.conf import settings
+
+    database = settings.DATABASES["default"]
+    if not items or "postgresql" not in database["ENGINE"]:
+        return
+    import psycopg
+
+    where = f"{database.get('HOST') or 'the local socket'}:{database.get('PORT') or 5432}"
+    try:
+        psycopg.connect(host=database.get("HOST") or None, port=database.get("PORT") or None,
+                        user=database.get("USER") or None, password=database.get("PASSWORD") or None,
+                        dbname=database.get("NAME") or None, connect_timeout=3).close()
+    except psycopg.Error as exc:
+        first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        skip = pytest.mark.skip(reason=f"no PostgreSQL answers at {where} ({first_line}); set "
+                                       "WORKBENCH_TEST_POSTGRES_URL or start one (.ci/run does)")
+        for item in items:
+            item.add_marker(skip)

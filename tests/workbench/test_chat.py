@@ -13,6 +13,9 @@ from django.contrib.auth.models import AnonymousUser
 from workbench.chat.models import Conversation, Message
 from workbench.chat.routing import websocket_urlpatterns
 
+# Conversation storage: runs on PostgreSQL too (tests/settings_postgres.py).
+pytestmark = pytest.mark.postgres
+
 
 def as_user(user, patterns=websocket_urlpatterns):
     """A socket application that sees `user` as signed in, for `patterns` (the chat's by default)."""

@@ -17,6 +17,9 @@ from workbench.chat import versions
 from workbench.chat.models import Conversation, Message, NotShown, ReplyUnderWay
 from workbench.chat.search import search
 
+# Conversation storage: runs on PostgreSQL too (tests/settings_postgres.py).
+pytestmark = pytest.mark.postgres
+
 
 @pytest.fixture
 def alice(django_user_model):

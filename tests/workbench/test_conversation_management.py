@@ -12,6 +12,9 @@ from django.test import Client
 from workbench.chat.models import ChatDefaults, Conversation, Message
 from workbench.chat.titles import DEFAULT_TITLE, MAX_TITLE_CHARS, title_from
 
+# Conversation storage: runs on PostgreSQL too (tests/settings_postgres.py).
+pytestmark = pytest.mark.postgres
+
 
 @pytest.fixture
 def owned(django_user_model):

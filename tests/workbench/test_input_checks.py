@@ -13,6 +13,9 @@ from workbench.chat.models import Conversation, Message, ReplyUnderWay
 from workbench.protocol import request_input
 from workbench.protocol.json_socket import FrameError
 
+# Conversation storage: runs on PostgreSQL too (tests/settings_postgres.py).
+pytestmark = pytest.mark.postgres
+
 
 def refusal(check, *args) -> tuple[str, str]:
     """(code, field or echo) of what `check(*args)` refuses."""

@@ -231,7 +231,7 @@ class ChatConsumer(JsonSocketConsumer):
                 under_way.publish({"type": "delta", "index": event.index, "text": event.text})
         try:
             message = await self._store_reply(text, event, model)
-        except DatabaseError:
+        except (DatabaseError, Conversation.DoesNotExist):
             if await self._exists():
                 raise
             under_way.publish(GONE)  # deleted while it was answered

@@ -12,6 +12,7 @@ from django.db import models, transaction
 from django.utils import timezone
 
 from workbench.chat import branches
+from workbench.chat.stored_text import NulEscapedTextField
 from workbench.chat.titles import DEFAULT_TITLE, title_from
 
 
@@ -92,6 +93,7 @@ class Conversation(models.Model):
         try:
             self.refresh_from_db(fields=["system_prompt"])  # saved from the page since the socket opened
             with transaction.atomic():
+                self.lock()
                 history = self._apply(turn, content, message_id)
         finally:
             if history is None:
@@ -133,10 +135,11 @@ class Conversation(models.Model):
         regenerate's); the first reply titles a conversation still untitled, from the first user
         message (workbench/chat/titles.py). The title is written only if it is still the default when
         the reply is stored, so a rename in another tab meanwhile is kept."""
-        shown = list(self.shown_messages())
-        at = _last_user(shown)
-        asked = None if at is None else shown[at]
         with transaction.atomic():
+            self.lock()
+            shown = list(self.shown_messages())
+            at = _last_user(shown)
+            asked = None if at is None else shown[at]
             if asked is not None:
                 self.messages.filter(reply_to=asked, role="assistant").update(shown=False)
             reply = self.messages.create(role="assistant", reply_to=asked, **fields)
@@ -146,6 +149,13 @@ class Conversation(models.Model):
             if Conversation.objects.filter(pk=self.pk, title=DEFAULT_TITLE).update(title=title):
                 self.title = title
         return reply
+
+    def lock(self) -> None:
+        """Within a transaction: hold this conversation's row until it commits, so that the branch read
+        and the messages written are one step against any other writer of the conversation (a reply
+        whose claim went stale and a new turn; PostgreSQL's row lock; SQLite locks the whole database
+        for a write anyway). Conversation.DoesNotExist if it is gone."""
+        Conversation.objects.select_for_update().only("pk").get(pk=self.pk)
 
     def history(self) -> list[dict[str, str]]:
         """The branch shown as chat-template messages, oldest first (workbench/chat/branches.py)."""
@@ -178,7 +188,8 @@ class Message(models.Model):
     ROLES = [("system", "system"), ("user", "user"), ("assistant", "assistant")]
     conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="messages")
     role = models.CharField(max_length=16, choices=ROLES)
-    content = models.TextField()
+    # A reply holds what the model wrote, NUL included (stored escaped: workbench/chat/stored_text.py).
+    content = NulEscapedTextField()
     created_at = models.DateTimeField(default=timezone.now)
     # The message this one follows (a reply: the user message it answers; a user message: the message
     # before it; None: a first message). Siblings are versions (a regenerate, an edit); `shown` marks the
@@ -187,7 +198,7 @@ class Message(models.Model):
     shown = models.BooleanField(default=True)
     # Assistant replies only: how the generation ended, and what it cost.
     finish_reason = models.CharField(max_length=16, blank=True)
-    error = models.TextField(blank=True)
+    error = NulEscapedTextField(blank=True)
     prompt_tokens = models.PositiveIntegerField(null=True, blank=True)
     completion_tokens = models.PositiveIntegerField(null=True, blank=True)
     # Of prompt_tokens, those whose keys/values the engine's prefix cache already held (the conversation

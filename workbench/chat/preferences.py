@@ -8,7 +8,7 @@ is always one the chat socket accepts; an unknown or bad field is refused by nam
 from __future__ import annotations
 
 from workbench.chat.frames import DEFAULTS, MAX_MESSAGE_CHARS
-from workbench.chat.stored_text import nul_refusal
+from workbench.chat.stored_text import NUL, nul_in_json, nul_refusal
 from workbench.protocol import request_input
 from workbench.protocol.request_input import InvalidInput
 
@@ -40,6 +40,10 @@ def checked(body: object) -> tuple[str, dict[str, object]]:
         raise InvalidInput(request_input.BAD_PARAMS, f"{unknown[0]}: not a setting the chat page offers",
                            unknown[0])
     request_input.sampling_params(sampling, DEFAULTS)  # raises, naming the field, for a bad value
+    # The socket takes a NUL stop string (it stores no params); saved in jsonb it would fail the write.
+    held = next((name for name, value in sampling.items() if nul_in_json(value)), None)
+    if held is not None:
+        raise InvalidInput(request_input.BAD_PARAMS, nul_refusal(held, NUL) or "", held)
     return system_prompt, dict(sampling)
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from django.db.models import Q
 
 from workbench.chat.models import Conversation, Message
+from workbench.chat.stored_text import NUL, escaped
 
 MAX_QUERY_CHARS = 200
 SNIPPET_CHARS = 80  # of message text around the match, to show why a conversation was found
@@ -29,12 +30,17 @@ def search(user, query: str) -> list[Found]:
     query = query.strip()[:MAX_QUERY_CHARS]
     if not query:
         return []
+    # Message text is stored NUL-escaped and a pattern is not escaped for us; titles never hold NUL
+    # (refused when typed), and PostgreSQL refuses a NUL in any query parameter.
+    in_text = escaped(query)
+    matches = Q(messages__content__icontains=in_text)
+    if NUL not in query:
+        matches |= Q(title__icontains=query)
     # Any message, in SQL; then only those whose match is shown (a walk per candidate, not per conversation).
-    candidates = (Conversation.owned_by(user)
-                  .filter(Q(title__icontains=query) | Q(messages__content__icontains=query)).distinct())
+    candidates = Conversation.owned_by(user).filter(matches).distinct()
     found = []
     for conversation in candidates:
-        message = conversation.shown_messages().filter(content__icontains=query).first()
+        message = conversation.shown_messages().filter(content__icontains=in_text).first()
         if message is not None or query.lower() in conversation.title.lower():
             found.append(Found(conversation, "" if message is None else _snippet(message, query)))
     return found

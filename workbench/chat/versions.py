@@ -62,6 +62,7 @@ def show(conversation: Conversation, message_id: int) -> None:
         raise ReplyUnderWay
     try:
         with transaction.atomic():
+            conversation.lock()
             at: int | None = chosen.pk
             while at is not None and at in rows:
                 row = rows[at]

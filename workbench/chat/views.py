@@ -15,6 +15,7 @@ from workbench.chat.models import Conversation
 from workbench.chat.preferences import form_values
 from workbench.chat import versions
 from workbench.chat.search import search
+from workbench.chat.stored_text import nul_refusal
 from workbench.serving import served_models
 
 
@@ -54,9 +55,14 @@ def conversation(request, conversation_id: int):
 @login_required
 def tokens(request):
     created = None
+    refused = None
     if request.method == "POST":
-        _, created = ApiToken.issue(request.user, request.POST.get("name", "")[:100])
-    return render(request, "chat/tokens.html", {"tokens": request.user.api_tokens.all(), "created": created})
+        name = request.POST.get("name", "")[:100]
+        refused = nul_refusal("name", name)
+        if refused is None:
+            _, created = ApiToken.issue(request.user, name)
+    return render(request, "chat/tokens.html", {"tokens": request.user.api_tokens.all(), "created": created,
+                                                "refused": refused}, status=400 if refused else 200)
 
 
 @login_required

@@ -11,26 +11,29 @@ first and submits through the Admission it gets, which watches the request's str
 A request counts from its admission until its stream's last event (done, canceled, error, timeout), so
 a canceled or disconnected one counts until the engine has really let it go.
 
-The counts live in this web process: with several Daphne instances each counts its own users, so a user
-may reach the limits once per instance (docs/OPERATIONS.md). Settings are read at each admission, so a
-test (or an operator's settings override) takes effect at once. 0 turns a limit off.
+Where the counts live: a user's counts (concurrent requests, requests a minute) are in Redis whenever
+the Celery transport is used, shared by every web process of the deployment, as leases that expire
+unless renewed (workbench/serving/celery/redis_counts.py); with the in-process transport they are in
+this process's memory (workbench/serving/user_counts.py). The bound on requests in flight is this
+process's own in both (it bounds what this process piles onto its engine or the workers). Settings are
+read at each admission, so a test (or an operator's settings override) takes effect at once. 0 turns
+a limit off.
 """
 
 from __future__ import annotations
 
 import math
 import threading
-import time
-from collections import defaultdict, deque
 from collections.abc import Callable
 
+import redis
 from django.conf import settings
 
 from engine import SamplingParams
 from workbench.serving.streams import RequestStream, StreamEvent
 from workbench.serving.transport import Transport
+from workbench.serving.user_counts import Busy, Lease, MemoryUserCounts, TooFrequent, UserCounts
 
-WINDOW_S = 60.0  # the rate limit's window: requests started in the last minute
 # What a refusal for concurrency or load suggests: such a slot frees when any request ends.
 RETRY_SOON_S = 1
 
@@ -44,70 +47,89 @@ class Refused(Exception):
 
 
 class Limiter:
-    """The counts of one web process. Locked: the views and consumers of a process share one event
-    loop, but tests and management commands may admit from others."""
+    """This process's admissions: its own in-flight total, and each user's counts where the transport
+    in use keeps them."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._in_flight: dict[str, int] = defaultdict(int)
-        self._starts: dict[str, deque[float]] = defaultdict(deque)
+        self.memory = MemoryUserCounts()
         self.total = 0
+
+    def counts(self) -> UserCounts:
+        """Where users are counted now: Redis for the Celery transport, this process otherwise."""
+        if settings.WORKBENCH_TRANSPORT != "celery":
+            return self.memory
+        from workbench.serving.celery.redis_counts import counts_for
+
+        return counts_for(settings.REDIS_URL, settings.WORKBENCH_LIMITS_PREFIX or settings.WORKBENCH_QUEUE_PREFIX,
+                          settings.WORKBENCH_LIMIT_LEASE_S)
 
     def admit(self, user: str) -> Admission:
         concurrent, per_minute = settings.WORKBENCH_USER_CONCURRENT_REQUESTS, settings.WORKBENCH_USER_REQUESTS_PER_MINUTE
         bound = settings.WORKBENCH_MAX_IN_FLIGHT
-        now = time.monotonic()
         with self._lock:
             if bound and self.total >= bound:
                 raise Refused("overloaded", f"the server holds {self.total} requests, its limit "
                                             "(WORKBENCH_MAX_IN_FLIGHT); try again shortly", RETRY_SOON_S)
-            if concurrent and self._in_flight[user] >= concurrent:
-                raise Refused("rate_limited", f"you have {self._in_flight[user]} requests under way, the most one "
-                                              "user may (WORKBENCH_USER_CONCURRENT_REQUESTS); wait for one to end",
-                              RETRY_SOON_S)
-            starts = self._starts[user]
-            while starts and now - starts[0] >= WINDOW_S:
-                starts.popleft()
-            if per_minute and len(starts) >= per_minute:
-                wait = max(1, math.ceil(WINDOW_S - (now - starts[0])))
-                raise Refused("rate_limited", f"at most {per_minute} requests a minute per user "
-                                              f"(WORKBENCH_USER_REQUESTS_PER_MINUTE); try again in {wait} s", wait)
-            starts.append(now)
-            self._in_flight[user] += 1
-            self.total += 1
-        return Admission(self, user)
+            self.total += 1  # held while the user's counts are asked, so the bound holds meanwhile
+        counts = self.counts()
+        try:
+            outcome = counts.acquire(user, concurrent, per_minute)
+        except redis.RedisError as exc:
+            self._release_total()
+            raise Refused("unavailable", f"the request limits cannot be counted: Redis does not answer ({exc})",
+                          RETRY_SOON_S) from None
+        except BaseException:
+            self._release_total()
+            raise
+        if isinstance(outcome, Lease):
+            return Admission(self, counts, outcome)
+        self._release_total()
+        if isinstance(outcome, Busy):
+            raise Refused("rate_limited", f"you have {outcome.held} requests under way, the most one "
+                                          "user may (WORKBENCH_USER_CONCURRENT_REQUESTS); wait for one to end",
+                          RETRY_SOON_S)
+        assert isinstance(outcome, TooFrequent)
+        wait = max(1, math.ceil(outcome.wait_s))
+        raise Refused("rate_limited", f"at most {per_minute} requests a minute per user "
+                                      f"(WORKBENCH_USER_REQUESTS_PER_MINUTE); try again in {wait} s", wait)
 
     def in_flight(self, user: str) -> int:
-        with self._lock:
-            return self._in_flight.get(user, 0)
+        return self.counts().in_flight(user)
 
-    def _release(self, user: str) -> None:
+    def _release_total(self) -> None:
         with self._lock:
-            if self._in_flight.get(user, 0) > 0:
-                self._in_flight[user] -= 1
-                self.total -= 1
-            if not self._in_flight.get(user):
-                self._in_flight.pop(user, None)
+            self.total = max(0, self.total - 1)
+
+    def _release(self, counts: UserCounts, lease: Lease) -> None:
+        self._release_total()
+        try:
+            counts.release(lease)
+        except redis.RedisError:  # the lease then expires unrenewed, as a dead process's would
+            pass
 
     def reset(self) -> None:
-        """Forget every count: the transports stopped, and with them every request they held."""
+        """Forget every count of this process: the transports stopped, and with them every request they held."""
         with self._lock:
-            self._in_flight.clear()
-            self._starts.clear()
             self.total = 0
+        self.memory.reset()
+        from workbench.serving.celery.redis_counts import reset_all
+
+        reset_all()
 
 
 class Admission:
     """One admitted request's place in the counts, held until its stream ends (or release())."""
 
-    def __init__(self, limiter: Limiter, user: str) -> None:
-        self._limiter, self.user, self.released = limiter, user, False
+    def __init__(self, limiter: Limiter, counts: UserCounts, lease: Lease) -> None:
+        self._limiter, self._counts, self._lease, self.released = limiter, counts, lease, False
+        self.user = lease.user
 
     def release(self) -> None:
         """Idempotent: the stream's end and a path that never submitted may both call it."""
         if not self.released:
             self.released = True
-            self._limiter._release(self.user)
+            self._limiter._release(self._counts, self._lease)
 
     def submit(self, transport: Transport, request_id: str, prompt: str | list[int],
                params: SamplingParams, model: str = "") -> RequestStream:

@@ -1,0 +1,118 @@
+"""A user's concurrent-request limit across two real Daphne processes over one Redis (the Celery
+transport, on the session's two workers), as docker-compose runs several web instances behind a
+balancer: the limit holds across both exactly, refused with the error one process gives, and a web
+process that dies leaves no slot behind once its leases expire."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import openai
+import pytest
+
+from tests.cluster import start_daphne
+from tests.workbench.test_limits import LONG, SHORT, answer, cancel, complete, connect, generate
+
+pytestmark = pytest.mark.slow  # two Daphnes of their own on the session's Celery workers
+
+LIMIT = 3
+LEASE_S = 2.0
+REFUSAL = {"code": "rate_limited", "retry_after": 1,
+           "message": f"you have {LIMIT} requests under way, the most one user may "
+                      "(WORKBENCH_USER_CONCURRENT_REQUESTS); wait for one to end"}
+
+
+async def running(ws, request_id: str) -> str:
+    """The request's first answer, and if it was accepted, once its first tokens came: it holds its
+    slot for real (the frames of other requests meanwhile are skipped; their `done` is still to come)."""
+    first = (await answer(ws, request_id))["type"]
+    while first == "accepted":
+        frame = json.loads(await asyncio.wait_for(ws.recv(), 60))
+        if frame.get("request_id") == request_id and frame["type"] != "accepted":
+            return "running" if frame["type"] == "delta" else frame["type"]
+    return first
+
+
+@pytest.fixture(scope="module")
+def two_daphnes(celery_cluster, tmp_path_factory):
+    """Two Daphnes over the session's workers with a concurrency limit of LIMIT, counting under a key
+    prefix of this module's run (so that parallel runs on one Redis count apart), each with a database
+    of its own and user "bob" in both: [(process, address, token)] * 2. Started side by side."""
+    env = {**celery_cluster.env, "WORKBENCH_USER_CONCURRENT_REQUESTS": str(LIMIT),
+           "WORKBENCH_USER_REQUESTS_PER_MINUTE": "0", "WORKBENCH_LIMIT_LEASE_S": str(LEASE_S),
+           "WORKBENCH_LIMITS_PREFIX": f"test-limits-{uuid.uuid4().hex[:10]}"}
+    root = tmp_path_factory.mktemp("two-daphnes")
+    with ThreadPoolExecutor(2) as pool:
+        servers = list(pool.map(lambda n: start_daphne(env, root / f"db{n}.sqlite3"), range(2)))
+    try:
+        yield servers
+    finally:
+        for process, _, _ in servers:
+            if process.poll() is None:
+                process.terminate()
+        for process, _, _ in servers:
+            process.wait(timeout=10)
+
+
+def test_a_users_concurrent_limit_holds_exactly_across_two_web_processes(two_daphnes):
+    (_, first, first_token), (_, second, second_token) = two_daphnes
+
+    async def run():
+        async with connect(first, first_token) as one, connect(second, second_token) as two:
+            accepted = []
+            for ws, request_id in ((one, "a1"), (two, "b1"), (one, "a2")):
+                await generate(ws, request_id, LONG)
+                accepted.append(await running(ws, request_id))
+            refused = []
+            for ws, request_id in ((two, "b2"), (one, "a3")):  # the N+1th, on either process
+                await generate(ws, request_id, SHORT)
+                refused.append(await answer(ws, request_id))
+            with pytest.raises(openai.RateLimitError) as over_http:  # the same count on the other API
+                await complete(second, second_token)
+            canceled = await cancel(one, "a1")
+            await generate(two, "b3", SHORT)  # the slot freed on the first process, taken on the second
+            freed = await answer(two, "b3")
+            ends = [(await cancel(ws, request_id)).get("finish_reason") for ws, request_id in ((two, "b1"), (one, "a2"))]
+            await cancel(two, "b3")
+            return accepted, refused, over_http.value, canceled, freed, ends
+
+    accepted, refused, over_http, canceled, freed, ends = asyncio.run(run())
+    assert accepted == ["running"] * LIMIT, "N requests across the two processes are taken"
+    assert refused == [{"type": "error", "request_id": "b2", **REFUSAL}, {"type": "error", "request_id": "a3", **REFUSAL}]
+    assert over_http.status_code == 429 and over_http.body["code"] == "rate_limited"
+    assert canceled["finish_reason"] == "canceled" and freed["type"] == "accepted"
+    assert ends == ["canceled", "canceled"], "the others held their slots throughout"
+
+
+def test_a_web_process_that_dies_frees_its_slots_once_its_leases_expire(two_daphnes):
+    (_, first, first_token), (dying, second, second_token) = two_daphnes
+
+    async def run():
+        async with connect(first, first_token) as one:
+            for request_id in ("k1", "k2"):
+                await generate(one, request_id, LONG)
+                assert await running(one, request_id) == "running"
+            async with connect(second, second_token) as two:
+                await generate(two, "d1", LONG)
+                assert await running(two, "d1") == "running"
+                dying.send_signal(signal.SIGKILL)  # no release, no renewal from here on
+                dying.wait(timeout=10)
+            await generate(one, "k3", SHORT)
+            still_held = await answer(one, "k3")  # liveness: the dead process's lease still counts at first
+            await asyncio.sleep(LEASE_S + 1)
+            await generate(one, "k4", SHORT)
+            after_expiry = await answer(one, "k4")
+            ends = [(await cancel(one, request_id)).get("finish_reason") for request_id in ("k1", "k2")]
+            await cancel(one, "k4")
+            return still_held, after_expiry, ends
+
+    started = time.monotonic()
+    still_held, after_expiry, ends = asyncio.run(run())
+    assert still_held == {"type": "error", "request_id": "k3", **REFUSAL}
+    assert ends == ["canceled", "canceled"], "the live process's two requests ran throughout: only the dead one's slot freed"
+    assert after_expiry["type"] == "accepted", f"the dead process's slot was free {time.monotonic() - started:.1f} s on"
