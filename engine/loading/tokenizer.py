@@ -44,6 +44,11 @@ def _token_text(value: Any) -> str | None:
     return value
 
 
+# A base model (Gemma 3 270M) continues text: it can serve completions, not conversations.
+NO_CHAT_TEMPLATE = ("this model has no chat template (it is a base model that continues text, not a chat "
+                    "model); send a plain prompt, as a completion, instead of messages")
+
+
 class Tokenizer:
     def __init__(self, backend: BackendTokenizer, config: dict[str, Any], chat_template: str | None) -> None:
         self._backend = backend
@@ -133,7 +138,7 @@ class Tokenizer:
         """The prompt text for a conversation, rendered by the checkpoint's chat template (`tools`: the
         OpenAI-shaped tool definitions, for a template that takes them)."""
         if self.chat_template is None:
-            raise TokenizerError("this model has no chat template; send a plain prompt instead of messages")
+            raise TokenizerError(NO_CHAT_TEMPLATE)
         messages = _plain_messages(messages)
         context = {"bos_token": "", "eos_token": "", **self.special_tokens}
         try:

@@ -215,6 +215,11 @@ class ChatConsumer(JsonSocketConsumer):
         except served_models.TokenizerUnreadable as exc:
             under_way.publish({"type": "error", "code": "unavailable", "message": exc.message})
             return
+        if tokenizer.chat_template is None:
+            under_way.publish({"type": "error", "code": "no_chat_template", "message":
+                               f"{model} has no chat template: it is a base model that continues text, not a "
+                               "chat model. Choose another model, or send it prompts through /v1/completions."})
+            return
         try:
             prompt = await asyncio.to_thread(fitted_prompt, tokenizer, history, model)  # long ones take a while
         except TokenizerError as exc:

@@ -1,0 +1,84 @@
+"""The real Gemma 3 270M file (Q4_K_M: Q4_K, Q6_K, Q5_0 and Q8_0 tensors; a SentencePiece vocabulary of
+262,144 pieces; windowed and full layers) against HF transformers reading the same file with its own
+GGUF reader, both with the weights dequantized to float32.
+
+HF is loaded once for the module (about 80 s here: its reader dequantizes every tensor in Python), and
+so is ours.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+from engine import Engine, EngineConfig, SamplingParams
+from engine.loading.loader import load_model
+from engine.loading.tokenizer import NO_CHAT_TEMPLATE, TokenizerError
+
+pytestmark = [pytest.mark.gemma3, pytest.mark.slow]
+
+RELATIVE_TOLERANCE = 1e-4
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,",
+           "The three primary colors are", "import numpy as np\n\nx =", "Water boils at"]
+# Ordinary text, whitespace runs, non-Latin scripts, emoji, and characters no piece covers (byte fallback).
+TEXTS = ["The capital of France is", "  two  spaces\tand a tab\n\nnew lines", "a , b . c!",
+         "Ünïcödé façade — naïve 日本語のテキスト", "🤖🚀 emoji", "\u0378\U0010fffd unassigned", "<start_of_turn>user",
+         "", " leading space", "x" * 40]
+
+
+@pytest.fixture(scope="module")
+def hf(gemma3_gguf):
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(gemma3_gguf.parent), gguf_file=gemma3_gguf.name, dtype=torch.float32).eval()
+    model.generation_config.eos_token_id = None  # as our ignore_eos: every step decodes
+    return model
+
+
+@pytest.fixture(scope="module")
+def hf_tokenizer(gemma3_gguf):
+    return transformers.AutoTokenizer.from_pretrained(str(gemma3_gguf.parent), gguf_file=gemma3_gguf.name)
+
+
+@pytest.fixture(scope="module")
+def ours(gemma3_gguf):
+    return load_model(gemma3_gguf, weights="dequantized")
+
+
+@torch.no_grad()
+def test_logits_match_hf_on_every_prompt(ours, hf):
+    for prompt in PROMPTS:
+        ids = torch.tensor([ours.tokenizer.encode(prompt)])
+        expected = hf(ids).logits[0]
+        got = ours.model.logits(ours.model(ids, torch.arange(ids.shape[1])[None]))[0]
+        assert float((got - expected).abs().max() / expected.abs().max()) < RELATIVE_TOLERANCE, prompt
+
+
+def test_greedy_tokens_equal_hf_for_32_tokens_from_6_prompts(gemma3_gguf, ours, hf):
+    engine = Engine(EngineConfig(model=str(gemma3_gguf), weights="dequantized", dtype="float32"))
+    prompts = [ours.tokenizer.encode(p) for p in PROMPTS]
+    results = engine.generate(prompts, SamplingParams(max_tokens=32, temperature=0, ignore_eos=True))
+    for prompt, result in zip(prompts, results):
+        with torch.no_grad():
+            out = hf.generate(torch.tensor([prompt]), max_new_tokens=32, do_sample=False)
+        expected = out[0, len(prompt):].tolist()
+        assert len(set(expected)) > 3, "liveness: the reference must not be a constant run"
+        assert result.token_ids == expected, ours.tokenizer.decode(prompt)
+    assert results[0].text.startswith(" the capital of the country of France.")
+
+
+def test_the_tokenizer_encodes_and_decodes_as_hf_does(ours, hf_tokenizer):
+    fallback = 0
+    for text in TEXTS:
+        ids = ours.tokenizer.encode(text)
+        assert ids == hf_tokenizer.encode(text), text
+        assert ours.tokenizer.decode(ids) == hf_tokenizer.decode(ids, skip_special_tokens=True), text
+        fallback += sum(1 for i in ids if hf_tokenizer.convert_ids_to_tokens(i).startswith("<0x"))
+    assert fallback >= 4, "liveness: some characters must go through the <0xNN> byte pieces"
+
+
+def test_a_base_model_refuses_messages_by_name(ours):
+    assert ours.tokenizer.chat_template is None
+    with pytest.raises(TokenizerError, match="no chat template"):
+        ours.tokenizer.encode_chat([{"role": "user", "content": "hi"}])
+    assert "base model" in NO_CHAT_TEMPLATE
