@@ -1,8 +1,9 @@
 """A GGUF file's tensors into our model: dequantized into float parameters, or kept quantized.
 
 Dequantized, every tensor goes through the `gguf` package's own dequantizer into the model's dtype.
-Quantized (`weights="quantized"`), the linear weights stored as Q4_0, Q4_1 or Q8_0 keep those exact
-values in `QuantizedLinear` modules (engine/model/quantized.py) that replace the float `Linear`s;
+Quantized (`weights="quantized"`), the linear weights stored as Q4_0, Q4_1 or Q8_0 (or Q5_0, re-encoded
+exactly as Q8_0: engine/loading/transcode.py) keep those exact values in `QuantizedLinear` modules
+(engine/model/quantized.py) that replace the float `Linear`s;
 norms, biases, the embedding and every other type are dequantized as before. The output head (the
 embedding's data where the two are tied) is served quantized too where the model runs in bfloat16 on
 our native kernels: one kernel at every row count, and the largest matmul of a decode step at a
@@ -17,6 +18,7 @@ import torch
 
 from engine.loading.gguf_model import GGUFCheckpoint, GGUFTensor
 from engine.loading.tensor_checks import check_complete, check_tensor, expected_tensors
+from engine.loading.transcode import TRANSCODED, transcoded
 from engine.model import LlamaForCausalLM
 
 
@@ -53,8 +55,8 @@ def load_gguf_weights(model: LlamaForCausalLM, checkpoint: GGUFCheckpoint, dtype
             parent, _, attr = path.rpartition(".")
             owner = model.get_submodule(parent)
             linear = getattr(owner, attr)
-            setattr(owner, attr, QuantizedLinear.from_ggml(tensor.rows, tensor.qtype, linear.in_features,
-                                                           bias=linear.bias))
+            rows, qtype = transcoded(tensor.rows, tensor.qtype)
+            setattr(owner, attr, QuantizedLinear.from_ggml(rows, qtype, linear.in_features, bias=linear.bias))
 
 
 def _quantized_head(tensor: GGUFTensor | None) -> GGUFTensor | None:
@@ -73,4 +75,4 @@ def _servable_quantized(tensor: GGUFTensor) -> bool:
 def _servable_type(tensor: GGUFTensor) -> bool:
     from engine.model.quantized import BLOCK_BYTES  # the types QuantizedLinear serves
 
-    return tensor.qtype in BLOCK_BYTES
+    return tensor.qtype in BLOCK_BYTES or tensor.qtype in TRANSCODED
