@@ -3,7 +3,7 @@
 A single token's decoded text can be a broken character (byte-level BPE splits UTF-8 sequences across
 tokens; it decodes as U+FFFD), so its bytes come from the vocabulary entry itself: byte-level BPE
 writes each byte as one printable character (GPT-2's table, inverted here), SentencePiece's byte
-fallback writes `<0xHH>`, added tokens are their own text. Anything else is its decoded text's UTF-8.
+fallback writes `<0xHH>` and a space as U+2581, added tokens are their own text. Anything else is its decoded text's UTF-8.
 """
 
 from __future__ import annotations
@@ -37,4 +37,6 @@ def vocabulary_bytes(piece: str, byte_level: bool) -> bytes | None:
         table = byte_level_chars()
         if all(c in table for c in piece):
             return bytes(table[c] for c in piece)
+    elif "\u2581" in piece:  # SentencePiece writes a space as U+2581; decoding one token alone may strip it
+        return piece.replace("\u2581", " ").encode("utf-8")
     return None

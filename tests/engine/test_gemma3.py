@@ -77,6 +77,13 @@ def test_the_tokenizer_encodes_and_decodes_as_hf_does(ours, hf_tokenizer):
     assert fallback >= 4, "liveness: some characters must go through the <0xNN> byte pieces"
 
 
+def test_each_tokens_bytes_join_into_the_text(ours):
+    """logprobs' `bytes`: spaces (U+2581 in the pieces) and byte-fallback pieces included."""
+    for text in TEXTS:
+        ids = ours.tokenizer.encode(text, add_special_tokens=False)
+        assert b"".join(ours.tokenizer.token_bytes(i) for i in ids) == text.encode("utf-8"), text
+
+
 def test_a_base_model_refuses_messages_by_name(ours):
     assert ours.tokenizer.chat_template is None
     with pytest.raises(TokenizerError, match="no chat template"):
