@@ -31,7 +31,7 @@ collect_ignore = ["workbench", "e2e"] if MISSING_WEB_STACK else []
 # The GGUF tests import the gguf package at module level; the GPU image has none.
 MISSING_GGUF = importlib.util.find_spec("gguf") is None
 if MISSING_GGUF:
-    collect_ignore += ["engine/test_gguf_loader.py", "engine/test_gguf_quantized.py",
+    collect_ignore += ["engine/test_gguf_loader.py", "engine/test_gguf_quantized.py", "engine/test_gguf_converter_parity.py",
                        "engine/test_quantized_linear.py"]
 
 # The structured-output tests need the grammar engine and a JSON Schema validator; the GPU image has neither.

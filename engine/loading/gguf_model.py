@@ -145,7 +145,8 @@ class GGUFCheckpoint:
             "rope_scaling": self._rope_scaling(),
             "tie_word_embeddings": "output.weight" not in self._tensor_names,
             "attention_bias": "blk.0.attn_q.bias" in self._tensor_names,
-            "sliding_window": self._arch("attention.sliding_window", None),
+            # llama.cpp writes 0 for "no window" (its Phi-3 converter always writes the key).
+            "sliding_window": self._arch("attention.sliding_window", None) or None,
             "rope_freq_factors": self._rope_freq_factors(),
             "final_logit_softcapping": self._arch("final_logit_softcapping", None),
             "attn_logit_softcapping": self._arch("attn_logit_softcapping", None),

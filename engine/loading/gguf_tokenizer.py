@@ -19,9 +19,10 @@ from tokenizers import Tokenizer as BackendTokenizer
 from engine.loading.sentencepiece_vocab import gemma_pieces, sentencepiece_backend
 from engine.loading.tokenizer import Tokenizer, TokenizerError
 
-# llama.cpp's token types (gguf.TokenType): CONTROL tokens are special (never split, skipped on
-# decode); USER_DEFINED ones are matched whole in text but decoded like any other token.
-_CONTROL, _USER_DEFINED = 3, 4
+# llama.cpp's token types (gguf.TokenType): CONTROL and UNKNOWN tokens are special (matched whole in
+# text, skipped on decode, as llama.cpp and transformers treat <unk>); USER_DEFINED ones are matched
+# whole in text but decoded like any other token.
+_UNKNOWN, _CONTROL, _USER_DEFINED = 2, 3, 4
 
 # How each `tokenizer.ggml.pre` splits text before byte-level BPE. None: the GPT-2 pattern that
 # ByteLevel applies itself. The patterns are the ones the models' own tokenizer.json files use.
@@ -53,7 +54,7 @@ def tokenizer_from_gguf(metadata: Callable[..., Any], source: str) -> Tokenizer:
     backend = (_byte_level_backend(metadata, source, tokens) if kind == "gpt2"
                else _sentencepiece_backend(metadata, source, tokens))
     backend.add_special_tokens([AddedToken(t, normalized=False, special=True)
-                                for t, kind in zip(tokens, types) if kind == _CONTROL])
+                                for t, kind in zip(tokens, types) if kind in (_CONTROL, _UNKNOWN)])
     backend.add_tokens([AddedToken(t, normalized=False, special=False)
                         for t, kind in zip(tokens, types) if kind == _USER_DEFINED])
 

@@ -9,9 +9,10 @@ not follow its merge order). Merges of one rank are ordered as transformers' GGU
 (longer left part first, then in file order), so both tokenize alike. Characters outside the
 vocabulary fall back to the `<0xNN>` byte pieces.
 
-Spaces are written as U+2581 ("▁"). Llama's vocabularies also prefix the text with one (where the file's
-`add_space_prefix` says so, its default) and drop it again on decode; Gemma's never do, and Gemma files
-store pieces made only of spaces with real spaces, renamed here to the "▁" spelling the text gets.
+Spaces are written as U+2581 ("▁"). Llama's vocabularies also prefix the text, and each stretch of it
+after a special token, with one (where the file's `add_space_prefix` says so, its default) and drop it
+again on decode; Gemma's never do, and Gemma files store pieces made only of spaces with real spaces,
+renamed here to the "▁" spelling the text gets.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from tokenizers import Tokenizer as BackendTokenizer
-from tokenizers import decoders, models, normalizers, pre_tokenizers
+from tokenizers import decoders, models, normalizers
 
 SPACE = "\u2581"
 
@@ -40,13 +41,14 @@ def sentencepiece_backend(pieces: Sequence[str], scores: Sequence[float] | None,
     backend = BackendTokenizer(models.BPE(vocab=vocab, merges=_merges(vocab, rank), fuse_unk=True,
                                           byte_fallback=True, unk_token=unknown))
     steps = [decoders.Replace(SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
-    if gemma:
-        backend.normalizer = normalizers.Replace(" ", SPACE)
-    else:
-        backend.pre_tokenizer = pre_tokenizers.Metaspace(
-            replacement=SPACE, prepend_scheme="first" if add_space_prefix else "never", split=False)
-        if add_space_prefix:
-            steps.append(decoders.Strip(content=" ", left=1))
+    spaces: list[normalizers.Normalizer] = [normalizers.Replace(" ", SPACE)]
+    if add_space_prefix and not gemma:
+        # Always one space more, also before text that starts with spaces and after a special token, as
+        # sentencepiece's dummy prefix and llama.cpp do (Metaspace's prepend skips text already starting
+        # with one, and its "first" only prefixes the text before the first special token).
+        spaces.insert(0, normalizers.Prepend(SPACE))
+        steps.append(decoders.Strip(content=" ", left=1))
+    backend.normalizer = normalizers.Sequence(spaces)
     backend.decoder = decoders.Sequence(steps)
     return backend
 

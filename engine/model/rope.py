@@ -25,7 +25,7 @@ def rope_inverse_frequencies(config: ModelConfig, sliding: bool = False) -> torc
     if sliding and config.rope_local_theta is not None:
         return inv_freq
     if config.rope_freq_factors is not None:
-        return inv_freq / torch.tensor(config.rope_freq_factors, dtype=torch.float32)
+        return inv_freq / torch.tensor(config.rope_freq_factors, dtype=torch.float32, device="cpu")
     scaling = config.rope_scaling
     if scaling is None:
         return inv_freq
