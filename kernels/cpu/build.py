@@ -1,8 +1,8 @@
 """Builds and loads the native CPU kernels (kernels/cpu/*.cpp) on first use, once per process.
 
 torch.utils.cpp_extension compiles them with the machine's g++ and ninja into a cache outside the repo
-($TORCH_EXTENSIONS_DIR, else ~/.cache/workbench/torch_extensions), so a warm load only links the library
-in. The library registers its ops under torch.ops.workbench. Where there is no compiler or no ninja, or
+($TORCH_EXTENSIONS_DIR, else ~/.cache/workbench/torch_extensions, one directory per checkout), so a warm
+load only links the library in. The library registers its ops under torch.ops.workbench. Where there is no compiler or no ninja, or
 the build fails, `native_available()` is False, `unavailable_reason()` says why, one log line says so, and
 callers use their torch path.
 """
@@ -36,9 +36,12 @@ _state: dict[str, str | None] = {}  # "reason": None once loaded, else why not; 
 
 
 def build_directory() -> Path:
+    """One directory per checkout: cpp_extension rebuilds when the sources' paths change, so two
+    checkouts sharing one directory (a test run in a fresh clone beside a working tree) would rebuild
+    over each other, each process that loads meanwhile stalling on the build."""
     root = os.environ.get("TORCH_EXTENSIONS_DIR")
     base = Path(root) if root else Path.home() / ".cache" / "workbench" / "torch_extensions"
-    return base / NAME
+    return base / f"{NAME}-{hashlib.sha256(str(HERE).encode()).hexdigest()[:12]}"
 
 
 def _find_ninja() -> str | None:
