@@ -71,11 +71,14 @@ async def test_a_demoted_staff_member_cannot_cancel_and_the_request_runs_on(staf
     await ws.send_to(text_data=json.dumps({"type": "cancel_request", "id": 9, "worker": LOCAL_WORKER,
                                            "request_id": engine_id}))
     answer = await _answer(ws)
-    assert (answer["type"], answer["id"], answer["code"]) == ("error", 9, "forbidden"), answer
+    # The socket re-checks its user at the frame (workbench/protocol/socket_access.py): refused before
+    # the cancel is read, so the error names no frame id, and the socket closes.
+    assert (answer["type"], answer["code"]) == ("error", "forbidden"), answer
     assert await RequestCancel.objects.acount() == 0
-    [shown] = held(ws.shown["workers"], "kept")  # still held after the refusal
-    # ... and still generating: a cancel that went through would take it off the list instead.
-    await state_until(ws, lambda workers: bool(held(workers, "kept")) and held(workers, "kept")[0]["tokens"] > shown["tokens"] + 2)
+    # ... and the request still generates: a cancel that went through would end it.
+    for _ in range(3):
+        frame = json.loads(await api.receive_from(timeout=30))
+        assert frame["type"] != "done", frame
     await api.send_to(text_data=json.dumps({"type": "cancel", "request_id": "kept"}))  # its owner may
     ended = (await frames_until_done(api, {"kept"}))[-1]
     assert ended["type"] == "done" and ended["finish_reason"] == "canceled"
