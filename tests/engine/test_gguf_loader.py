@@ -95,5 +95,5 @@ def test_a_file_that_is_not_gguf_is_refused(tmp_path):
 
 
 def test_an_unknown_model_name_lists_the_known_ones():
-    with pytest.raises(ModelLoadError, match="neither a known name \\('demo', 'smollm2'\\)"):
+    with pytest.raises(ModelLoadError, match="neither a known name \\('demo', 'smollm2', 'gemma3'\\)"):
         load_model("smollm3")
