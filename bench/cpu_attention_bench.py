@@ -1,4 +1,4 @@
-"""Per-call time of one layer's paged attention on the CPU: the native op (kernels/cpu/paged_attention.py)
+"""Per-call time of one layer's paged attention on the CPU: the native op (engine/kernels/cpu/paged_attention.py)
 against the torch path it replaces (decodes padded and masked, float32 math; each prefill through SDPA).
 
 SmolLM2-135M's attention shape (9 query heads, 3 KV heads, head_dim 64), block size 16, in float32 and
@@ -17,7 +17,7 @@ import time
 import torch
 
 from engine.model import AttentionMetadata, ModelConfig, attention
-from kernels import cpu
+from engine.kernels import cpu
 
 CONFIG = ModelConfig(model_type="llama", vocab_size=64, hidden_size=576, intermediate_size=64, num_hidden_layers=1,
                      num_attention_heads=9, num_key_value_heads=3, head_dim=64, max_position_embeddings=4096)

@@ -1,4 +1,4 @@
-"""Microbenchmark: our native ggml kernels (kernels/cpu) vs torch's int4 kernel and a bf16 F.linear, for
+"""Microbenchmark: our native ggml kernels (engine/kernels/cpu) vs torch's int4 kernel and a bf16 F.linear, for
 SmolLM2-135M's shapes at 1, 8 and 64 rows, side by side in one run.
 
     .venv/bin/python bench/cpu_kernels.py [--rows 1,8,64] [--types Q4_0,Q4_1] [--budget 0.3]
@@ -6,7 +6,7 @@ SmolLM2-135M's shapes at 1, 8 and 64 rows, side by side in one run.
 Columns, microseconds per call (the fastest call; the six variants take turns for about 6 x --budget
 seconds: the machines are shared, and the minimum is the least disturbed); bfloat16 activations in and
 out everywhere; each at torch.set_num_threads(1) and (2):
-    ours          kernels.cpu.qlinear, auto path
+    ours          engine.kernels.cpu.qlinear, auto path
     int4          QuantizedLinear (engine/model/quantized.py): torch's _weight_int4pack_mm_for_cpu
     bf16          F.linear on the dequantized weight in bfloat16
     int4/ours, bf16/ours   time ratios at the same thread count (above 1: ours is faster)
@@ -34,7 +34,7 @@ import torch  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 
 from engine.model.quantized import QuantizedLinear  # noqa: E402
-from kernels import cpu  # noqa: E402
+from engine.kernels import cpu  # noqa: E402
 
 Q = gguf.GGMLQuantizationType
 COLUMNS = ["ours1", "ours2", "int41", "int42", "bf161", "bf162"]  # variant and thread count

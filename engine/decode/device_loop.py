@@ -40,9 +40,9 @@ from engine.decode.leak_events import LeakEventLog
 from engine.decode.parked_queue import Foreign, ParkedQueue, Taken
 from engine.sequence import Sequence
 from engine.step_data import BurstGrant, ScheduledBatch, StepPlan
-from kernels.commit_token import commit_token
-from kernels.fault_word import fault_word
-from kernels.ring_argmax import ring_argmax
+from engine.kernels.commit_token import commit_token
+from engine.kernels.fault_word import fault_word
+from engine.kernels.ring_argmax import ring_argmax
 
 log = logging.getLogger(__name__)
 
@@ -210,7 +210,7 @@ class DeviceLoop:
         state = self._engage(seqs, steps)
         for step in range(steps):
             logits = forward(state.input_ids[: len(seqs)], state.positions[: len(seqs)], step)
-            # On the device (kernels/): fault word, argmax into the ring, commit into the next step's inputs.
+            # On the device (engine/kernels/): fault word, argmax into the ring, commit into the next step's inputs.
             fault_word(logits, state.fault)
             ring_argmax(logits, state.ring, step)
             commit_token(state.ring[step, : len(seqs)], state.input_ids[: len(seqs)], state.positions[: len(seqs)])

@@ -61,7 +61,7 @@ def load_gguf_weights(model: LlamaForCausalLM, checkpoint: GGUFCheckpoint, dtype
 
 def _quantized_head(tensor: GGUFTensor | None) -> GGUFTensor | None:
     """The output head's GGUF tensor where the native kernels can serve it, else None."""
-    from kernels import cpu
+    from engine.kernels import cpu
 
     if not cpu.native_available():
         return None

@@ -5,7 +5,7 @@ looks up global state: `AttentionMetadata` (engine/model/attention_metadata.py) 
 position, cache slot and sequence. The metadata is built once per step and shared by every layer, so
 the per-layer work is write-slots, then attend.
 
-On the CPU with the native kernels (kernels/cpu/paged_attention.py, where `native_available()`), every
+On the CPU with the native kernels (engine/kernels/cpu/paged_attention.py, where `native_available()`), every
 token of the step, decode or prompt chunk, goes through one op that reads its own sequence's keys
 0 .. p from the cache in an order fixed by those keys alone: a row's output is the same bits alone or
 beside any others, whole or chunked at any boundary, in a captured graph's replay or eagerly. Elsewhere
@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-import kernels.cpu
+from engine.kernels import cpu as cpu_kernels
 from engine.model.attention_metadata import AttentionMetadata, DecodeGroup, PrefillGroup
 from engine.model.config import ModelConfig
 from engine.model.layers import Linear, RMSNorm, fuse_projections
@@ -31,7 +31,7 @@ from engine.model.rope import apply_rope
 
 def native_attention(device: torch.device) -> bool:
     """Whether serving attention on `device` goes through the native CPU op."""
-    return device.type == "cpu" and kernels.cpu.native_available()
+    return device.type == "cpu" and cpu_kernels.native_available()
 
 
 class Attention(nn.Module):
@@ -106,7 +106,7 @@ class Attention(nn.Module):
         value_cache.index_copy_(0, metadata.slot_mapping, v)
         if metadata.block_tables is not None and metadata.token_sequence is not None and native_attention(q.device):
             # The step's keys are in the cache now: every row reads its own through its block table.
-            return kernels.cpu.paged_attention(q, key_cache, value_cache, metadata.block_tables,
+            return cpu_kernels.paged_attention(q, key_cache, value_cache, metadata.block_tables,
                                                metadata.token_sequence, metadata.positions, metadata.block_size,
                                                self.sliding_window, self.scale)  # [N, H, D]
         metadata = metadata.for_window(self.sliding_window)

@@ -9,7 +9,7 @@ padding every sequence to the step's longest query run and longest block table i
 each decode beside a 256-token chunk deep into a long prompt attend as 256 queries over the whole
 prompt's keys.
 
-On the CPU with the native kernels (kernels/cpu/paged_attention.py) neither split is used: every token
+On the CPU with the native kernels (engine/kernels/cpu/paged_attention.py) neither split is used: every token
 of the step goes through one op that reads each token's own keys through its sequence's block table,
 so the metadata also carries every sequence's table and each token's sequence (`block_tables`,
 `token_sequence`).

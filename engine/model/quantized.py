@@ -7,7 +7,7 @@ ggml stores a weight row by row, each row a run of 32-element blocks along the i
 (a block's low nibbles are its elements 0-15, its high nibbles 16-31, as in gguf's quants.py).
 
 Two routes, by the activation dtype:
-    bfloat16: our native kernels (kernels/cpu, where they are built): the activations quantized per
+    bfloat16: our native kernels (engine/kernels/cpu, where they are built): the activations quantized per
               32-block to int8 (as llama.cpp does), each block's integer dot product exact and the fp32
               epilogue over the blocks in a fixed order, so a row's output is the same bits whatever the
               batch, the thread count or the SIMD path; the output rounded to bfloat16 once. Where no
@@ -56,7 +56,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from kernels import cpu as cpu_kernels
+from engine.kernels import cpu as cpu_kernels
 
 Q = gguf.GGMLQuantizationType
 GROUP = 32  # ggml block size of Q4_0/Q4_1/Q8_0, used as the kernel's group size

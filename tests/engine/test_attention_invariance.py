@@ -1,4 +1,4 @@
-"""Request independence through the native CPU attention op (kernels/cpu/paged_attention.py), end to end.
+"""Request independence through the native CPU attention op (engine/kernels/cpu/paged_attention.py), end to end.
 
 Several prompts alone, all in one batch, and beside a long prompt fed in chunks of a small step budget
 (16 tokens), greedy with logprobs. The rows of a step meet in attention (the native op: each row over
@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import kernels.cpu
+from engine.kernels import cpu as cpu_kernels
 from engine import Engine, EngineConfig, SamplingParams
 from engine.model import attention
 
@@ -81,7 +81,7 @@ def test_bf16_tokens_and_logprobs_alone_batched_or_beside_a_chunked_prompt(tiny_
 @pytest.mark.parametrize("mode", MODES)
 def test_float32_every_attention_row_is_its_alone_result_in_a_running_engine(tiny_checkpoint, monkeypatch, mode):
     calls = {"rows": 0, "mixed": 0}
-    op = kernels.cpu.paged_attention
+    op = cpu_kernels.paged_attention
 
     def checking(q, key_cache, value_cache, block_tables, token_sequence, positions, block_size, window, scale):
         out = op(q, key_cache, value_cache, block_tables, token_sequence, positions, block_size, window, scale)
@@ -94,7 +94,7 @@ def test_float32_every_attention_row_is_its_alone_result_in_a_running_engine(tin
         calls["mixed"] += int(token_sequence.unique().numel() > 1 and q.shape[0] > token_sequence.unique().numel())
         return out
 
-    monkeypatch.setattr(attention.kernels.cpu, "paged_attention", checking)
+    monkeypatch.setattr(cpu_kernels, "paged_attention", checking)
     chunked = engine(tiny_checkpoint("llama", seed=31), "float32", max_num_batched_tokens=16,
                      max_prefill_beside_decodes=16, **MODES[mode])
     run_beside_chunked_prompt(chunked)

@@ -17,7 +17,7 @@ import pytest
 from engine.host.capabilities import REGISTRY, UnknownFlag, capability, env_value
 
 ROOT = Path(__file__).resolve().parents[2]
-PRODUCTION = [p for part in ("engine", "kernels", "workbench") for p in (ROOT / part).rglob("*.py")]
+PRODUCTION = [p for part in ("engine", "workbench") for p in (ROOT / part).rglob("*.py")]
 FLAG = re.compile(r"\bARC_[A-Z0-9_]+\b")
 
 

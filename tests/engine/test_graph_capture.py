@@ -24,9 +24,9 @@ from engine import Engine, EngineConfig, SamplingParams
 from engine.decode.graphs import DecodeGraphs, GraphMode
 from engine.model import LlamaForCausalLM, ModelConfig
 from engine.scheduler.kv_cache import PagedKVCache
-from kernels.commit_token import commit_token
-from kernels.fault_word import fault_word
-from kernels.ring_argmax import ring_argmax
+from engine.kernels.commit_token import commit_token
+from engine.kernels.fault_word import fault_word
+from engine.kernels.ring_argmax import ring_argmax
 from tests.conftest import TINY_BASE
 
 GREEDY = dict(temperature=0, ignore_eos=True)

@@ -8,7 +8,7 @@ fp32 tolerance, with and without a sliding window, at chunk boundaries inside a 
 attends to keys it does not own: the decode's one query reads its own blocks, the chunk its own
 history plus itself, where the padded path made every row attend as the step's longest query run
 over its longest history. The attention tests run on both CPU paths: the torch split and the native
-op (kernels/cpu/paged_attention.py) that the CPU uses where it is built.
+op (engine/kernels/cpu/paged_attention.py) that the CPU uses where it is built.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@ native kernels (what `make run` serves) gives a request the same greedy tokens a
 alone, in one batch with eleven others, and while a long prompt is prefilled in chunks beside it.
 
 A row's logits must not depend on who else is online: the quantized matmuls reduce each row in a fixed
-order whatever the row count (kernels/cpu/qgemm.py), and attention reads each row's own keys in block
-order whether they came from a decode, a whole prompt or a chunk (kernels/cpu/paged_attention.py). Later
+order whatever the row count (engine/kernels/cpu/qgemm.py), and attention reads each row's own keys in block
+order whether they came from a decode, a whole prompt or a chunk (engine/kernels/cpu/paged_attention.py). Later
 runs of the same prompt also hit the prefix cache, whose blocks must hold the same bits as a fresh
 prefill's.
 """
@@ -16,7 +16,7 @@ import pytest
 from engine import Engine, EngineConfig, SamplingParams
 from engine.outputs import GenerationResult
 from engine.sequence import RunningPrompt
-from kernels import cpu
+from engine.kernels import cpu
 
 pytestmark = [pytest.mark.smollm2, pytest.mark.slow]
 

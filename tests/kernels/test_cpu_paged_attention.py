@@ -1,4 +1,4 @@
-"""The native CPU paged attention op (kernels/cpu/paged_attention.cpp): one call for every query token of
+"""The native CPU paged attention op (engine/kernels/cpu/paged_attention.cpp): one call for every query token of
 a step, each attending its own sequence's keys through its block table.
 
 Against a float64 reference of softmax attention over the same keys, and bit for bit against itself: a
@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from kernels import cpu
+from engine.kernels import cpu
 
 if not cpu.native_available():
     pytest.skip(f"native CPU kernels unavailable: {cpu.unavailable_reason()}", allow_module_level=True)

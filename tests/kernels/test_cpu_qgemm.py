@@ -1,9 +1,9 @@
-"""The native CPU kernels (kernels/cpu): ggml Q4_0/Q4_1/Q8_0 weights times int8-quantized activations.
+"""The native CPU kernels (engine/kernels/cpu): ggml Q4_0/Q4_1/Q8_0 weights times int8-quantized activations.
 
 Against a float64 reference of the same quantized arithmetic (gguf's dequantizer for the weights, the op's
 own int8 and scales for the activations), and bit for bit against themselves: a row alone or in any
 batch, one thread or two, the scalar path or a SIMD one. Skipped as a whole where the library cannot be
-built (no compiler or ninja; kernels/cpu/build.py gives the reason).
+built (no compiler or ninja; engine/kernels/cpu/build.py gives the reason).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 
 gguf = pytest.importorskip("gguf", reason="gguf (the ggml block formats) is not installed")
 
-from kernels import cpu  # noqa: E402
+from engine.kernels import cpu  # noqa: E402
 
 if not cpu.native_available():
     pytest.skip(f"native CPU kernels unavailable: {cpu.unavailable_reason()}", allow_module_level=True)

@@ -1,13 +1,13 @@
-"""y = x @ W.T for ggml Q4_0/Q4_1/Q8_0 weights W on the CPU, through the native ops (kernels/cpu/ops.cpp).
+"""y = x @ W.T for ggml Q4_0/Q4_1/Q8_0 weights W on the CPU, through the native ops (engine/kernels/cpu/ops.cpp).
 
 Activations are quantized per 32-block to int8 with an fp32 scale and the block's sum (`quantize_q8_1`),
 each block's integer dot product is exact, and the fp32 epilogue runs over the blocks in order, the same
-arithmetic in every code path (kernels/cpu/qgemm.h): a row's output is the same bits whatever the batch,
+arithmetic in every code path (engine/kernels/cpu/qgemm.h): a row's output is the same bits whatever the batch,
 the thread count or the path.
 
 Paths: "scalar" (any CPU), "avx2", "avx512" (AVX-512 VNNI), or "auto", the best this CPU has. A call's
 `path` argument wins, else $WORKBENCH_CPU_KERNEL, else auto (WORKBENCH_CPU_KERNEL=off: no native kernels). Call `native_available()` first: where it is
-False the ops do not exist (kernels/cpu/build.py says why) and callers use torch.
+False the ops do not exist (engine/kernels/cpu/build.py says why) and callers use torch.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from collections.abc import Callable
 
 import torch
 
-from kernels.cpu import build
+from engine.kernels.cpu import build
 
 PATHS = {"auto": -1, "scalar": 0, "avx2": 1, "avx512": 2}
 _ready = False  # library loaded and fake kernels registered
-# The library's other ops' fake kernels (kernels/cpu/paged_attention.py), registered with these at load.
+# The library's other ops' fake kernels (engine/kernels/cpu/paged_attention.py), registered with these at load.
 FAKE_REGISTRARS: list[Callable[[], None]] = []
 
 
@@ -65,7 +65,7 @@ def quantize_q8_1(x: torch.Tensor, path: str | None = None) -> tuple[torch.Tenso
 
 def qgemm(q: torch.Tensor, d: torch.Tensor, s: torch.Tensor, packed: torch.Tensor, qtype: int, n: int,
           out_dtype: torch.dtype | None = None, path: str | None = None) -> torch.Tensor:
-    """Quantized activations (from quantize_q8_1) times the packed weight (kernels.cpu.pack) -> [M, n]
+    """Quantized activations (from quantize_q8_1) times the packed weight (engine.kernels.cpu.pack) -> [M, n]
     float32, or bfloat16 for out_dtype=torch.bfloat16 (the fp32 result rounded once)."""
     out: torch.Tensor = _ops().qgemm.default(q, d, s, packed, int(qtype), n, out_dtype, _path_id(path))
     return out

@@ -1,20 +1,20 @@
-"""Paged GQA attention on the CPU through the native op (kernels/cpu/paged_attention.cpp): one call for
+"""Paged GQA attention on the CPU through the native op (engine/kernels/cpu/paged_attention.cpp): one call for
 every query token of a step, decodes and prompt chunks alike.
 
 Each query token attends its own sequence's keys 0 .. p (with a sliding window W, p - W + 1 .. p),
 read from the layer's cache through its sequence's block table, in fp32 in an order fixed by those keys
-alone (kernels/cpu/paged_attention.h): a row's output is the same bits whoever else is in the call,
+alone (engine/kernels/cpu/paged_attention.h): a row's output is the same bits whoever else is in the call,
 however a prompt is chunked, with any thread count, on any code path. The step's own keys and values
 must be in the cache before the call.
 
-Paths and `native_available()` as in kernels/cpu/qgemm.py ("avx512" runs the AVX2 code here).
+Paths and `native_available()` as in engine/kernels/cpu/qgemm.py ("avx512" runs the AVX2 code here).
 """
 
 from __future__ import annotations
 
 import torch
 
-from kernels.cpu.qgemm import FAKE_REGISTRARS, _ops, _path_id
+from engine.kernels.cpu.qgemm import FAKE_REGISTRARS, _ops, _path_id
 
 
 def paged_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, block_tables: torch.Tensor,

@@ -1,4 +1,4 @@
-"""ggml Q4_0/Q4_1/Q8_0 weight rows -> the packed layout the native kernels stream (kernels/cpu/qgemm.h).
+"""ggml Q4_0/Q4_1/Q8_0 weight rows -> the packed layout the native kernels stream (engine/kernels/cpu/qgemm.h).
 
 Done once at load. Output columns go in groups of 8, each group's blocks contiguous along K, each block's
 8 scales (and Q4_1 offsets) first as fp32 (fp16 -> fp32 is exact), then the 8 columns' quants: for Q4

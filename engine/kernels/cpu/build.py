@@ -1,4 +1,4 @@
-"""Builds and loads the native CPU kernels (kernels/cpu/*.cpp) on first use, once per process.
+"""Builds and loads the native CPU kernels (engine/kernels/cpu/*.cpp) on first use, once per process.
 
 torch.utils.cpp_extension compiles them with the machine's g++ and ninja into a cache outside the repo
 ($TORCH_EXTENSIONS_DIR, else ~/.cache/workbench/torch_extensions, one directory per checkout), so a warm

@@ -4,7 +4,7 @@
 // headers: an inline function from a shared header compiled under a wider target could be the copy the
 // linker keeps for every caller, and then run on a CPU without it.
 //
-// Packed weight layout (built once at load by kernels/cpu/pack.py), output columns in groups of 8:
+// Packed weight layout (built once at load by engine/kernels/cpu/pack.py), output columns in groups of 8:
 //   [groups = ceil(N / 8)][blocks = K / 32][GROUP_BYTES[qtype]] uint8, for each (group, block):
 //     Q4_0: d fp32 [8] | nibbles [4][32]                 160 bytes
 //     Q4_1: d fp32 [8] | m fp32 [8] | nibbles [4][32]    192 bytes
