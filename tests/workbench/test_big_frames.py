@@ -4,7 +4,7 @@ socket and its other requests go on, or, past what the server takes in at all, a
 limit; never a reset with no close frame (what plain `python -m daphne` does past 1 MiB).
 
 The transport plays no part in refusing a frame, so the session's in-process Daphne with limits
-(tests/workbench/conftest.py) serves the module, as its user "frames".
+(tests/workbench/conftest.py) serves the module, each test as a user of its own.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 import websockets
 
 from tests.reference import greedy_solo as solo
-from tests.workbench.test_hostile_input import tokens, until_done
+from tests.workbench.test_hostile_input import tokens
 from workbench.serve import APPLICATION, command_line
 
 pytestmark = pytest.mark.slow  # a real Daphne (shared by the session) and real clients
@@ -28,10 +28,39 @@ GREEDY = {"max_tokens": 8, "temperature": 0, "ignore_eos": True}
 LONGER = {**GREEDY, "max_tokens": 16}  # the request that runs while the big frames come
 
 
+# How long a socket may stay silent while a request is under way. Generous: the limited Daphne may be
+# loading its model, on a loaded machine, when the first request comes.
+STALL_S = 90
+
+
 @pytest.fixture
-def server(limited_daphne):
+def server(limited_daphne, request):
+    """The limited Daphne's address and an API token of a user of this test's own, so that requests a
+    failed test leaves under way never count against the next one's limits."""
     address, tokens = limited_daphne
-    return address, tokens["frames"]
+    return address, tokens[FRAMES_USERS[request.node.originalname]]
+
+
+FRAMES_USERS = {"test_frames_up_to_the_socket_limit_are_refused_whole_and_the_socket_goes_on": "frames",
+                "test_a_message_past_the_socket_limit_closes_with_1009_naming_it_and_others_go_on": "frames-1009"}
+
+
+async def next_frame(ws, awaited: str, seen: list[dict]) -> dict:
+    """The socket's next frame; a silence of STALL_S fails the test naming what it awaited and the
+    frames `seen` before, to tell a stuck engine from a slow one."""
+    try:
+        return json.loads(await asyncio.wait_for(ws.recv(), STALL_S))
+    except TimeoutError:
+        pytest.fail(f"no frame for {STALL_S} s awaiting {awaited}; frames so far: "
+                    f"{[(f.get('request_id'), f['type']) for f in seen]}")
+
+
+async def until_done(ws, request_id: str, seen: list[dict] | None = None) -> list[dict]:
+    """Every frame up to and including `request_id`'s done or error (`seen`: the frames read before)."""
+    got: list[dict] = []
+    while not got or got[-1].get("request_id") != request_id or got[-1]["type"] not in ("done", "error"):
+        got.append(await next_frame(ws, f"{request_id!r}'s end", (seen or []) + got))
+    return got
 
 
 def connect(address: str, token: str):
@@ -80,13 +109,13 @@ def test_frames_up_to_the_socket_limit_are_refused_whole_and_the_socket_goes_on(
                 await ws.send(text)
             frames = []
             while len(refused) < len(sent):
-                frame = json.loads(await asyncio.wait_for(ws.recv(), 60))
+                frame = await next_frame(ws, "the refusals", refused + frames)
                 (refused if frame["type"] == "error" else frames).append(frame)
             await ws.send(json.dumps({"type": "generate", "request_id": "after", "prompt": "A dictionary is",
                                       "params": GREEDY}))
-            frames += await until_done(ws, "after")
+            frames += await until_done(ws, "after", refused + frames)
             if not any(f.get("request_id") == "running" and f["type"] == "done" for f in frames):
-                frames += await until_done(ws, "running")
+                frames += await until_done(ws, "running", refused + frames)
             return refused, frames
 
     refused, frames = asyncio.run(run())
@@ -118,7 +147,7 @@ def test_a_message_past_the_socket_limit_closes_with_1009_naming_it_and_others_g
                 async with connect(address, token) as ws:
                     with pytest.raises(websockets.ConnectionClosed) as closed:
                         await ws.send(message)
-                        await asyncio.wait_for(ws.recv(), 30)
+                        await asyncio.wait_for(ws.recv(), STALL_S)
                 closes.append(closed.value)
             return closes, await until_done(other, "other")
 

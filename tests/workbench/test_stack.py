@@ -13,13 +13,17 @@ import time
 import redis
 import websockets
 
+from engine.kernels.cpu.build import build_directory
 from tests.cluster import ROOT, free_port, wait_for_port
 
 
 def test_stack_starts_serves_and_stops_everything(tmp_path):
     redis_url, port = f"redis://127.0.0.1:{free_port()}/0", free_port()
     env = {"PATH": "/usr/bin:/bin:/usr/local/bin", "REDIS_URL": redis_url, "WORKBENCH_DB_PATH": str(tmp_path / "db"),
-           "WORKBENCH_ADMIN_PASSWORD": "pw-admin-123", "WORKBENCH_DRAIN_S": "2", "HOME": str(tmp_path)}
+           "WORKBENCH_ADMIN_PASSWORD": "pw-admin-123", "WORKBENCH_DRAIN_S": "2", "HOME": str(tmp_path),
+           # The kernels this checkout built: under the fresh HOME each worker would build them again
+           # (a minute or more on two cores) while the request waits for its first frame.
+           "TORCH_EXTENSIONS_DIR": str(build_directory().parent)}
     log = open(tmp_path / "stack.log", "w")
     stack = subprocess.Popen([sys.executable, "-m", "scripts.stack", "--workers", "2", "--port", str(port)],
                              env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
