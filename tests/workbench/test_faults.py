@@ -260,7 +260,8 @@ async def _redis_away(stack: Stack, round_: int) -> None:
     conversation = stack.conversations[2 + round_]
     requests = {f"r{round_}-{i}": PROMPTS[i] for i in range(2)}
     async with stack.with_session(f"/ws/chat/{conversation}") as chat, stack.api() as api:
-        await chat_send(chat, "Tell me about dicts", 48)
+        # Long enough that no machine finishes it between its first delta and Redis going away.
+        await chat_send(chat, "Tell me about dicts", 400)
         assert json.loads(await chat.recv())["type"] == "started"
         for rid, prompt in requests.items():
             await api.send(generate(rid, prompt))
