@@ -16,7 +16,7 @@ import pytest
 import websockets
 
 from tests.reference import greedy_solo as solo
-from tests.workbench.test_hostile_input import tokens
+from tests.workbench.test_hostile_input import next_frame, tokens, until_done
 from workbench.serve import APPLICATION, command_line
 
 pytestmark = pytest.mark.slow  # a real Daphne (shared by the session) and real clients
@@ -31,36 +31,6 @@ LONGER = {**GREEDY, "max_tokens": 16}  # the request that runs while the big fra
 # How long a socket may stay silent while a request is under way. Generous: the limited Daphne may be
 # loading its model, on a loaded machine, when the first request comes.
 STALL_S = 90
-
-
-@pytest.fixture
-def server(limited_daphne, request):
-    """The limited Daphne's address and an API token of a user of this test's own, so that requests a
-    failed test leaves under way never count against the next one's limits."""
-    address, tokens = limited_daphne
-    return address, tokens[FRAMES_USERS[request.node.originalname]]
-
-
-FRAMES_USERS = {"test_frames_up_to_the_socket_limit_are_refused_whole_and_the_socket_goes_on": "frames",
-                "test_a_message_past_the_socket_limit_closes_with_1009_naming_it_and_others_go_on": "frames-1009"}
-
-
-async def next_frame(ws, awaited: str, seen: list[dict]) -> dict:
-    """The socket's next frame; a silence of STALL_S fails the test naming what it awaited and the
-    frames `seen` before, to tell a stuck engine from a slow one."""
-    try:
-        return json.loads(await asyncio.wait_for(ws.recv(), STALL_S))
-    except TimeoutError:
-        pytest.fail(f"no frame for {STALL_S} s awaiting {awaited}; frames so far: "
-                    f"{[(f.get('request_id'), f['type']) for f in seen]}")
-
-
-async def until_done(ws, request_id: str, seen: list[dict] | None = None) -> list[dict]:
-    """Every frame up to and including `request_id`'s done or error (`seen`: the frames read before)."""
-    got: list[dict] = []
-    while not got or got[-1].get("request_id") != request_id or got[-1]["type"] not in ("done", "error"):
-        got.append(await next_frame(ws, f"{request_id!r}'s end", (seen or []) + got))
-    return got
 
 
 def connect(address: str, token: str):
@@ -89,8 +59,8 @@ REFUSED_WHOLE = [1 * MB, 2 * MB, 4 * MB, 8 * MB, SOCKET_LIMIT - 1, SOCKET_LIMIT]
 PAST_THE_SOCKET_LIMIT = [SOCKET_LIMIT + 1, 32 * MB, 64 * MB]
 
 
-def test_frames_up_to_the_socket_limit_are_refused_whole_and_the_socket_goes_on(server):
-    address, token = server
+def test_frames_up_to_the_socket_limit_are_refused_whole_and_the_socket_goes_on(limited_daphne):
+    address, token = limited_daphne[0], limited_daphne[1]["frames"]
     # (frame, the error code it must get), in the order sent
     sent = [(frame_of(FRAME_LIMIT - 1), "unknown_request_id"), (frame_of(FRAME_LIMIT), "unknown_request_id"),
             (frame_of(FRAME_LIMIT + 1), "frame_too_large"),
@@ -109,13 +79,13 @@ def test_frames_up_to_the_socket_limit_are_refused_whole_and_the_socket_goes_on(
                 await ws.send(text)
             frames = []
             while len(refused) < len(sent):
-                frame = await next_frame(ws, "the refusals", refused + frames)
+                frame = await next_frame(ws, "the refusals", refused + frames, STALL_S)
                 (refused if frame["type"] == "error" else frames).append(frame)
             await ws.send(json.dumps({"type": "generate", "request_id": "after", "prompt": "A dictionary is",
                                       "params": GREEDY}))
-            frames += await until_done(ws, "after", refused + frames)
+            frames += await until_done(ws, "after", refused + frames, STALL_S)
             if not any(f.get("request_id") == "running" and f["type"] == "done" for f in frames):
-                frames += await until_done(ws, "running", refused + frames)
+                frames += await until_done(ws, "running", refused + frames, STALL_S)
             return refused, frames
 
     refused, frames = asyncio.run(run())
@@ -134,8 +104,9 @@ def fragments(size: int, piece: int = MB):
     return (text[i:i + piece] for i in range(0, size, piece))
 
 
-def test_a_message_past_the_socket_limit_closes_with_1009_naming_it_and_others_go_on(server):
-    address, token = server
+def test_a_message_past_the_socket_limit_closes_with_1009_naming_it_and_others_go_on(limited_daphne):
+    # A user of its own: requests the test above may leave under way must not fill this one's limits.
+    address, token = limited_daphne[0], limited_daphne[1]["frames-1009"]
 
     async def run() -> tuple[list[websockets.ConnectionClosed], list[dict]]:
         closes = []
@@ -149,7 +120,7 @@ def test_a_message_past_the_socket_limit_closes_with_1009_naming_it_and_others_g
                         await ws.send(message)
                         await asyncio.wait_for(ws.recv(), STALL_S)
                 closes.append(closed.value)
-            return closes, await until_done(other, "other")
+            return closes, await until_done(other, "other", stall_s=STALL_S)
 
     closes, others = asyncio.run(run())
     for closed in closes:

@@ -11,6 +11,7 @@ import json
 import socket
 import threading
 
+import pytest
 import websockets
 
 from engine import Engine, EngineConfig, SamplingParams
@@ -25,14 +26,22 @@ async def open_socket(address: str, token: str):
                                     additional_headers={"Authorization": f"Bearer {token}"})
 
 
-async def until_done(ws, request_id: str) -> list[dict]:
-    """Every frame up to and including `request_id`'s done or error."""
-    frames = []
-    while True:
-        frame = json.loads(await asyncio.wait_for(ws.recv(), 30))
-        frames.append(frame)
-        if frame.get("request_id") == request_id and frame["type"] in ("done", "error"):
-            return frames
+async def next_frame(ws, awaited: str, seen: list[dict], stall_s: float = 30) -> dict:
+    """The socket's next frame; a silence of `stall_s` fails the test naming what it awaited and the
+    frames `seen` before, to tell a stuck engine from a slow one."""
+    try:
+        return json.loads(await asyncio.wait_for(ws.recv(), stall_s))
+    except TimeoutError:
+        pytest.fail(f"no frame for {stall_s} s awaiting {awaited}; frames so far: "
+                    f"{[(f.get('request_id'), f['type']) for f in seen]}")
+
+
+async def until_done(ws, request_id: str, seen: list[dict] | None = None, stall_s: float = 30) -> list[dict]:
+    """Every frame up to and including `request_id`'s done or error (`seen`: the frames read before)."""
+    got: list[dict] = []
+    while not got or got[-1].get("request_id") != request_id or got[-1]["type"] not in ("done", "error"):
+        got.append(await next_frame(ws, f"{request_id!r}'s end", (seen or []) + got, stall_s))
+    return got
 
 
 def http(address: str, method: str, path: str, body: bytes | None = None, **headers: str | bytes):
