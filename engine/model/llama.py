@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from engine.kernels.cpu import LayerWeights
+from engine.model import fused_serving
 from engine.model.attention import Attention
 from engine.model.attention_metadata import AttentionMetadata
 from engine.model.config import ModelConfig
@@ -40,9 +42,12 @@ class DecoderLayer(nn.Module):
             self.pre_feedforward_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
             self.post_feedforward_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, config.mlp_bias, config.hidden_act)
+        self.fused: LayerWeights | None = None  # set where the model serves on the fused route
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, metadata: AttentionMetadata | None,
                 cache: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+        if self.fused is not None and metadata is not None and cache is not None:
+            return fused_serving.layer_forward(self, self.fused, x, cos, sin, metadata, cache)
         if self.sandwich:
             x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), cos, sin, metadata, cache))
             return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
@@ -74,14 +79,19 @@ class LlamaForCausalLM(nn.Module):
         self._inv_freq = {(sliding, torch.device("cpu")): rope_inverse_frequencies(config, sliding)
                           for sliding in set(self._layer_rope)}
         self._rope_kinds = tuple(sorted(set(self._layer_rope)))
+        self.fused: fused_serving.FusedServing | None = None
 
     def fuse_for_inference(self) -> None:
-        """Fuse q/k/v and gate/up projections (fewer, larger matmuls per step). Parameters keep their
-        HF names; call after the weights are loaded, and not before training."""
+        """Fuse q/k/v and gate/up projections (fewer, larger matmuls per step), and take the fused serving
+        route where the model can (engine/model/fused_serving.py). Parameters keep their HF names; call
+        after the weights are loaded, and not before training."""
+        layers = []
         for layer in self.model.layers:
             assert isinstance(layer, DecoderLayer)  # a ModuleList yields plain Modules to a type checker
             layer.self_attn.fuse_for_inference()
             layer.mlp.fuse_for_inference()
+            layers.append(layer)
+        self.fused = fused_serving.prepare(self, layers)
 
     def tie_weights(self) -> None:
         """Share the embedding with the output projection when the config says so. Call again after
@@ -102,6 +112,8 @@ class LlamaForCausalLM(nn.Module):
         Serving: input_ids and positions are flat [N] with `metadata` and `kv_cache`; keys and values
         are written to the cache. Training: [B, T] with neither; plain causal attention.
         """
+        if self.fused is not None and metadata is not None and kv_cache is not None:
+            return self.fused.forward(self, input_ids, positions, metadata, kv_cache)
         x = self.model.embed_tokens(input_ids)
         if self.config.embedding_multiplier is not None:
             # In the activation dtype, as HF rounds it (Gemma: sqrt(hidden_size)).
@@ -116,4 +128,6 @@ class LlamaForCausalLM(nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         # One kernel whatever the row count: a row's logits must not depend on the rows beside it (batch
         # invariance), so no faster route for few rows (docs/BENCHMARKS.md has the cost).
+        if self.fused is not None and hidden.dtype == torch.float32:  # the fused route's fp32 hidden states
+            return self.fused.logits(hidden)
         return self.lm_head(hidden)

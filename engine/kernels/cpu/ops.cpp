@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "dispatch.h"
-#include "qgemm.h"
+#include "drivers.h"
 
 namespace workbench_cpu {
 namespace {
@@ -52,11 +52,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_into(const at::Tensor& x
   at::Tensor s = at::empty({M, K / QK}, x.options().dtype(at::kInt));
   const QuantArgs args{x.data_ptr(), x.scalar_type() == at::kBFloat16, M, K,
                        q.data_ptr<int8_t>(), d.data_ptr<float>(), s.data_ptr<int32_t>()};
-  const int64_t grain = std::max<int64_t>(1, QUANT_GRAIN_ELEMS / K);
-  at::parallel_for(0, M, grain, [&](int64_t r0, int64_t r1) {
-    if (path == SCALAR) quantize_scalar(args, r0, r1);
-    else quantize_avx2(args, r0, r1);  // the AVX-512 path quantizes with AVX2: same bits either way
-  });
+  run_quantize(args, path);
   return {q, d, s};
 }
 
@@ -97,11 +93,7 @@ at::Tensor gemm(const at::Tensor& q, const at::Tensor& d, const at::Tensor& s, c
   const GemmArgs args{qc.data_ptr<int8_t>(), dc.data_ptr<float>(), sc.data_ptr<int32_t>(), w.data_ptr<uint8_t>(),
                       int(qtype), M, n, K, bf16 ? nullptr : y.data_ptr<float>(),
                       bf16 ? reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()) : nullptr};
-  at::parallel_for(0, G, TILE_GROUPS, [&](int64_t g0, int64_t g1) {
-    if (path == SCALAR) gemm_scalar(args, g0, g1);
-    else if (path == AVX2) gemm_avx2(args, g0, g1);
-    else gemm_avx512(args, g0, g1);
-  });
+  run_gemm(args, path);
   return y;
 }
 
@@ -112,6 +104,23 @@ at::Tensor qlinear(const at::Tensor& x, const at::Tensor& w, int64_t qtype, int6
 }
 
 }  // namespace
+
+void run_quantize(const QuantArgs& a, int64_t path) {
+  const int64_t grain = std::max<int64_t>(1, QUANT_GRAIN_ELEMS / a.K);
+  at::parallel_for(0, a.M, grain, [&](int64_t r0, int64_t r1) {
+    if (path == SCALAR) quantize_scalar(a, r0, r1);
+    else quantize_avx2(a, r0, r1);  // the AVX-512 path quantizes with AVX2: same bits either way
+  });
+}
+
+void run_gemm(const GemmArgs& a, int64_t path) {
+  at::parallel_for(0, (a.N + GROUP - 1) / GROUP, TILE_GROUPS, [&](int64_t g0, int64_t g1) {
+    if (path == SCALAR) gemm_scalar(a, g0, g1);
+    else if (path == AVX2) gemm_avx2(a, g0, g1);
+    else gemm_avx512(a, g0, g1);
+  });
+}
+
 }  // namespace workbench_cpu
 
 TORCH_LIBRARY(workbench, m) {

@@ -19,18 +19,16 @@
 #include <vector>
 
 #include "dispatch.h"
-#include "paged_attention.h"
+#include "drivers.h"
 
 namespace workbench_cpu {
 namespace {
 
-void check_index(const at::Tensor& t, const char* name, int64_t dim) {
-  TORCH_CHECK_TYPE(t.scalar_type() == at::kLong, "workbench paged_attention: ", name, " must be int64, got ",
+void check_index(const at::Tensor& t, const char* name, int64_t dim, const char* where) {
+  TORCH_CHECK_TYPE(t.scalar_type() == at::kLong, "workbench ", where, ": ", name, " must be int64, got ",
                    t.scalar_type());
-  TORCH_CHECK_VALUE(t.dim() == dim, "workbench paged_attention: ", name, " must be ", dim, "-D, got shape ",
-                    t.sizes());
-  TORCH_CHECK_VALUE(t.device().is_cpu(), "workbench paged_attention: ", name, " must be on the CPU, got ",
-                    t.device());
+  TORCH_CHECK_VALUE(t.dim() == dim, "workbench ", where, ": ", name, " must be ", dim, "-D, got shape ", t.sizes());
+  TORCH_CHECK_VALUE(t.device().is_cpu(), "workbench ", where, ": ", name, " must be on the CPU, got ", t.device());
 }
 
 // Token t's position in its sequence's processing order: the first, the last, the second, the one before
@@ -66,17 +64,33 @@ at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& key_cache, 
   TORCH_CHECK_VALUE(!sliding_window.has_value() || *sliding_window > 0,
                     "workbench paged_attention: sliding_window must be positive or None, got ",
                     sliding_window.value_or(0));
-  check_index(block_tables_in, "block_tables", 2);
-  check_index(token_sequence_in, "token_sequence", 1);
-  check_index(positions_in, "positions", 1);
-  TORCH_CHECK_VALUE(token_sequence_in.size(0) == N && positions_in.size(0) == N,
-                    "workbench paged_attention: token_sequence and positions must have one entry per query token (",
-                    N, "), got ", token_sequence_in.size(0), " and ", positions_in.size(0));
   const at::Tensor q = q_in.contiguous(), tables = block_tables_in.contiguous();
   const at::Tensor sequence = token_sequence_in.contiguous(), positions = positions_in.contiguous();
-  const int64_t B = tables.size(0), width = tables.size(1), num_blocks = slots / block_size;
   const int64_t window = sliding_window.value_or(0);
+  const int64_t max_keys = check_attention_indexes(tables, sequence, positions, N, block_size, window,
+                                                   slots / block_size, "paged_attention");
+  at::Tensor out = at::empty({N, H, D}, q.options());
+  if (N == 0) return out;
+  const AttnArgs args{q.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(), q.scalar_type() == at::kBFloat16,
+                      N, H, Hkv, D, tables.data_ptr<int64_t>(), tables.size(1), sequence.data_ptr<int64_t>(),
+                      positions.data_ptr<int64_t>(), block_size, window, static_cast<float>(scale), out.data_ptr()};
+  run_attention(args, max_keys, path);
+  return out;
+}
 
+}  // namespace
+
+int64_t check_attention_indexes(const at::Tensor& tables, const at::Tensor& sequence, const at::Tensor& positions,
+                                int64_t N, int64_t block_size, int64_t window, int64_t num_blocks, const char* where) {
+  check_index(tables, "block_tables", 2, where);
+  check_index(sequence, "token_sequence", 1, where);
+  check_index(positions, "positions", 1, where);
+  TORCH_CHECK_VALUE(sequence.size(0) == N && positions.size(0) == N, "workbench ", where,
+                    ": token_sequence and positions must have one entry per query token (", N, "), got ",
+                    sequence.size(0), " and ", positions.size(0));
+  TORCH_CHECK_VALUE(tables.is_contiguous() && sequence.is_contiguous() && positions.is_contiguous(),
+                    "workbench ", where, ": block_tables, token_sequence and positions must be contiguous");
+  const int64_t B = tables.size(0), width = tables.size(1);
   // Every block a token reads must exist: its sequence's table entries lo / bs .. p / bs, checked once per
   // sequence over the span its tokens need.
   const int64_t* seq = sequence.data_ptr<int64_t>();
@@ -85,9 +99,9 @@ at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& key_cache, 
   std::vector<int64_t> first(B, width), last(B, -1);
   int64_t max_keys = 1;
   for (int64_t t = 0; t < N; ++t) {
-    TORCH_CHECK_VALUE(seq[t] >= 0 && seq[t] < B, "workbench paged_attention: token ", t, " names sequence ", seq[t],
+    TORCH_CHECK_VALUE(seq[t] >= 0 && seq[t] < B, "workbench ", where, ": token ", t, " names sequence ", seq[t],
                       ", not a row of the ", B, " block tables");
-    TORCH_CHECK_VALUE(pos[t] >= 0 && pos[t] / block_size < width, "workbench paged_attention: token ", t,
+    TORCH_CHECK_VALUE(pos[t] >= 0 && pos[t] / block_size < width, "workbench ", where, ": token ", t,
                       " at position ", pos[t], " is past its block table (", width, " blocks of ", block_size, ")");
     const int64_t lo = window > 0 ? std::max<int64_t>(0, pos[t] - window + 1) : 0;
     first[seq[t]] = std::min(first[seq[t]], lo / block_size);
@@ -96,31 +110,26 @@ at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& key_cache, 
   }
   for (int64_t b = 0; b < B; ++b)
     for (int64_t i = first[b]; i <= last[b]; ++i)
-      TORCH_CHECK_VALUE(tab[b * width + i] >= 0 && tab[b * width + i] < num_blocks, "workbench paged_attention: "
-                        "sequence ", b, "'s block ", i, " is ", tab[b * width + i], ", not one of the cache's ",
+      TORCH_CHECK_VALUE(tab[b * width + i] >= 0 && tab[b * width + i] < num_blocks, "workbench ", where,
+                        ": sequence ", b, "'s block ", i, " is ", tab[b * width + i], ", not one of the cache's ",
                         num_blocks, " blocks");
+  return max_keys;
+}
 
-  at::Tensor out = at::empty({N, H, D}, q.options());
-  if (N == 0) return out;
-  const bool bf16 = q.scalar_type() == at::kBFloat16;
-  const AttnArgs args{q.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(), bf16, N, H, Hkv, D, tab, width,
-                      seq, pos, block_size, window, static_cast<float>(scale), out.data_ptr()};
-  const bool simd = path != SCALAR && D % ATTN_LANES == 0;
-  const int64_t group = H / Hkv, stride = (max_keys + ATTN_LANES - 1) / ATTN_LANES * ATTN_LANES;
-  at::parallel_for(0, N * Hkv, 1, [&](int64_t i0, int64_t i1) {
-    std::vector<float> scores(group * stride), query(D);
+void run_attention(const AttnArgs& a, int64_t max_keys, int64_t path) {
+  const bool simd = path != SCALAR && a.D % ATTN_LANES == 0;
+  const int64_t group = a.H / a.Hkv, stride = (max_keys + ATTN_LANES - 1) / ATTN_LANES * ATTN_LANES;
+  at::parallel_for(0, a.N * a.Hkv, 1, [&](int64_t i0, int64_t i1) {
+    std::vector<float> scores(group * stride), query(a.D);
     std::vector<int64_t> rows(max_keys);
     const AttnScratch scratch{scores.data(), rows.data(), stride, query.data()};
     for (int64_t i = i0; i < i1; ++i) {
-      const int64_t t = zigzag(i / Hkv, N), g = i % Hkv;
-      if (simd) attend_avx2(args, t, g, scratch);
-      else attend_scalar(args, t, g, scratch);
+      const int64_t t = zigzag(i / a.Hkv, a.N), g = i % a.Hkv;
+      if (simd) attend_avx2(a, t, g, scratch);
+      else attend_scalar(a, t, g, scratch);
     }
   });
-  return out;
 }
-
-}  // namespace
 }  // namespace workbench_cpu
 
 TORCH_LIBRARY_FRAGMENT(workbench, m) {

@@ -56,6 +56,7 @@ struct GemmArgs {
   int64_t M, N, K;
   float* out_f32;        // [M, N], or null when out_bf16 is set
   uint16_t* out_bf16;    // [M, N] bfloat16 bits
+  bool accumulate = false;  // out_f32 = out_f32 + the product (one fp32 add: a residual), not out_f32 = it
 };
 
 // Each computes output column groups [g0, g1) for all M rows (or quantizes rows [r0, r1)).

@@ -54,7 +54,7 @@ void gemm_scalar(const GemmArgs& a, int64_t g0, int64_t g1) {
         }
         const int64_t n = g * GROUP + j;
         if (a.out_bf16) a.out_bf16[i * a.N + n] = bf16_bits(acc);
-        else a.out_f32[i * a.N + n] = acc;
+        else a.out_f32[i * a.N + n] = a.accumulate ? a.out_f32[i * a.N + n] + acc : acc;
       }
     }
   }
