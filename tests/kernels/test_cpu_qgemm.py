@@ -109,6 +109,28 @@ def test_extreme_blocks_do_not_saturate(qtype: Q) -> None:
         assert (np.abs(y.double().numpy() - ref) <= bound).all(), path
 
 
+@pytest.mark.parametrize("qtype", QTYPES, ids=lambda t: t.name)
+def test_fp16_scales_of_every_kind_widen_exactly(qtype: Q) -> None:
+    """The packed layout keeps the file's fp16 scales; the scalar path widens them in software, the SIMD
+    paths with F16C. Subnormal, zero, negative zero, the largest and the smallest normal scales give the
+    reference's products, the same bits on every path."""
+    n, k = 16, 64
+    raw = random_blocks(qtype, n, k, seed=9).reshape(n, k // 32, BLOCK[qtype])
+    kinds = np.array([2.0**-24, 3 * 2.0**-20, 2.0**-14 - 2.0**-24, 0.0, -0.0, 65504.0, 2.0**-14, -2.0**-17],
+                     dtype=np.float16)  # subnormals, zeros, extremes
+    scales = np.resize(kinds, (n, k // 32, 1)).astype(np.float16)
+    raw[..., 0:2] = scales.view(np.uint8)
+    if qtype == Q.Q4_1:
+        raw[..., 2:4] = scales[::-1].copy().view(np.uint8)
+    raw = raw.reshape(n, -1)
+    x = activations(3, k, seed=10)
+    q, d, s = cpu.quantize_q8_1(x)
+    ref, bound = reference(raw, qtype, q, d)
+    outputs = [cpu.qgemm(q, d, s, cpu.pack(raw, qtype, k), qtype, n, path=path) for path in ["scalar", *SIMD]]
+    assert (np.abs(outputs[0].double().numpy() - ref) <= bound).all()
+    assert all(torch.equal(outputs[0], other) for other in outputs[1:])
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_quantizer_per_block_scale_rounding_and_sum(dtype: torch.dtype) -> None:
     x = activations(5, 128, seed=3, dtype=dtype)

@@ -1,8 +1,9 @@
 """ggml Q4_0/Q4_1/Q8_0 weight rows -> the packed layout the native kernels stream (engine/kernels/cpu/qgemm.h).
 
 Done once at load. Output columns go in groups of 8, each group's blocks contiguous along K, each block's
-8 scales (and Q4_1 offsets) first as fp32 (fp16 -> fp32 is exact), then the 8 columns' quants: for Q4
-as 4 rows of two columns' 16 nibble bytes (j and j + 4), for Q8_0 as 8 rows of 32 int8.
+8 scales (and Q4_1 offsets) first as the file's fp16 (the kernels widen them to fp32, exactly), then the
+8 columns' quants: for Q4 as 4 rows of two columns' 16 nibble bytes (j and j + 4), for Q8_0 as 8 rows
+of 32 int8. As many bytes a weight as ggml's own blocks: a decode streams every weight once a token.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ QK = 32
 GROUP = 8
 QTYPES = {2: "Q4_0", 3: "Q4_1", 8: "Q8_0"}  # ggml type ids
 BLOCK_BYTES = {2: 2 + 16, 3: 2 + 2 + 16, 8: 2 + 32}
-GROUP_BYTES = {2: 160, 3: 192, 8: 288}
+GROUP_BYTES = {2: 144, 3: 160, 8: 272}
 
 
 def pack(raw: np.ndarray | torch.Tensor, qtype: int, in_features: int) -> torch.Tensor:
@@ -37,15 +38,14 @@ def pack(raw: np.ndarray | torch.Tensor, qtype: int, in_features: int) -> torch.
                   ((0, groups * GROUP - out), (0, 0), (0, 0)))             # zero blocks: d = m = 0, q = 0
     blocks = rows.reshape(groups, GROUP, nb, -1).transpose(0, 2, 1, 3)   # [G, nb, 8, block bytes]
 
-    def f32(lo: int) -> np.ndarray:  # fp16 field at byte lo of each block -> fp32 bytes [G, nb, 32]
-        half = np.ascontiguousarray(blocks[..., lo:lo + 2]).view(np.float16)[..., 0]
-        return half.astype(np.float32).view(np.uint8).reshape(groups, nb, 4 * GROUP)
+    def f16(lo: int) -> np.ndarray:  # the fp16 field at byte lo of each block, 8 columns' -> [G, nb, 16]
+        return np.ascontiguousarray(blocks[..., lo:lo + 2]).reshape(groups, nb, 2 * GROUP)
 
     if qtype == 8:
-        parts = [f32(0), blocks[..., 2:].reshape(groups, nb, GROUP * QK)]
+        parts = [f16(0), blocks[..., 2:].reshape(groups, nb, GROUP * QK)]
     else:
         qs = blocks[..., -16:].reshape(groups, nb, 2, 4, 16).transpose(0, 1, 3, 2, 4)  # row j: cols j, j+4
-        parts = [f32(0)] + ([f32(2)] if qtype == 3 else []) + [qs.reshape(groups, nb, 4 * 2 * 16)]
+        parts = [f16(0)] + ([f16(2)] if qtype == 3 else []) + [qs.reshape(groups, nb, 4 * 2 * 16)]
     packed = np.ascontiguousarray(np.concatenate(parts, axis=-1))           # [G, nb, GROUP_BYTES]
     assert packed.shape[-1] == GROUP_BYTES[qtype]
     return torch.from_numpy(packed)

@@ -6,9 +6,10 @@
 //
 // Packed weight layout (built once at load by engine/kernels/cpu/pack.py), output columns in groups of 8:
 //   [groups = ceil(N / 8)][blocks = K / 32][GROUP_BYTES[qtype]] uint8, for each (group, block):
-//     Q4_0: d fp32 [8] | nibbles [4][32]                 160 bytes
-//     Q4_1: d fp32 [8] | m fp32 [8] | nibbles [4][32]    192 bytes
-//     Q8_0: d fp32 [8] | q int8 [8][32]                  288 bytes
+//     Q4_0: d fp16 [8] | nibbles [4][32]                 144 bytes
+//     Q4_1: d fp16 [8] | m fp16 [8] | nibbles [4][32]    160 bytes
+//     Q8_0: d fp16 [8] | q int8 [8][32]                  272 bytes
+//   (ggml's own bytes a weight: the scales stay fp16, widened to fp32 exactly where they are used).
 //   Q4 nibble row j (j = 0..3) is column j's 16 ggml bytes then column j + 4's: one 256-bit load holds two
 //   columns, low nibbles elements 0-15 and high nibbles 16-31, and a two-level hadd of the four rows'
 //   partial sums lands the 8 columns in their natural order. Q8_0 row j is column j's 32 int8.
@@ -33,7 +34,7 @@ constexpr int64_t GROUP = 8; // output columns per packed group
 enum QType : int { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8 };  // ggml's type ids
 
 constexpr int64_t group_bytes(int qtype) {
-  return qtype == Q4_0 ? 160 : qtype == Q4_1 ? 192 : 288;
+  return qtype == Q4_0 ? 144 : qtype == Q4_1 ? 160 : 272;
 }
 
 // Activations quantized per 32-block (ggml's Q8_1 idea): q = clamp(nearbyint(x / d), -127, 127) with
@@ -73,6 +74,27 @@ inline uint16_t bf16_bits(float f) {
   if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
   u += 0x7fffu + ((u >> 16) & 1u);
   return static_cast<uint16_t>(u >> 16);
+}
+
+// IEEE half -> float, exact (normals, subnormals, infinities, NaN), for the paths without F16C.
+inline float half_to_float(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000u) << 16, exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu;
+  uint32_t u;
+  if (exponent == 0x1fu) {
+    u = sign | 0x7f800000u | (mantissa << 13);
+  } else if (exponent != 0) {
+    u = sign | ((exponent + 112) << 23) | (mantissa << 13);
+  } else if (mantissa == 0) {
+    u = sign;
+  } else {  // subnormal: normalise
+    int shift = 0;
+    uint32_t m = mantissa;
+    while (!(m & 0x400u)) { m <<= 1; ++shift; }
+    u = sign | (uint32_t(113 - shift) << 23) | ((m & 0x3ffu) << 13);
+  }
+  float f;
+  __builtin_memcpy(&f, &u, 4);
+  return f;
 }
 
 inline float bf16_to_float(uint16_t h) {
