@@ -212,7 +212,9 @@ async def _kill_a_worker(stack: Stack, round_: int) -> None:
     conversation = stack.conversations[round_]
     requests = {f"k{round_}-{i}": PROMPTS[i] for i in range(3)}
     async with stack.with_session(f"/ws/chat/{conversation}") as chat, stack.api() as api:
-        await chat_send(chat, "Tell me about lists", 48)
+        # Long enough to be mid-stream when the kill comes, even on a fast machine (48 tokens could end
+        # before every request shows in a heartbeat).
+        await chat_send(chat, "Tell me about lists", 400)
         assert json.loads(await chat.recv())["type"] == "started"
         for rid, prompt in requests.items():
             await api.send(generate(rid, prompt))
