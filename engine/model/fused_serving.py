@@ -46,8 +46,9 @@ class FusedServing:
         config = model.config
         self.final_norm = model.model.norm.weight.detach().float().contiguous()
         self.eps = config.rms_norm_eps
-        assert head.native_packed is not None
-        self.head = FusedHead(head.native_packed, int(head.qtype), head.out_features)
+        packed = head.packed()
+        assert packed is not None  # prepare() checked
+        self.head = FusedHead(packed, int(head.qtype), head.out_features)
         self.inv_freq = {sliding: model._inv_freq_on(sliding, torch.device("cpu")).float().contiguous()
                          for sliding in model._rope_kinds}
 
@@ -89,7 +90,7 @@ def prepare(model: "LlamaForCausalLM", layers: list["DecoderLayer"]) -> FusedSer
     from engine.model.quantized import QuantizedLinear  # needs the gguf package, which float models lack
 
     head = model.lm_head
-    if not isinstance(head, QuantizedLinear) or head.native_packed is None:
+    if not isinstance(head, QuantizedLinear) or head.packed() is None:
         return None
     weights = [_layer_weights(layer, QuantizedLinear) for layer in layers]
     if any(w is None for w in weights):
@@ -105,10 +106,10 @@ def _layer_weights(layer: "DecoderLayer", quantized: type["QuantizedLinear"]) ->
     if not (isinstance(qkv, quantized) and isinstance(o, quantized) and isinstance(gate_up, quantized)
             and isinstance(down, quantized)):
         return None
-    if any(p.native_packed is None for p in (qkv, o, gate_up, down)):
+    packed = [p.packed() for p in (qkv, o, gate_up, down)]
+    if any(p is None for p in packed):
         return None
-    assert qkv.native_packed is not None and o.native_packed is not None  # for the type checker
-    assert gate_up.native_packed is not None and down.native_packed is not None
+    qkv_w, o_w, gate_up_w, down_w = (p for p in packed if p is not None)
     empty = torch.empty(0)
 
     def f32(t: torch.Tensor | None) -> torch.Tensor:
@@ -116,7 +117,7 @@ def _layer_weights(layer: "DecoderLayer", quantized: type["QuantizedLinear"]) ->
 
     norms = (f32(attn.q_norm.weight), f32(attn.k_norm.weight)) if attn.qk_norm else (empty, empty)
     return cpu_kernels.LayerWeights(
-        tensors=(f32(layer.input_layernorm.weight), qkv.native_packed, f32(qkv.bias), *norms, o.native_packed,
-                 f32(layer.post_attention_layernorm.weight), gate_up.native_packed, down.native_packed),
+        tensors=(f32(layer.input_layernorm.weight), qkv_w, f32(qkv.bias), *norms, o_w,
+                 f32(layer.post_attention_layernorm.weight), gate_up_w, down_w),
         qtypes=(int(qkv.qtype), int(o.qtype), int(gate_up.qtype), int(down.qtype)),
         shape=(attn.num_heads, attn.num_kv_heads, attn.head_dim, down.in_features))

@@ -72,8 +72,8 @@ class QuantizedLinear(nn.Module):
     """y = x @ W.T (+ bias) for a ggml Q4_0/Q4_1/Q8_0 weight W [out, in], kept quantized. CPU only.
 
     `raw` [out, row_bytes] uint8 (a buffer): the ggml blocks as loaded, what dequantize() and fusion read.
-    Derived from it: `native_packed`, the native kernels' layout (None where they are not built), and,
-    made on first use by the torch route, torch's int4 operands (`_int4`). No dequantized copy is kept."""
+    Derived from it on first use: `native_packed`, the native kernels' layout (`packed()`; None where they
+    are not built), and, by the torch route, torch's int4 operands (`_int4`). No dequantized copy is kept."""
 
     raw: torch.Tensor  # buffers, registered in __init__
     bias: torch.Tensor | None
@@ -87,8 +87,8 @@ class QuantizedLinear(nn.Module):
         self.register_buffer("raw", raw)
         # Plain attributes, not buffers: the loader's model.to(bfloat16) must not round the fp32 scales
         # they hold, and the kernels run on the CPU only, so nothing moves them either.
-        native = cpu_kernels.native_available()
-        self.native_packed = cpu_kernels.pack(raw, int(qtype), in_features) if native else None
+        self._native = cpu_kernels.native_available()
+        self.native_packed: torch.Tensor | None = None  # made on first use (`packed`)
         self._int4: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self.register_buffer("bias", bias)
 
@@ -130,8 +130,9 @@ class QuantizedLinear(nn.Module):
             raise TypeError(f"QuantizedLinear takes float32, bfloat16 or float16 inputs, got {x.dtype}")
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)  # [M, in]
-        if x.dtype == torch.bfloat16 and self.native_packed is not None:
-            out = cpu_kernels.qlinear(x2.contiguous(), self.native_packed, int(self.qtype), self.out_features,
+        packed = self.packed() if x.dtype == torch.bfloat16 else None
+        if packed is not None:
+            out = cpu_kernels.qlinear(x2.contiguous(), packed, int(self.qtype), self.out_features,
                                       out_dtype=torch.bfloat16)
         elif x.dtype == torch.float32 and x2.shape[0] > FP32_KERNEL_MAX_ROWS[self.qtype]:
             out = F.linear(x2, self.dequantize())
@@ -140,6 +141,13 @@ class QuantizedLinear(nn.Module):
         if self.bias is not None:
             out = out + self.bias.to(out.dtype)
         return out.view(*lead, self.out_features)
+
+    def packed(self) -> torch.Tensor | None:
+        """The weight in the native kernels' layout, made on first use (so a part fused into another
+        module never makes one); None where the native kernels are not built."""
+        if self.native_packed is None and self._native:
+            self.native_packed = cpu_kernels.pack(self.raw, int(self.qtype), self.in_features)
+        return self.native_packed
 
     def _kernel(self, x2: torch.Tensor) -> torch.Tensor:
         """[M, in] contiguous float32/bfloat16 -> [M, out] through the int4 kernel."""
@@ -184,9 +192,9 @@ class QuantizedLinear(nn.Module):
 
 def fuse_quantized(*linears: QuantizedLinear) -> QuantizedLinear:
     """One module for several projections of the same input (outputs concatenated in order), so q/k/v or
-    gate/up run as one matmul, as fuse_linears does for float weights. Unlike there, the parts do not
-    become views of the fused module (the kernel's layout is blocked across rows): it has its own storage,
-    and the caller keeps it instead of the parts."""
+    gate/up run as one matmul, as fuse_linears does for float weights: the parts' ggml rows become views
+    of the fused module's. Its packed layout is blocked across rows, so it has its own, and the parts
+    drop theirs; the caller keeps the fused module for the forward."""
     if not linears:
         raise ValueError("fuse_quantized needs at least one QuantizedLinear")
     first = linears[0]
@@ -198,8 +206,15 @@ def fuse_quantized(*linears: QuantizedLinear) -> QuantizedLinear:
     if len({linear.bias is None for linear in linears}) > 1:
         raise ValueError("cannot fuse parts with and without bias")
     bias = None if first.bias is None else torch.cat([linear.bias for linear in linears if linear.bias is not None])
-    raw = torch.cat([linear.raw for linear in linears])  # [sum of out, row_bytes]
-    return QuantizedLinear(raw, first.qtype, first.in_features, bias)
+    fused = QuantizedLinear(torch.cat([linear.raw for linear in linears]), first.qtype, first.in_features, bias)
+    # The parts keep their names and values as views into the fused rows, and give up any packed copy
+    # (made again should a part itself be called): the model holds each weight once in each form.
+    start = 0
+    for linear in linears:
+        linear.raw = fused.raw[start: start + linear.out_features]
+        linear.native_packed = None
+        start += linear.out_features
+    return fused
 
 
 def _kernel_operands(raw: np.ndarray, qtype: gguf.GGMLQuantizationType) -> tuple[torch.Tensor, torch.Tensor]:
