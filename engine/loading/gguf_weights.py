@@ -3,15 +3,18 @@
 Dequantized, every tensor goes through the `gguf` package's own dequantizer into the model's dtype.
 Quantized (`weights="quantized"`), the linear weights stored as Q4_0, Q4_1 or Q8_0 (or Q5_0, re-encoded
 exactly as Q8_0: engine/loading/transcode.py) keep those exact values in `QuantizedLinear` modules
-(engine/model/quantized.py) that replace the float `Linear`s;
-norms, biases, the embedding and every other type are dequantized as before. The output head (the
-embedding's data where the two are tied) is served quantized too where the model runs in bfloat16 on
-our native kernels: one kernel at every row count, and the largest matmul of a decode step at a
-quarter of bf16's bytes. Elsewhere it stays float (a tied head shares the float embedding, which the
-lookup needs anyway): the fp32 torch route would dequantize the whole vocabulary at every call.
+(engine/model/quantized.py) that replace the float `Linear`s, and an embedding table of those types is
+looked up in its rows (engine/model/quantized_embedding.py) instead of a float copy of the whole table;
+norms, biases and every other type are dequantized as before. The output head (the embedding's data
+where the two are tied: then both read one copy of the rows) is served quantized too where the model
+runs in bfloat16 on our native kernels: one kernel at every row count, and the largest matmul of a
+decode step at a quarter of bf16's bytes. Elsewhere it stays float, and so does a table tied to it (the
+float head needs it anyway): the fp32 torch route would dequantize the whole vocabulary at every call.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -21,9 +24,13 @@ from engine.loading.tensor_checks import check_complete, check_tensor, expected_
 from engine.loading.transcode import TRANSCODED, transcoded
 from engine.model import LlamaForCausalLM
 
+if TYPE_CHECKING:  # imported at run time where a module is built
+    from engine.model.quantized import QuantizedLinear
+
 
 # Where the output head's weight comes from: the embedding's data when the two are tied.
-HEAD_SOURCES = {True: "model.embed_tokens.weight", False: "lm_head.weight"}
+EMBEDDING = "model.embed_tokens.weight"
+HEAD_SOURCES = {True: EMBEDDING, False: "lm_head.weight"}
 
 
 def load_gguf_weights(model: LlamaForCausalLM, checkpoint: GGUFCheckpoint, dtype: torch.dtype,
@@ -32,6 +39,10 @@ def load_gguf_weights(model: LlamaForCausalLM, checkpoint: GGUFCheckpoint, dtype
     seen: set[str] = set()
     kept = {}  # module path -> its GGUF tensor, for the weights served quantized
     by_name: dict[str, GGUFTensor] = {}  # the head's candidates, kept from the one pass over the file
+    tied = model.config.tie_word_embeddings
+    # A tied table stays quantized only where the head does (bf16 on the native kernels): a float head
+    # needs the float table anyway.
+    table_quantized = quantized and (not tied or (dtype == torch.bfloat16 and _native_kernels()))
     with torch.no_grad():
         for tensor in checkpoint.tensors():
             check_tensor(expected, checkpoint.path.name, tensor.name, tensor.shape)
@@ -41,29 +52,55 @@ def load_gguf_weights(model: LlamaForCausalLM, checkpoint: GGUFCheckpoint, dtype
             if quantized and _servable_quantized(tensor):
                 kept[tensor.name.removesuffix(".weight")] = tensor
                 continue
+            if tensor.name == EMBEDDING and table_quantized and _servable_type(tensor):
+                continue  # looked up in its rows (QuantizedEmbedding): the float table is never filled
             values = np.require(tensor.dequantized(), requirements="W")  # the mapped file is read-only
             expected[tensor.name].copy_(torch.from_numpy(values).to(dtype))
     check_complete(expected, seen)
-    if quantized and dtype == torch.bfloat16:
-        head = _quantized_head(by_name.get(HEAD_SOURCES[model.config.tie_word_embeddings]))
+    table = by_name.get(EMBEDDING)
+    shared = False  # the head is the quantized table itself
+    if table is not None and table_quantized and _servable_type(table):
+        shared = _quantize_embedding(model, table, dtype)
+    if quantized and dtype == torch.bfloat16 and not shared:
+        head = _quantized_head(by_name.get(HEAD_SOURCES[tied]))
         if head is not None:
             kept["lm_head"] = head
-    if kept:
-        from engine.model.quantized import QuantizedLinear
+    for path, tensor in kept.items():
+        parent, _, attr = path.rpartition(".")
+        owner = model.get_submodule(parent)
+        linear = getattr(owner, attr)
+        setattr(owner, attr, _quantized_linear(tensor, linear.in_features, linear.bias))
 
-        for path, tensor in kept.items():
-            parent, _, attr = path.rpartition(".")
-            owner = model.get_submodule(parent)
-            linear = getattr(owner, attr)
-            rows, qtype = transcoded(tensor.rows, tensor.qtype)
-            setattr(owner, attr, QuantizedLinear.from_ggml(rows, qtype, linear.in_features, bias=linear.bias))
+
+def _quantized_linear(tensor: GGUFTensor, in_features: int, bias: torch.Tensor | None = None) -> "QuantizedLinear":
+    from engine.model.quantized import QuantizedLinear
+
+    rows, qtype = transcoded(tensor.rows, tensor.qtype)
+    return QuantizedLinear.from_ggml(rows, qtype, in_features, bias=bias)
+
+
+def _quantize_embedding(model: LlamaForCausalLM, tensor: GGUFTensor, dtype: torch.dtype) -> bool:
+    """The embedding served from its quantized rows; a tied head serves from the same rows (one copy).
+    True when the head is that table."""
+    from engine.model.quantized_embedding import QuantizedEmbedding
+
+    table = _quantized_linear(tensor, model.config.hidden_size)
+    model.model.embed_tokens = QuantizedEmbedding(table, dtype)  # type: ignore[assignment]
+    if model.config.tie_word_embeddings:
+        model.lm_head = table  # type: ignore[assignment]
+        return True
+    return False
+
+
+def _native_kernels() -> bool:
+    from engine.kernels import cpu
+
+    return cpu.native_available()
 
 
 def _quantized_head(tensor: GGUFTensor | None) -> GGUFTensor | None:
     """The output head's GGUF tensor where the native kernels can serve it, else None."""
-    from engine.kernels import cpu
-
-    if not cpu.native_available():
+    if not _native_kernels():
         return None
     return tensor if tensor is not None and _servable_type(tensor) else None
 

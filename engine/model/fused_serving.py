@@ -85,7 +85,7 @@ def prepare(model: "LlamaForCausalLM", layers: list["DecoderLayer"]) -> FusedSer
     if (os.environ.get("WORKBENCH_FUSED_LAYERS", "on") == "off" or isinstance(model.lm_head, nn.Linear)
             or config.sandwich_norms or config.embedding_multiplier is not None or config.hidden_act != "silu"
             or config.attention_output_bias or config.mlp_bias or not cpu_kernels.native_available()
-            or model.model.embed_tokens.weight.dtype != torch.bfloat16):
+            or model.model.norm.weight.dtype != torch.bfloat16):
         return None
     from engine.model.quantized import QuantizedLinear  # needs the gguf package, which float models lack
 

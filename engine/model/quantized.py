@@ -171,23 +171,29 @@ class QuantizedLinear(nn.Module):
 
     def dequantize(self) -> torch.Tensor:
         """[out, in] float32, equal to gguf.quants.dequantize of the raw data (same formulas, same order)."""
-        blocks = self.raw.view(self.out_features, -1, BLOCK_BYTES[self.qtype])  # [out, in/32, bytes]
-        d = blocks[..., 0:2].contiguous().view(torch.float16).float()          # [out, in/32, 1]
-        if self.qtype == Q.Q8_0:
-            w = blocks[..., 2:].contiguous().view(torch.int8).float() * d
-        else:
-            qs = blocks[..., -16:]
-            q = torch.cat([qs & 0x0F, qs >> 4], dim=-1)                         # [out, in/32, 32]
-            if self.qtype == Q.Q4_0:
-                w = d * (q.float() - 8)
-            else:
-                m = blocks[..., 2:4].contiguous().view(torch.float16).float()
-                w = d * q.float() + m
-        return w.view(self.out_features, self.in_features)
+        return dequantize_rows(self.raw, self.qtype, self.in_features)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, qtype={self.qtype.name}, "
                 f"bias={self.bias is not None}")
+
+
+def dequantize_rows(raw: torch.Tensor, qtype: gguf.GGMLQuantizationType, in_features: int) -> torch.Tensor:
+    """ggml rows uint8 [..., row_bytes] -> float32 [..., in_features], gguf's formulas in gguf's order."""
+    lead = raw.shape[:-1]
+    blocks = raw.reshape(*lead, -1, BLOCK_BYTES[qtype])                      # [..., in/32, bytes]
+    d = blocks[..., 0:2].contiguous().view(torch.float16).float()            # [..., in/32, 1]
+    if qtype == Q.Q8_0:
+        w = blocks[..., 2:].contiguous().view(torch.int8).float() * d
+    else:
+        qs = blocks[..., -16:]
+        q = torch.cat([qs & 0x0F, qs >> 4], dim=-1)                           # [..., in/32, 32]
+        if qtype == Q.Q4_0:
+            w = d * (q.float() - 8)
+        else:
+            m = blocks[..., 2:4].contiguous().view(torch.float16).float()
+            w = d * q.float() + m
+    return w.reshape(*lead, in_features)
 
 
 def fuse_quantized(*linears: QuantizedLinear) -> QuantizedLinear:
