@@ -4,6 +4,7 @@ refuse with the words the in-memory counts use. Each test counts under a key pre
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -82,7 +83,30 @@ def test_a_lease_whose_renewal_stops_expires(client, prefix):
     assert isinstance(lease, Lease)
     counts.stop()
     time.sleep(1.5 * LEASE_S)
-    assert counts.in_flight("quiet") == 0 and isinstance(counts.acquire("quiet", 1, 0), Lease)
+    assert counts.in_flight("quiet") == 0
+    again = counts.acquire("quiet", 1, 0)
+    assert isinstance(again, Lease)
+    counts.release(again)
+    assert counts.in_flight("quiet") == 0 and counts.renewing() == 1, "the lapsed lease is still held here"
+    assert [lease.id for lease in counts.renew()] == [lease.id], "renewal finds the lapsed lease gone"
+    assert counts.renewing() == 0, "and lets it go"
+
+
+def test_a_lease_lost_to_a_late_renewal_is_let_go_and_warned_about_once(client, prefix, caplog):
+    counts = RedisUserCounts(client, prefix, LEASE_S)
+    lost, kept = counts.acquire("lapsing", 2, 0), counts.acquire("lapsing", 2, 0)
+    assert isinstance(lost, Lease) and isinstance(kept, Lease)
+    # What a pause longer than the lease leaves in Redis: the lease expired, while its request runs on.
+    client.zrem(f"{prefix}:limits:leases:lapsing", lost.id)
+    with caplog.at_level(logging.WARNING, logger="workbench.serving.celery.redis_counts"):
+        time.sleep(4 * LEASE_S / 3 + 0.2)  # four renewal periods: the warning would come at each
+    warnings = [r.getMessage() for r in caplog.records if "expired before their renewal" in r.getMessage()]
+    assert len(warnings) == 1, f"warned once, not at every renewal: {warnings}"
+    assert warnings[0] == "1 request leases expired before their renewal (users lapsing); no longer counted"
+    assert counts.renewing() == 1 and counts.in_flight("lapsing") == 1, "the live lease is renewed still"
+    counts.release(lost)  # its request's end, later: harmless
+    counts.release(kept)
+    assert counts.renewing() == 0 and counts.in_flight("lapsing") == 0
 
 
 def test_holders_racing_for_the_last_slots_get_exactly_the_limit(settings, prefix):
