@@ -24,6 +24,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 import redis
@@ -47,6 +48,12 @@ class Target:
     queue_prefix: str | None = None  # the Celery transport's WORKBENCH_QUEUE_PREFIX
     private_redis: bool = False  # every key in that Redis is the stack's (else only those naming the prefix)
     stop: Callable[[], None] = lambda: None
+    # What a stack started here is made of, for a bench that breaks parts of it (bench/chaos_soak.py):
+    # the web process's database, and on the Celery transport the workers (tests/cluster.py's Cluster)
+    # and the private redis-server (RedisServer).
+    db_path: Path | None = None
+    cluster: Any = None
+    redis_server: Any = None
 
 
 def start(transport: str, workdir: Path, users: list[str], device_loop: bool, graphs: bool,
@@ -65,7 +72,7 @@ def start(transport: str, workdir: Path, users: list[str], device_loop: bool, gr
         def stop() -> None:
             server.terminate()
             server.wait(timeout=15)
-        target = Target(transport, address, {}, None, stop=stop)
+        target = Target(transport, address, {}, None, stop=stop, db_path=db_path)
     else:
         redis_server = RedisServer().start()
         cluster = Cluster(redis_server.url, workdir, **settings)
@@ -80,7 +87,8 @@ def start(transport: str, workdir: Path, users: list[str], device_loop: bool, gr
             stop()
             raise
         env = cluster.env
-        target = Target(transport, address, {}, None, redis_server.url, cluster.prefix, True, stop)
+        target = Target(transport, address, {}, None, redis_server.url, cluster.prefix, True, stop, db_path, cluster,
+                        redis_server)
     try:
         target.tokens = issue_tokens(env, db_path, users)
         target.session = operator_session(env, db_path, username=OPERATOR)[0]

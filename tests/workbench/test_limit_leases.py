@@ -4,6 +4,7 @@ refuse with the words the in-memory counts use. Each test counts under a key pre
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from tests.waiting import wait_until
 from workbench.serving import limits
 from workbench.serving.celery.redis_counts import RedisUserCounts
 from workbench.serving.user_counts import Busy, Lease, TooFrequent
@@ -82,7 +84,30 @@ def test_a_lease_whose_renewal_stops_expires(client, prefix):
     assert isinstance(lease, Lease)
     counts.stop()
     time.sleep(1.5 * LEASE_S)
-    assert counts.in_flight("quiet") == 0 and isinstance(counts.acquire("quiet", 1, 0), Lease)
+    assert counts.in_flight("quiet") == 0
+    again = counts.acquire("quiet", 1, 0)
+    assert isinstance(again, Lease)
+    counts.release(again)
+    assert counts.in_flight("quiet") == 0
+    # The renewer that `again` started finds the lapsed lease gone and lets it go: nothing is left held.
+    wait_until(lambda: counts.renewing() == 0, timeout=10 * LEASE_S, what="the lapsed lease let go")
+
+
+def test_a_lease_lost_to_a_late_renewal_is_let_go_and_warned_about_once(client, prefix, caplog):
+    counts = RedisUserCounts(client, prefix, LEASE_S)
+    lost, kept = counts.acquire("lapsing", 2, 0), counts.acquire("lapsing", 2, 0)
+    assert isinstance(lost, Lease) and isinstance(kept, Lease)
+    # What a pause longer than the lease leaves in Redis: the lease expired, while its request runs on.
+    client.zrem(f"{prefix}:limits:leases:lapsing", lost.id)
+    with caplog.at_level(logging.WARNING, logger="workbench.serving.celery.redis_counts"):
+        time.sleep(4 * LEASE_S / 3 + 0.2)  # four renewal periods: the warning would come at each
+    warnings = [r.getMessage() for r in caplog.records if "expired before their renewal" in r.getMessage()]
+    assert len(warnings) == 1, f"warned once, not at every renewal: {warnings}"
+    assert warnings[0] == "1 request leases expired before their renewal (users lapsing); no longer counted"
+    assert counts.renewing() == 1 and counts.in_flight("lapsing") == 1, "the live lease is renewed still"
+    counts.release(lost)  # its request's end, later: harmless
+    counts.release(kept)
+    assert counts.renewing() == 0 and counts.in_flight("lapsing") == 0
 
 
 def test_holders_racing_for_the_last_slots_get_exactly_the_limit(settings, prefix):

@@ -61,30 +61,35 @@ class Heartbeat:
         return cls(**{name: data[name] for name in cls.__dataclass_fields__ if name in data})
 
 
+def beat(client: redis.Redis, prefix: str, ttl_ms: int, heartbeat: Heartbeat) -> bool:
+    """Publish a worker's heartbeat, expiring after `ttl_ms`; returns whether a dashboard is open
+    anywhere (one round trip for both). Synchronous: the worker's heartbeat thread calls it
+    (heartbeat.py), on no event loop that anything else could hold up."""
+    heartbeat.sent_at = time.time()
+    with client.pipeline(transaction=False) as pipe:
+        pipe.set(WORKER_KEY.format(prefix=prefix, worker_id=heartbeat.worker_id), heartbeat.to_json(), px=ttl_ms)
+        pipe.exists(WATCHED_KEY.format(prefix=prefix))
+        _, watched = pipe.execute()
+    return bool(watched)
+
+
+def retire(client: redis.Redis, prefix: str, worker_id: str) -> None:
+    """A worker shutting down deletes its heartbeat: the web side drops it at its next poll."""
+    client.delete(WORKER_KEY.format(prefix=prefix, worker_id=worker_id))
+
+
 class Presence:
-    """The Redis side of presence for one process (worker or web), on its own event loop."""
+    """The Redis side of presence for a web process (and a worker's look at the web processes), on
+    its own event loop."""
 
     def __init__(self, redis_url: str, prefix: str, lost_after_s: float) -> None:
         self.redis = aioredis.from_url(redis_url, socket_timeout=2, socket_connect_timeout=2)
         self.prefix = prefix
         self.ttl_ms = int(lost_after_s * 1000)
 
-    async def beat(self, heartbeat: Heartbeat) -> bool:
-        """Publish a heartbeat; returns whether a dashboard is open anywhere (one round trip for both)."""
-        heartbeat.sent_at = time.time()
-        key = WORKER_KEY.format(prefix=self.prefix, worker_id=heartbeat.worker_id)
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.set(key, heartbeat.to_json(), px=self.ttl_ms)
-            pipe.exists(WATCHED_KEY.format(prefix=self.prefix))
-            _, watched = await pipe.execute()
-        return bool(watched)
-
     async def watch(self) -> None:
         """A dashboard is open in this web process: workers send their sequence lists for lost_after_s."""
         await self.redis.set(WATCHED_KEY.format(prefix=self.prefix), "1", px=self.ttl_ms)
-
-    async def retire(self, worker_id: str) -> None:
-        await self.redis.delete(WORKER_KEY.format(prefix=self.prefix, worker_id=worker_id))
 
     async def workers(self) -> dict[str, Heartbeat]:
         keys = [key async for key in self.redis.scan_iter(match=WORKER_KEY.format(prefix=self.prefix, worker_id="*"))]

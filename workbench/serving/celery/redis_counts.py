@@ -45,21 +45,23 @@ redis.call('PEXPIRE', KEYS[2], window_ms)
 return {0, held + 1}
 """
 
-# KEYS: the leases sets, one per lease. ARGV: lease ms, then the lease ids in KEYS' order. A lease
-# already dropped (renewed too late) stays dropped: bringing it back could exceed the limit.
+# KEYS: the leases sets, one per lease. ARGV: lease ms, then the lease ids in KEYS' order. Returns the
+# ids no longer there. A lease already dropped (renewed too late) stays dropped: bringing it back could
+# exceed the limit.
 _RENEW = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lease_ms = tonumber(ARGV[1])
-local renewed = 0
+local lost = {}
 for i, key in ipairs(KEYS) do
     if redis.call('ZSCORE', key, ARGV[i + 1]) then
         redis.call('ZADD', key, 'XX', now + lease_ms, ARGV[i + 1])
         redis.call('PEXPIRE', key, lease_ms)
-        renewed = renewed + 1
+    else
+        table.insert(lost, ARGV[i + 1])
     end
 end
-return renewed
+return lost
 """
 
 _HELD = """
@@ -113,35 +115,51 @@ class RedisUserCounts:
         for lease in leases:
             self._client.zrem(self._key("leases", lease.user), lease.id)
 
-    def renew(self) -> int:
-        """Renew every lease this process holds now; returns how many were still there to renew."""
+    def renew(self) -> list[Lease]:
+        """Renew every lease this process holds now; returns those Redis no longer held (their renewal
+        came too late, or their keys were deleted), which this process stops renewing: they count
+        nowhere now, and kept here they would be renewed in vain and warned about for as long as their
+        requests run."""
         with self._lock:
             leases = list(self._live.values())
         if not leases:
-            return 0
-        return int(self._renew(keys=[self._key("leases", lease.user) for lease in leases],
-                               args=[int(self.lease_s * 1000), *(lease.id for lease in leases)]))
+            return []
+        gone = {raw.decode() if isinstance(raw, bytes) else raw for raw in self._renew(
+            keys=[self._key("leases", lease.user) for lease in leases],
+            args=[int(self.lease_s * 1000), *(lease.id for lease in leases)])}
+        lost = [lease for lease in leases if lease.id in gone]
+        with self._lock:
+            for lease in lost:
+                self._live.pop(lease.id, None)
+        return lost
+
+    def renewing(self) -> int:
+        """How many leases this process holds and renews."""
+        with self._lock:
+            return len(self._live)
 
     def stop(self) -> None:
         """Stop renewing (the leases then expire as a dead process's would); for tests and shutdown."""
-        self._stopped.set()
+        with self._lock:
+            self._stopped.set()
 
     def _start_renewer(self) -> None:
-        if self._renewer is None or not self._renewer.is_alive():
-            self._stopped.clear()
-            self._renewer = threading.Thread(target=self._renew_until_stopped, name="limit-lease-renewer",
-                                             daemon=True)
+        """Under self._lock. A renewer told to stop may not have seen it yet: the next one gets an event of
+        its own, so the old one still stops and the new one runs."""
+        if self._renewer is None or not self._renewer.is_alive() or self._stopped.is_set():
+            self._stopped = threading.Event()
+            self._renewer = threading.Thread(target=self._renew_until_stopped, args=(self._stopped,),
+                                             name="limit-lease-renewer", daemon=True)
             self._renewer.start()
 
-    def _renew_until_stopped(self) -> None:
+    def _renew_until_stopped(self, stopped: threading.Event) -> None:
         every = self.lease_s / 3  # two renewals may fail (a Redis blip) before a live lease expires
-        while not self._stopped.wait(every):
+        while not stopped.wait(every):
             try:
-                with self._lock:
-                    expected = len(self._live)
-                renewed = self.renew()
-                if renewed < expected:  # lost to a pause longer than the lease: no longer counted
-                    log.warning("%d of %d request leases expired before their renewal", expected - renewed, expected)
+                lost = self.renew()
+                if lost:  # lost to a pause longer than the lease: no longer counted
+                    log.warning("%d request leases expired before their renewal (users %s); no longer counted",
+                                len(lost), ", ".join(sorted({lease.user for lease in lost})))
             except redis.RedisError as exc:
                 log.warning("renewing the request leases failed: %s", exc)
 

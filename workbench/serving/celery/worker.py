@@ -6,7 +6,8 @@ CUDA is never touched before a fork, and a prefork pool is refused outright (it 
 per child on the same GPU). The `workbench.generate` task only admits requests; the engine host
 (engine_host.py, the one the in-process transport has too) batches every admitted request
 continuously; the link loop (its own thread and event loop) sends the outputs back, takes cancels from
-the control channel, publishes the heartbeat, and drops the requests of web processes that went away.
+the control channel, and drops the requests of web processes that went away; the heartbeat has a
+thread of its own (heartbeat.py), so that neither the engine's step nor the link's work can delay it.
 
 One class: the link's loops share the worker's state (the reply channel of every request held, the
 outbox, draining), and a split would pass it around.
@@ -32,6 +33,7 @@ from django.conf import settings
 from engine import Engine, EngineConfig, InvalidSamplingParams, SamplingParams
 from workbench.serving.celery import wire
 from workbench.serving.celery.outbox import Outbox
+from workbench.serving.celery.heartbeat import HeartbeatThread
 from workbench.serving.celery.presence import Heartbeat, Presence, admit_once
 from workbench.serving.celery.redis_layer import OneTripChannelLayer, make_layer
 from workbench.serving.engine_host import STATE_EVERY_S, EngineHost
@@ -43,7 +45,6 @@ log = logging.getLogger(__name__)
 # A web process unreachable this long (Redis away, or it died) loses its requests here: they are
 # aborted rather than generated for nobody. Its clients have had an error from their own side by then.
 UNDELIVERABLE_S = 30.0
-EARLY_BEAT_S = 0.2  # the soonest a heartbeat follows the last one when the requests held changed
 
 
 def new_worker_id() -> str:
@@ -69,29 +70,33 @@ class WorkerHost:
         self._reply_lock = threading.Lock()
         self.started = False
         self._draining = False
-        self._retired = False
         self._tasks: list[asyncio.Task] = []
         self._thread = threading.Thread(target=self._loop.run_forever, name="worker-link", daemon=True)
         self._redis = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=5, socket_connect_timeout=3)
+        self.heartbeat = HeartbeatThread(settings.REDIS_URL, settings.WORKBENCH_QUEUE_PREFIX,
+                                         settings.WORKBENCH_HEARTBEAT_S, settings.WORKBENCH_WORKER_LOST_S,
+                                         self._compose_heartbeat, lambda: list(self.engine_host.snapshot.request_ids),
+                                         self._dashboards_watched, self._apply_flags_in_force)
 
     def start(self) -> None:
         self.engine_host.start()  # loads the model; raises if it cannot
         self._apply_flags_in_force()
         self._thread.start()
         asyncio.run_coroutine_threadsafe(self._open(), self._loop).result(timeout=30)
+        self.heartbeat.start()
         self.started = True
         log.info("worker %s ready: model %s on %s, queue %s", self.worker_id, self.engine_config.model,
                  self.engine_config.device, self.queue)
 
     async def _open(self) -> None:
-        self._beat_now = asyncio.Event()
         self.layer: OneTripChannelLayer = make_layer(settings.REDIS_URL)
         self.presence = Presence(settings.REDIS_URL, settings.WORKBENCH_QUEUE_PREFIX, settings.WORKBENCH_WORKER_LOST_S)
-        for loop in (self._heartbeats, self._control, self._deliveries, self._orphans):
+        for loop in (self._control, self._deliveries, self._orphans):
             self._tasks.append(asyncio.create_task(_forever(loop)))
 
     def _apply_flags_in_force(self) -> None:
-        """The flags operators set for every worker apply to one that starts later too."""
+        """The flags operators set for every worker apply to one that starts later too. Once more after
+        the first heartbeat: a change for all workers made while this one started was seen by nobody."""
         stored = self._redis.hgetall(wire.flags_key())
         for name, raw in sorted(stored.items()):
             applied = threading.Event()
@@ -102,7 +107,7 @@ class WorkerHost:
     def begin_drain(self) -> None:
         """Shutdown began: say so in a heartbeat now, so the web side routes nothing new here."""
         self._draining = True
-        self._loop.call_soon_threadsafe(self._beat_now.set)
+        self.heartbeat.beat_soon()
 
     def stop(self) -> None:
         """Warm shutdown: take nothing new, let held requests finish (up to WORKBENCH_DRAIN_S), then cancel."""
@@ -116,8 +121,7 @@ class WorkerHost:
         while (self.engine_host.snapshot.request_ids or self.outbox) and time.monotonic() < deadline:
             time.sleep(0.05)
         self.engine_host.stop()
-        self._retired = True
-        asyncio.run_coroutine_threadsafe(self.presence.retire(self.worker_id), self._loop).result(timeout=5)
+        self.heartbeat.stop(retire_worker=self.worker_id)
         self._delete_queue()
 
     def _delete_queue(self) -> None:
@@ -176,41 +180,26 @@ class WorkerHost:
 
     # -- the link loop ---------------------------------------------------------------------------
 
-    async def _heartbeats(self) -> None:
-        first = True
-        while not self._retired:
-            snapshot = self.engine_host.snapshot
-            sent_requests = snapshot.request_ids
-            watched = await self.presence.beat(Heartbeat(
-                worker_id=self.worker_id, queue=self.queue,
-                hostname=socket.gethostname(), pid=os.getpid(), device=self.engine_config.device,
-                model=self.engine_config.model, capacity=settings.WORKBENCH_WORKER_CAPACITY,
-                started_at=self.started_at, running=snapshot.running, waiting=snapshot.waiting,
-                requests=list(snapshot.request_ids), flags=snapshot.flags or {},
-                draining=self._draining, metrics=snapshot.metrics or {}, engine_run=self.engine_host.engine_run,
-                state=snapshot.state or {}))
-            if watched != self.engine_host.sequences_in_state:
-                self.engine_host.sequences_in_state = watched
-                if watched:  # a dashboard just opened: the list once the engine has taken it (<= 0.1 s)
-                    self._loop.call_later(2 * STATE_EVERY_S, self._beat_now.set)
-            if first:  # a change for all workers made while this one started, seen by nobody: take it now
-                first = False
-                await asyncio.to_thread(self._apply_flags_in_force)
-            await self._until_next_beat(sent_requests)
-            self._beat_now.clear()
+    def _compose_heartbeat(self) -> Heartbeat:
+        """This moment's heartbeat, from what the engine host last published (nothing here waits for
+        the engine): on the heartbeat thread."""
+        snapshot = self.engine_host.snapshot
+        return Heartbeat(
+            worker_id=self.worker_id, queue=self.queue,
+            hostname=socket.gethostname(), pid=os.getpid(), device=self.engine_config.device,
+            model=self.engine_config.model, capacity=settings.WORKBENCH_WORKER_CAPACITY,
+            started_at=self.started_at, running=snapshot.running, waiting=snapshot.waiting,
+            requests=list(snapshot.request_ids), flags=snapshot.flags or {},
+            draining=self._draining, metrics=snapshot.metrics or {}, engine_run=self.engine_host.engine_run,
+            state=snapshot.state or {})
 
-    async def _until_next_beat(self, sent_requests: tuple[str, ...]) -> None:
-        """A heartbeat period, cut short at once when asked to (a drain, a flag change), and within
-        EARLY_BEAT_S when the requests held change (the dashboard shows sequences come and go; routing
-        sees the load sooner)."""
-        deadline = time.monotonic() + settings.WORKBENCH_HEARTBEAT_S
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                await asyncio.wait_for(self._beat_now.wait(), min(left, EARLY_BEAT_S))
-                return
-            except asyncio.TimeoutError:
-                if self.engine_host.snapshot.request_ids != sent_requests:
-                    return
+    def _dashboards_watched(self, watched: bool) -> None:
+        """After each heartbeat: whether a dashboard is open anywhere decides whether the engine lists
+        its sequences (they ride the heartbeat)."""
+        if watched != self.engine_host.sequences_in_state:
+            self.engine_host.sequences_in_state = watched
+            if watched:  # a dashboard just opened: the list once the engine has taken it (<= 0.1 s)
+                self.heartbeat.beat_soon(2 * STATE_EVERY_S)
 
     async def _control(self) -> None:
         while True:
@@ -237,7 +226,7 @@ class WorkerHost:
         self.engine_host.set_flag(name, value, done)
 
     async def _answer(self, reply_channel: str, answer: dict) -> None:
-        self._beat_now.set()  # the heartbeat shows the flags in force at once
+        self.heartbeat.beat_soon()  # the heartbeat shows the flags in force at once
         try:
             await self.layer.send(reply_channel, answer)
         except Exception as exc:  # the heartbeat still shows what is in force
