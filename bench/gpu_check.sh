@@ -86,7 +86,7 @@ if "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"
     step gpu-tests 150 pytest_step -m gpu -s tests/kernels tests/engine/test_gpu.py
     step decode-bench 200 "$PY" bench/gpu_decode.py --repeats 2
     show decode-bench
-    if "$PY" -c "import django, channels, daphne, websockets, celery, channels_redis, whitenoise" 2>/dev/null; then
+    if "$PY" -c "import workbench.settings, django, channels, daphne, websockets, celery, channels_redis, whitenoise" 2>/dev/null; then
         step serving-bench 90 "$PY" bench/serving.py --device cuda --transports inprocess
         show serving-bench
     else
