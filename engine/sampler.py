@@ -92,11 +92,17 @@ def _draw(logits: torch.Tensor, rows: list[SampleRequest]) -> list[int]:
         chosen = torch.cat([chosen, torch.stack([valid for _, valid, _ in drawn]).long()])
     host = chosen.tolist()  # the step's one wait for the device
     tokens = host[: len(rows)]
-    for (index, _, state), valid in zip(drawn, host[len(rows):]):
-        if not valid:
-            row = rows[index]
-            row.generator.set_state(state)
-            tokens[index] = _sample_exactly(logits[index], row)
+    try:
+        for (index, _, state), valid in zip(drawn, host[len(rows):]):
+            if not valid:
+                rows[index].generator.set_state(state)
+                tokens[index] = _sample_exactly(logits[index], rows[index])
+    except Exception:
+        # The step fails and the engine runs its rows again one by one (Engine._rows_alone): every
+        # generator as before it, so a seeded row draws there what it would have drawn here.
+        for index, _, state in drawn:
+            rows[index].generator.set_state(state)
+        raise
     return tokens
 
 

@@ -123,13 +123,18 @@ def test_an_overflowing_row_needs_float64(grammars):
     assert not torch.isfinite(apply_penalties(step_logits(0, 1, "cpu")[0], params, PROMPT, [])).all()
 
 
-def test_nan_logits_fail_the_step_in_both(grammars):
-    logits = step_logits(0, 2, "cpu")
+def test_nan_logits_fail_the_step_in_both_and_the_batched_one_draws_nothing(grammars):
+    """The engine then samples each row alone (Engine._rows_alone), so the failed step must leave every
+    generator as it found it. The per-row sampler did not: the rows before the failing one had drawn."""
+    logits = step_logits(0, 3, "cpu")
     logits[1, 7] = float("nan")
     for sampler in (sample, sample_per_row):
-        rows = [Stream("temperature", 1, grammars, "cpu").request(), Stream("top_p", 2, grammars, "cpu").request()]
+        rows = [Stream(kind, i, grammars, "cpu").request() for i, kind in enumerate(["temperature", "top_p", "hot"])]
+        before = [row.generator.get_state() for row in rows]
         with pytest.raises(RuntimeError, match="probability tensor"):
             sampler(logits, rows)
+        untouched = [torch.equal(row.generator.get_state(), state) for row, state in zip(rows, before)]
+        assert untouched == ([True] * 3 if sampler is sample else [False, True, True])
 
 
 @pytest.mark.gpu
