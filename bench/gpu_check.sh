@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check, for a machine with an NVIDIA GPU (an H200 here), in one call of at most 8 minutes: the
 # kernels compiled by NVRTC for sm_90, pytest's collection of the GPU tests, the GPU-marked tests (each
-# CuPy kernel against its torch reference, CUDA graphs against eager, the engine on CUDA), the 1B decode
+# CuPy kernel against its torch reference, CUDA graphs against eager, the engine on CUDA, the batched
+# sampler against the per-row one and its one wait), the 1B decode
 # benchmark and, where the python has the web packages (or .whl/ holds them: bench/gpu_webdeps.py), the
 # serving benchmark on CUDA (in-process).
 # Uses the machine's own python3 with its CUDA torch and CuPy; needs nothing from the network. The GPU
@@ -83,10 +84,10 @@ step nvrtc 60 pytest_step tests/kernels/test_nvrtc.py
 step collect 90 "$PY" -m pytest -q -p no:cacheprovider --collect-only -m gpu
 
 if "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
-    step gpu-tests 150 pytest_step -m gpu -s tests/kernels tests/engine/test_gpu.py
+    step gpu-tests 150 pytest_step -m gpu -s tests/kernels tests/engine/test_gpu.py tests/engine/test_sampler_batched.py
     step decode-bench 200 "$PY" bench/gpu_decode.py --repeats 2
     show decode-bench
-    if "$PY" -c "import django, channels, daphne, websockets, celery, channels_redis, whitenoise" 2>/dev/null; then
+    if "$PY" -c "import workbench.settings, django, channels, daphne, websockets, celery, channels_redis, whitenoise" 2>/dev/null; then
         step serving-bench 90 "$PY" bench/serving.py --device cuda --transports inprocess
         show serving-bench
     else

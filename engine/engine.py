@@ -38,6 +38,7 @@ from engine.engine_config import EngineConfig
 from engine.grammar import Constraint, GrammarTokenizer, ResponseFormatError
 from engine.host.runtime_flags import RuntimeFlags
 from engine.host.stats import EngineStats
+from engine.kernels.cupy_support import compile_for
 from engine.loading.loader import load_model
 from engine.loading.tokenizer import Tokenizer
 from engine.outputs import GenerationResult, RequestOutput, Usage, timings_of
@@ -80,6 +81,9 @@ class Engine:
         model_len = self.loaded.config.max_position_embeddings
         self.max_model_len = min(config.max_model_len or model_len, model_len)
         device = self.loaded.device
+        # Now, not at the first burst: a machine whose CuPy cannot compile must not start (cupy_support.py).
+        if compiled := compile_for(device):
+            log.info("CuPy: %d kernels compiled for %s", compiled, device)
         free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
         num_blocks = config.kv_blocks_for(self.loaded.config, self.max_model_len, free)
         # A prompt bigger than the pool is refused (FinishedIgnored); a sequence that grows to fill the

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from engine.decode.host_copy import device_tensor
 from engine.loading.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
@@ -156,7 +157,7 @@ class Constraint:
             row = logits.numpy().copy()
             row[forbidden] = -np.inf
             return torch.from_numpy(row)
-        return logits.masked_fill(torch.from_numpy(forbidden).to(logits.device), float("-inf"))
+        return logits.masked_fill(device_tensor(torch.from_numpy(forbidden), logits.device, torch.bool), float("-inf"))
 
     def advance(self, token: int) -> None:
         """Commit the sampled token. A token the mask allowed is always accepted; `error` says otherwise."""

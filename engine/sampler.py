@@ -1,8 +1,15 @@
 """Sampling: logits of a batch -> one token per sequence, plus logprobs when asked.
 
 Each sequence samples from its own row with its own `torch.Generator`, so a seeded request draws the
-same tokens whatever else shares its batch. Greedy rows without penalties or logprobs take one
-batched argmax, the common case on the hot path.
+same tokens whatever else shares its batch. The whole batch waits for the device once: every row's
+token is the argmax of one score matrix, read back with the rows' validity in one copy. A greedy row's
+scores are its (penalised) logits; a sampled row's are its probabilities divided by exponential noise
+from its generator, which is what torch.multinomial does for one sample, less multinomial's own two
+waits on the device (its checks), so the tokens are the ones per-row multinomial draws, bit for bit.
+Penalties, temperature and the filters still run row by row: a launch per row costs no wait, and each
+row keeps the very ops on the very shapes it always had, so its bits. Batched over the rows, softmax,
+sort and cumsum may reduce in another order on a GPU (the kernel is chosen by the shape), and a
+near-tie at a top-p boundary would then keep another token.
 
 Order per row: a response_format's grammar mask first (engine/grammar.py; forbidden tokens at -inf,
 so they are never drawn), then the min_tokens mask (EOS and stop tokens), then penalties on the
@@ -21,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.decode.host_copy import device_tensor
 from engine.grammar import Constraint
 from engine.sampling_params import SamplingParams
 
@@ -50,13 +58,77 @@ def sample(logits: torch.Tensor, rows: list[SampleRequest]) -> tuple[list[int], 
     if len(rows) != logits.shape[0]:
         raise ValueError(f"{logits.shape[0]} logit rows for {len(rows)} sequences")
     logits = _masked(logits.float(), rows)
-    plain_greedy = [r.params.greedy and not r.params.has_penalties for r in rows]
-    tokens = logits.argmax(dim=-1).tolist() if any(plain_greedy) else [0] * len(rows)
-    for index, row in enumerate(rows):
-        if not plain_greedy[index]:
-            tokens[index] = _sample_row(logits[index], row)
+    if all(r.params.greedy and not r.params.has_penalties for r in rows):
+        tokens = logits.argmax(dim=-1).tolist()
+    else:
+        tokens = _draw(logits, rows)
     records = _logprob_records(logits, rows, tokens)
     return tokens, records
+
+
+def _draw(logits: torch.Tensor, rows: list[SampleRequest]) -> list[int]:
+    """Every row's token, with one wait for the device (none more unless a row needs float64)."""
+    scores = logits.clone()  # [B, V]: each row's token is the argmax of its row
+    drawn: list[tuple[int, torch.Tensor, torch.Tensor]] = []  # (row, probabilities valid, generator state)
+    for index, row in enumerate(rows):
+        params = row.params
+        if params.greedy and not params.has_penalties:
+            continue
+        values = logits[index]
+        if params.has_penalties:
+            values = apply_penalties(values, params, row.prompt_ids, row.output_ids)
+        if params.greedy:
+            scores[index] = values
+            continue
+        probs = _probabilities(values, params)
+        total = probs.sum()
+        # Kept so that a row found invalid below draws again as if this draw had never happened.
+        state = row.generator.get_state()
+        noise = torch.empty_like(probs).exponential_(1, generator=row.generator)
+        scores[index] = probs / noise
+        drawn.append((index, (total > 0) & (total < math.inf), state))
+    chosen = scores.argmax(dim=-1)
+    if drawn:
+        chosen = torch.cat([chosen, torch.stack([valid for _, valid, _ in drawn]).long()])
+    host = chosen.tolist()  # the step's one wait for the device
+    tokens = host[: len(rows)]
+    try:
+        for (index, _, state), valid in zip(drawn, host[len(rows):]):
+            if not valid:
+                rows[index].generator.set_state(state)
+                tokens[index] = _sample_exactly(logits[index], rows[index])
+    except Exception:
+        # The step fails and the engine runs its rows again one by one (Engine._rows_alone): every
+        # generator as before it, so a seeded row draws there what it would have drawn here.
+        for index, _, state in drawn:
+            rows[index].generator.set_state(state)
+        raise
+    return tokens
+
+
+def _probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """One row's draw distribution: temperature, then the top-k, top-p and min-p cut-offs."""
+    logits = logits / params.temperature
+    if params.top_k:
+        kth = torch.topk(logits, min(params.top_k, logits.numel())).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if params.top_p < 1.0:
+        probs = _top_p(probs, params.top_p)
+    if params.min_p > 0.0:
+        probs = probs.masked_fill(probs < params.min_p * probs.max(), 0.0)
+    return probs
+
+
+def _sample_exactly(raw: torch.Tensor, row: SampleRequest) -> int:
+    """A sampled row whose float32 probabilities are not a distribution. Extreme but valid parameters
+    (repetition_penalty 1e-300) overflow float32 logits to inf and the softmax to NaN: the row again in
+    float64, where they stay finite. NaN logits (a numerical fault) stay NaN there, and multinomial
+    fails the step, as it must."""
+    logits = raw.double()
+    if row.params.has_penalties:
+        logits = apply_penalties(logits, row.params, row.prompt_ids, row.output_ids)
+    return int(torch.multinomial(_probabilities(logits, row.params), 1, generator=row.generator))
 
 
 def _masked(logits: torch.Tensor, rows: list[SampleRequest]) -> torch.Tensor:
@@ -73,36 +145,12 @@ def _masked(logits: torch.Tensor, rows: list[SampleRequest]) -> torch.Tensor:
         if row.constraint is not None:
             logits[index] = row.constraint.apply(logits[index])
         if row.suppressed:
-            logits[index, list(row.suppressed)] = float("-inf")
+            logits[index, device_tensor(row.suppressed, logits.device)] = float("-inf")
     return logits
 
 
 def _wants_logprob(params: SamplingParams) -> bool:
     return params.logprobs is not None or params.stop_below_prob is not None
-
-
-def _sample_row(logits: torch.Tensor, row: SampleRequest, exact: bool = False) -> int:
-    params, raw = row.params, logits
-    if params.has_penalties:
-        logits = apply_penalties(logits, params, row.prompt_ids, row.output_ids)
-    if params.greedy:
-        return int(logits.argmax())
-    logits = logits / params.temperature
-    if params.top_k:
-        kth = torch.topk(logits, min(params.top_k, logits.numel())).values[-1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
-    if params.top_p < 1.0:
-        probs = _top_p(probs, params.top_p)
-    if params.min_p > 0.0:
-        probs = probs.masked_fill(probs < params.min_p * probs.max(), 0.0)
-    if not exact and not 0 < float(probs.sum()) < math.inf:
-        # Extreme but valid parameters (repetition_penalty 1e-300) overflow float32 logits to inf and the
-        # softmax to NaN, and multinomial would fail the step for every sequence in the batch: the row
-        # again in float64, where they stay finite. NaN logits (a numerical fault) stay NaN there and
-        # still fail the step, as they must.
-        return _sample_row(raw.double(), row, exact=True)
-    return int(torch.multinomial(probs, 1, generator=row.generator))
 
 
 def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -120,14 +168,17 @@ def apply_penalties(logits: torch.Tensor, params: SamplingParams, prompt_ids: li
     logits = logits.clone()
     vocab = logits.numel()
     if params.repetition_penalty != 1.0:
-        seen = torch.tensor(sorted(set(prompt_ids) | set(output_ids)), dtype=torch.long, device=logits.device)
+        seen = device_tensor(sorted(set(prompt_ids) | set(output_ids)), logits.device)
         if seen.numel():
             values = logits[seen]
             # HF's rule: shrink positive logits, push negative ones further down.
             logits[seen] = torch.where(values > 0, values / params.repetition_penalty,
                                        values * params.repetition_penalty)
     if output_ids and (params.frequency_penalty or params.presence_penalty):
-        counts = torch.bincount(torch.tensor(output_ids, device=logits.device), minlength=vocab)[:vocab].float()
+        # Counted by scatter_add: bincount on a GPU reads the largest id back to size its output.
+        ids = device_tensor(output_ids, logits.device)
+        counts = torch.zeros(vocab, dtype=torch.long, device=logits.device)
+        counts = counts.scatter_add_(0, ids, torch.ones_like(ids)).float()
         logits -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0).float()
     return logits
 

@@ -5,6 +5,11 @@ Every launch is checked against its kernel's signature before it reaches the dev
 contiguous tensor of the pointee's dtype on the launch device, a scalar a numpy scalar of its exact C
 type): a wrong dtype would reinterpret memory, and a non-contiguous output would be written through a
 copy nobody reads. Tests swap `launcher` for a recording one, so the contracts are checked on the CPU.
+
+Every kernel is compiled when an engine starts on a CUDA device (`compile_for`), not at its first
+launch: a machine whose CuPy cannot load NVRTC (a CuPy wheel without the CUDA toolkit's compiler) would
+otherwise start, then fail every row of the first device-loop burst. It fails at start instead, with
+one error that names the package to install.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import re
 from dataclasses import dataclass
 from contextlib import AbstractContextManager
 from types import ModuleType
-from typing import Callable, NoReturn
+from typing import Callable, NoReturn, Protocol
 
 import numpy
 import torch
@@ -26,6 +31,10 @@ SCALAR_TYPES = {"long long": numpy.int64, "int": numpy.int32}
 
 class KernelContractError(TypeError):
     """A launch whose grid, block or arguments do not match the kernel's signature."""
+
+
+class NvrtcMissingError(RuntimeError):
+    """CuPy is installed and sees the GPU but cannot load NVRTC, which compiles its kernels."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +64,7 @@ class CudaKernel:
     def __init__(self, name: str, source: str, threads: int | None = None) -> None:
         self.name, self.source, self.threads = name, source, threads
         self.params = parse_signature(source, name)
+        KERNELS.append(self)
 
     def check(self, grid: int, block: int, args: tuple, device: torch.device) -> None:
         def refuse(why: str) -> NoReturn:
@@ -83,6 +93,10 @@ class CudaKernel:
         launcher(self, grid, block, args, device)
 
 
+# Every CudaKernel made (each kernel module makes its own at import): what compile_for compiles.
+KERNELS: list[CudaKernel] = []
+
+
 @functools.cache
 def cupy_module() -> ModuleType | None:
     """The cupy module, or None where it is not installed or sees no GPU."""
@@ -108,10 +122,59 @@ def _cupy() -> ModuleType:
     return cupy
 
 
+class RawKernel(Protocol):
+    """What this module uses of a cupy.RawKernel."""
+
+    def __call__(self, grid: tuple[int], block: tuple[int], args: tuple) -> None: ...
+
+    def compile(self) -> None: ...
+
+
 @functools.cache
-def _compiled(kernel: CudaKernel) -> Callable[[tuple[int], tuple[int], tuple], None]:
+def _compiled(kernel: CudaKernel) -> RawKernel:
     """The kernel's cupy.RawKernel, compiled by NVRTC once per process."""
     return _cupy().RawKernel(kernel.source, kernel.name)
+
+
+def compile_for(device: torch.device) -> int:
+    """Compile every kernel for `device` now, if it is a CUDA device CuPy can use; returns how many were
+    compiled (none on a CPU, or without CuPy, where the torch references run). NVRTC that does not load
+    raises NvrtcMissingError; a source that does not compile raises CuPy's own error, unchanged."""
+    if device.type != "cuda" or cupy_module() is None:
+        return 0
+    cupy = _cupy()
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    with cupy.cuda.Device(index):
+        for kernel in KERNELS:
+            try:
+                _compiled(kernel).compile()
+            except Exception as exc:
+                if _is_nvrtc_missing(exc):
+                    raise NvrtcMissingError(nvrtc_missing_message(exc, cupy.__version__, torch.version.cuda)) from exc
+                raise
+    return len(KERNELS)
+
+
+def _is_nvrtc_missing(exc: BaseException) -> bool:
+    """A failure to load the NVRTC library (CuPy: "CuPy failed to load libnvrtc.so.13: OSError: ..."),
+    as opposed to a source NVRTC refused, whose log also names NVRTC."""
+    chain: list[BaseException] = []
+    while exc is not None and exc not in chain:
+        chain.append(exc)
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    compile_errors = ("CompileException", "NVRTCError")
+    return (not any(type(e).__name__ in compile_errors for e in chain)
+            and any("nvrtc" in str(e).lower() for e in chain))
+
+
+def nvrtc_missing_message(exc: BaseException, cupy_version: str, torch_cuda: str | None) -> str:
+    """The one error a machine without NVRTC gets at start: what failed, and the package that brings it
+    for the CUDA version torch was built for (CuPy's `ctk` extra installs the toolkit's NVRTC wheel)."""
+    major = (torch_cuda or "").split(".")[0]
+    package = f'"cupy-cuda{major}x[ctk]"' if major.isdigit() else 'the CuPy built for your CUDA, with its [ctk] extra'
+    return (f"CuPy {cupy_version} cannot load NVRTC, which compiles the device loop's kernels ({exc}). "
+            f"torch here is built for CUDA {torch_cuda}: install {package} (or nvidia-cuda-nvrtc for "
+            f"CUDA {major or 'that version'}), or uninstall CuPy to run the torch kernels instead.")
 
 
 class _StreamHandle:

@@ -2,7 +2,7 @@
 
 HF transformers' logits processors are the reference for what top-k, top-p, min-p and the repetition
 penalty keep or change; the filters' effect is read from the probabilities `sample` hands to its draw
-(torch.multinomial), so the whole pipeline is checked, not a copy of it.
+(engine/sampler.py's _probabilities), so the whole pipeline is checked, not a copy of it.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from transformers.generation.logits_process import (MinPLogitsWarper, Repetition
                                                     TemperatureLogitsWarper, TopKLogitsWarper,
                                                     TopPLogitsWarper)
 
+from engine import sampler
 from engine.sampler import SampleRequest, TokenLogprob, apply_penalties, sample
 from engine.sampling_params import InvalidSamplingParams, SamplingParams
 
@@ -51,13 +52,14 @@ def hf_allowed(logits: torch.Tensor, temperature=1.0, top_k=0, top_p=1.0, min_p=
 def draw_probs(monkeypatch):
     """Records the probability vector each draw in `sample` is made from."""
     seen: list[torch.Tensor] = []
-    real = torch.multinomial
+    real = sampler._probabilities
 
-    def spy(probs, *args, **kwargs):
+    def spy(*args, **kwargs):
+        probs = real(*args, **kwargs)
         seen.append(probs.detach().clone())
-        return real(probs, *args, **kwargs)
+        return probs
 
-    monkeypatch.setattr(torch, "multinomial", spy)
+    monkeypatch.setattr(sampler, "_probabilities", spy)
     return seen
 
 
