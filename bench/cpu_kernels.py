@@ -7,7 +7,8 @@ Columns, microseconds per call (the fastest call; the six variants take turns fo
 seconds: the machines are shared, and the minimum is the least disturbed); bfloat16 activations in and
 out everywhere; each at torch.set_num_threads(1) and (2):
     ours          engine.kernels.cpu.qlinear, auto path
-    int4          QuantizedLinear (engine/model/quantized.py): torch's _weight_int4pack_mm_for_cpu
+    int4          QuantizedLinear's torch route (engine/model/quantized.py, `_kernel`): torch's
+                  _weight_int4pack_mm_for_cpu
     bf16          F.linear on the dequantized weight in bfloat16
     int4/ours, bf16/ours   time ratios at the same thread count (above 1: ours is faster)
 Two-thread figures need the other core idle: where another process holds it, every parallel region waits
@@ -87,7 +88,7 @@ def main() -> None:
             x = torch.randn(m, inp).to(torch.bfloat16)
             t = best_us({f"{kind}{threads}": (threads, fn) for threads in (1, 2) for kind, fn in (
                 ("ours", lambda: cpu.qlinear(x, packed, int(qtype), out, torch.bfloat16)),
-                ("int4", lambda: int4(x)),
+                ("int4", lambda: int4._kernel(x)),  # torch's route (bf16 in QuantizedLinear now goes to ours)
                 ("bf16", lambda: F.linear(x, w_bf16)))}, args.budget)
             print(f"{label:>22} {m:>4}" + "".join(f" {t[c]:>9.1f}" for c in COLUMNS)
                   + "".join(f" {t[f'{kind}{n}'] / t[f'ours{n}']:>10.2f}" for kind in ("int4", "bf16") for n in (1, 2)))
