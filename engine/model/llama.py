@@ -91,6 +91,10 @@ class LlamaForCausalLM(nn.Module):
             layer.self_attn.fuse_for_inference()
             layer.mlp.fuse_for_inference()
             layers.append(layer)
+        for module in self.modules():  # quantized weights packed for the native kernels now, not at a first request
+            prepare = getattr(module, "prepare_for_serving", None)
+            if prepare is not None:
+                prepare()
         self.fused = fused_serving.prepare(self, layers)
 
     def tie_weights(self) -> None:

@@ -88,7 +88,8 @@ class QuantizedLinear(nn.Module):
         # Plain attributes, not buffers: the loader's model.to(bfloat16) must not round the fp32 scales
         # they hold, and the kernels run on the CPU only, so nothing moves them either.
         self._native = cpu_kernels.native_available()
-        self.native_packed: torch.Tensor | None = None  # made on first use (`packed`)
+        self.native_packed: torch.Tensor | None = None  # made by `packed`
+        self.fused_into_another = False  # its rows serve through a fused module (fuse_quantized)
         self._int4: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self.register_buffer("bias", bias)
 
@@ -142,9 +143,15 @@ class QuantizedLinear(nn.Module):
             out = out + self.bias.to(out.dtype)
         return out.view(*lead, self.out_features)
 
+    def prepare_for_serving(self) -> None:
+        """Packs now what the forward would pack on its first call (the model calls this after fusing,
+        so a first request does not wait for it); a part fused into another module never packs."""
+        if not self.fused_into_another:
+            self.packed()
+
     def packed(self) -> torch.Tensor | None:
-        """The weight in the native kernels' layout, made on first use (so a part fused into another
-        module never makes one); None where the native kernels are not built."""
+        """The weight in the native kernels' layout, made on first use; None where the native kernels
+        are not built."""
         if self.native_packed is None and self._native:
             self.native_packed = cpu_kernels.pack(self.raw, int(self.qtype), self.in_features)
         return self.native_packed
@@ -219,6 +226,7 @@ def fuse_quantized(*linears: QuantizedLinear) -> QuantizedLinear:
     for linear in linears:
         linear.raw = fused.raw[start: start + linear.out_features]
         linear.native_packed = None
+        linear.fused_into_another = True
         start += linear.out_features
     return fused
 
