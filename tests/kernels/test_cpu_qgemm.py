@@ -166,7 +166,7 @@ def test_a_row_is_the_same_bits_alone_or_in_any_batch(qtype: Q, path: str, out_d
 
 @pytest.mark.parametrize("qtype", QTYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("path", SIMD)
-@pytest.mark.parametrize("m", [1, 3, 4, 13, 64])
+@pytest.mark.parametrize("m", [1, 3, 4, 7, 8, 13, 64])
 def test_simd_path_is_the_same_bits_as_the_scalar_path(qtype: Q, path: str, m: int) -> None:
     n, k = 100, 320  # 100 columns: the last group has 4
     packed = cpu.pack(random_blocks(qtype, n, k, seed=m), qtype, k)
