@@ -23,22 +23,27 @@ from engine.model import attention
 from engine.sequence import Done, Error, FinishedAborted, StopReason, Waiting
 from tests.gguf_files import copy_gguf
 from tests.reference import solo
+from tests.served_route import serve_as_make_run
 
 BURST = 4
 GREEDY = dict(temperature=0, ignore_eos=True)
 PROMPT_A, PROMPT_B = "class Node:", "import os"  # both start with distinct tokens on this checkpoint
 
 
-@pytest.fixture(params=["hf", "gguf-Q4_1"])
+@pytest.fixture(params=["hf", "gguf-Q4_1", "served-Q4_1"])
 def checkpoint(request, checkpoint, tiny_gguf, monkeypatch):
     """The model of every engine in a test: the HF checkpoint (tests/engine/conftest.py's), or a random
-    GGUF file served with quantized weights (Q4_1 linears and a Q8_0 embedding, as SmolLM2's file). Seed
-    13 for the GGUF: with 11, A's fourth token is a partial UTF-8 character, which the stop-string path
-    cannot use."""
+    GGUF file served with quantized weights (Q4_1 linears and a Q8_0 embedding, as SmolLM2's file): in
+    float32 on torch's exact route, or ("served") as `make run` serves it, bfloat16 on the fused layer.
+    Seed 13 for the GGUF: with 11, A's fourth token is a partial UTF-8 character, which the stop-string
+    path cannot use."""
     if request.param == "hf":
         return checkpoint
-    monkeypatch.setattr(EngineConfig, "weight_format", property(lambda self: "quantized"))
-    path, _ = tiny_gguf("llama", request.param.removeprefix("gguf-"), seed=13, embedding_qtype="Q8_0")
+    if request.param.startswith("served"):
+        serve_as_make_run(monkeypatch)
+    else:
+        monkeypatch.setattr(EngineConfig, "weight_format", property(lambda self: "quantized"))
+    path, _ = tiny_gguf("llama", request.param.split("-")[1], seed=13, embedding_qtype="Q8_0")
     return path
 
 
