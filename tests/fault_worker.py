@@ -9,6 +9,9 @@ with hooks that the engine has no switch for, set from the environment at start:
   (a row whose input breaks the forward: a bad kernel input, a device assert), so the others in the
   batch see what a real forward error does to them;
 - FAULT_KV_BLOCKS: the KV pool's size in blocks, small enough for a preemption storm;
+- FAULT_STEP_S: seconds every engine step takes at least, as on a slower device: the fault tests need
+  requests still decoding when they look (in a heartbeat) and then strike, which the demo model on a
+  fast CPU finishes first;
 - FAULT_STALL (with FAULT_STALL_S): the first forward of a sequence whose prompt contains this text
   keeps the engine thread busy for FAULT_STALL_S in Python (a step that outlasts several heartbeats:
   a huge prefill, a graph capture, a slow device), for the liveness tests
@@ -32,6 +35,7 @@ POISON = os.environ.get("FAULT_POISON", "")
 KV_BLOCKS = int(os.environ.get("FAULT_KV_BLOCKS", "0"))
 STALL = os.environ.get("FAULT_STALL", "")
 STALL_S = float(os.environ.get("FAULT_STALL_S", "0"))
+STEP_S = float(os.environ.get("FAULT_STEP_S", "0"))
 
 
 class PoisonedForward(RuntimeError):
@@ -76,3 +80,12 @@ if STALL:
         return _unstalled_forward(self, seqs, *chunking)
 
     ModelRunner.forward = _stalling_forward
+
+if STEP_S:
+    _run = ModelRunner.run
+
+    def _slow_run(self, batch, requests):  # every step, bursts' and parked tokens' included
+        time.sleep(STEP_S)
+        return _run(self, batch, requests)
+
+    ModelRunner.run = _slow_run

@@ -32,6 +32,7 @@ from workbench.serving.celery.presence import WORKER_KEY, Heartbeat
 POISON = "poisoned row"  # tests/fault_worker.py's forward raises for a batch holding a prompt with this
 KV_BLOCKS = 5  # per worker: 80 tokens of KV, a few requests' worth (the preemption storm's pool)
 MAX_TOKENS = 16
+STEP_S = 0.03  # each step of the fault workers at least this long: 16 tokens stay in flight for half a second
 PROMPTS = ["The list type", "A dictionary is", "This module provides", "Return the number of",
            "If the file does not exist,", "The default value is", "Raise an exception when", "Each thread has",
            "The result is a", "Open the file and"]
@@ -162,7 +163,7 @@ def stack(tmp_path_factory):
         solo = pool.submit(solo_runs)  # while the workers load
         redis_server = RedisServer().start()
         cluster = Cluster(redis_server.url, log_dir, app="tests.fault_worker", FAULT_POISON=POISON,
-                          FAULT_KV_BLOCKS=KV_BLOCKS, ARC_GRAPH_DEVICE_LOOP=1)
+                          FAULT_KV_BLOCKS=KV_BLOCKS, FAULT_STEP_S=STEP_S, ARC_GRAPH_DEVICE_LOOP=1)
         try:
             cluster.start_workers(2)
             db_path = log_dir / "db.sqlite3"
