@@ -85,11 +85,6 @@ struct Activations {
   }
 };
 
-void quantize_row(const QuantArgs& a, int64_t path) {
-  if (path == SCALAR) quantize_scalar(a, 0, 1);
-  else quantize_avx2(a, 0, 1);  // AVX-512 CPUs quantize with AVX2: the same bits either way
-}
-
 // out [N, n] (=, or += with accumulate) = the activations times packed weight w.
 void project(const Activations& a, const at::Tensor& w, int64_t qtype, int64_t n, float* out, bool accumulate,
              int64_t path) {
@@ -189,7 +184,7 @@ void decoder_layer(const at::Tensor& x, at::TensorList weights, at::IntArrayRef 
       std::vector<float> h(D);
       for (int64_t i = r0; i < r1; ++i) {
         norm_row(xs + i * D, w, D, eps, h.data());
-        quantize_row(a.row(h.data(), i), path);
+        run_quantize(a.row(h.data(), i), path);  // one row: runs inline
       }
     });
   };
@@ -249,7 +244,7 @@ void decoder_layer(const at::Tensor& x, at::TensorList weights, at::IntArrayRef 
     for (int64_t t = r0; t < r1; ++t) {
       const float* g = gu + t * 2 * I;
       for (int64_t k = 0; k < I; ++k) a[k] = g[k] / (1.0f + std::exp(-g[k])) * g[I + k];
-      quantize_row(act.row(a.data(), t), path);
+      run_quantize(act.row(a.data(), t), path);
     }
   });
   project(act, weights[DOWN], qtypes[3], D, xs, true, path);
