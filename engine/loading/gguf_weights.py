@@ -2,7 +2,8 @@
 
 Dequantized, every tensor goes through the `gguf` package's own dequantizer into the model's dtype.
 Quantized (`weights="quantized"`), the linear weights stored as Q4_0, Q4_1 or Q8_0 (or Q5_0, re-encoded
-exactly as Q8_0: engine/loading/transcode.py) keep those exact values in `QuantizedLinear` modules
+exactly as Q8_0, and where the native kernels are built Q4_K, Q5_K, Q6_K and Q5_1, re-encoded exactly as
+the kernels' K types: engine/loading/transcode.py) keep those exact values in `QuantizedLinear` modules
 (engine/model/quantized.py) that replace the float `Linear`s, and an embedding table of those types is
 looked up in its rows (engine/model/quantized_embedding.py) instead of a float copy of the whole table;
 norms, biases and every other type are dequantized as before. The output head (the embedding's data
@@ -21,7 +22,7 @@ import torch
 
 from engine.loading.gguf_model import GGUFCheckpoint, GGUFTensor
 from engine.loading.tensor_checks import check_complete, check_tensor, expected_tensors
-from engine.loading.transcode import TRANSCODED, transcoded
+from engine.loading.transcode import NATIVE_ONLY, TRANSCODED, transcoded
 from engine.model import LlamaForCausalLM
 
 if TYPE_CHECKING:  # imported at run time where a module is built
@@ -112,4 +113,6 @@ def _servable_quantized(tensor: GGUFTensor) -> bool:
 def _servable_type(tensor: GGUFTensor) -> bool:
     from engine.model.quantized import BLOCK_BYTES  # the types QuantizedLinear serves
 
+    if tensor.qtype in TRANSCODED and TRANSCODED[tensor.qtype] in NATIVE_ONLY:
+        return _native_kernels()  # no torch route: dequantized where the kernels are not built
     return tensor.qtype in BLOCK_BYTES or tensor.qtype in TRANSCODED

@@ -1,4 +1,9 @@
-"""GGUF quantized linear weights (Q4_0, Q4_1, Q8_0) served quantized on the CPU, with their exact values.
+"""GGUF quantized linear weights (Q4_0, Q4_1, Q8_0, and the K-quants) served quantized on the CPU, with
+their exact values.
+
+The K-quants (Q4_K, Q5_K, Q6_K, and Q5_1 as Q5_K) arrive re-encoded per 32-block by
+engine/loading/transcode.py, which states their row formats; they run on the native kernels only (below,
+they have no torch int4 route: without the kernels they are dequantized at each call).
 
 ggml stores a weight row by row, each row a run of 32-element blocks along the input dimension:
     Q4_0: fp16 d, 16 bytes of nibbles q          w = d * (q - 8)
@@ -60,11 +65,15 @@ from engine.kernels import cpu as cpu_kernels
 
 Q = gguf.GGMLQuantizationType
 GROUP = 32  # ggml block size of Q4_0/Q4_1/Q8_0, used as the kernel's group size
-BLOCK_BYTES = {Q.Q4_0: 2 + 16, Q.Q4_1: 2 + 2 + 16, Q.Q8_0: 2 + 32}
+# A 32-block's bytes in the rows a QuantizedLinear holds: ggml's own for Q4_0/Q4_1/Q8_0, the transcoder's
+# re-encoding for the K-quants (engine/loading/transcode.py).
+BLOCK_BYTES = {Q.Q4_0: 2 + 16, Q.Q4_1: 2 + 2 + 16, Q.Q8_0: 2 + 32, Q.Q4_K: 4 + 4 + 16, Q.Q5_K: 4 + 4 + 32,
+               Q.Q6_K: 2 + 2 + 32}
 # Most rows of a float32 input that go through the int4 kernel; more are dequantized + F.linear. Measured
 # on a 2-core AVX2 machine (bench/quantized_linear.py): the scalar fp32 kernel beats dequantize + F.linear
 # at one row for Q4, never for Q8_0 (its two int4 groups per block double the kernel's work).
-FP32_KERNEL_MAX_ROWS = {Q.Q4_0: 1, Q.Q4_1: 1, Q.Q8_0: 0}
+K_QUANTS = {Q.Q4_K, Q.Q5_K, Q.Q6_K}  # held in the transcoder's rows, not the file's
+FP32_KERNEL_MAX_ROWS = {Q.Q4_0: 1, Q.Q4_1: 1, Q.Q8_0: 0}  # the K-quants never: the int4 kernel has no route
 N_MULTIPLE = 16  # _convert_weight_to_int4pack_for_cpu: "expect N to be dividable by 16"
 
 
@@ -96,16 +105,16 @@ class QuantizedLinear(nn.Module):
     @classmethod
     def from_ggml(cls, raw: np.ndarray, qtype: gguf.GGMLQuantizationType | int, in_features: int,
                   bias: torch.Tensor | None = None) -> "QuantizedLinear":
-        """From a GGUF tensor's data (`GGUFReader(...).tensors[i].data`, uint8 [out, row_bytes]) and type.
-        Raises ValueError for other types and for shapes that are not whole blocks."""
+        """From a GGUF tensor's data (`GGUFReader(...).tensors[i].data`, uint8 [out, row_bytes]) and type, or
+        for a K-quant from the transcoder's rows. Raises ValueError for other types and for shapes that are not whole blocks."""
         shape = tuple(np.shape(raw))
         try:
             qtype = Q(qtype)
         except ValueError:
             raise ValueError(f"unknown ggml type {qtype!r} for a tensor of shape {shape}") from None
         if qtype not in BLOCK_BYTES:
-            raise ValueError(f"QuantizedLinear supports Q4_0, Q4_1 and Q8_0, not {qtype.name} "
-                             f"(tensor of shape {shape})")
+            raise ValueError(f"QuantizedLinear supports Q4_0, Q4_1, Q8_0 and transcoded Q4_K, Q5_K, Q6_K, "
+                             f"not {qtype.name} (tensor of shape {shape})")
         dtype = np.asarray(raw).dtype
         if len(shape) != 2 or dtype != np.uint8:
             raise ValueError(f"{qtype.name} data must be uint8 [out, row_bytes], got {dtype} {shape}")
@@ -113,6 +122,10 @@ class QuantizedLinear(nn.Module):
             raise ValueError(f"{qtype.name} rows are blocks of {GROUP}: in_features {in_features} is not a "
                              f"multiple (tensor of shape {shape})")
         row_bytes = in_features // GROUP * BLOCK_BYTES[qtype]
+        size, type_bytes = gguf.GGML_QUANT_SIZES[qtype]
+        if qtype in K_QUANTS and shape[1] == in_features // size * type_bytes:
+            raise ValueError(f"{qtype.name} rows as the file stores them (shape {shape}): re-encode them first "
+                             f"(engine.loading.transcode.transcoded)")
         if shape[1] != row_bytes:
             raise ValueError(f"{qtype.name} with in_features {in_features} has {row_bytes} bytes a row, "
                              f"the tensor has shape {shape}")
@@ -135,6 +148,8 @@ class QuantizedLinear(nn.Module):
         if packed is not None:
             out = cpu_kernels.qlinear(x2.contiguous(), packed, int(self.qtype), self.out_features,
                                       out_dtype=torch.bfloat16)
+        elif self.qtype not in FP32_KERNEL_MAX_ROWS:  # a K-quant without the native kernels: slow, exact
+            out = F.linear(x2, self.dequantize().to(x2.dtype))
         elif x.dtype == torch.float32 and x2.shape[0] > FP32_KERNEL_MAX_ROWS[self.qtype]:
             out = F.linear(x2, self.dequantize())
         else:
@@ -186,21 +201,34 @@ class QuantizedLinear(nn.Module):
 
 
 def dequantize_rows(raw: torch.Tensor, qtype: gguf.GGMLQuantizationType, in_features: int) -> torch.Tensor:
-    """ggml rows uint8 [..., row_bytes] -> float32 [..., in_features], gguf's formulas in gguf's order."""
+    """Rows uint8 [..., row_bytes] -> float32 [..., in_features], gguf's formulas in gguf's order (for the
+    K-quants, of the file's rows they were transcoded from)."""
     lead = raw.shape[:-1]
     blocks = raw.reshape(*lead, -1, BLOCK_BYTES[qtype])                      # [..., in/32, bytes]
+    if qtype in (Q.Q4_K, Q.Q5_K):
+        d, m = blocks[..., 0:4].contiguous().view(torch.float32), blocks[..., 4:8].contiguous().view(torch.float32)
+        q = _nibbles(blocks[..., 8:]) if qtype == Q.Q4_K else blocks[..., 8:]
+        return (d * q.float() + m).reshape(*lead, in_features)
     d = blocks[..., 0:2].contiguous().view(torch.float16).float()            # [..., in/32, 1]
+    if qtype == Q.Q6_K:  # (d * sc) * q, each 16-half with its own sc
+        scaled = d * blocks[..., 2:4].contiguous().view(torch.int8).float()   # [..., in/32, 2]
+        q = blocks[..., 4:].contiguous().view(torch.int8).float()
+        return (scaled.repeat_interleave(16, dim=-1) * q).reshape(*lead, in_features)
     if qtype == Q.Q8_0:
         w = blocks[..., 2:].contiguous().view(torch.int8).float() * d
     else:
-        qs = blocks[..., -16:]
-        q = torch.cat([qs & 0x0F, qs >> 4], dim=-1)                           # [..., in/32, 32]
+        q = _nibbles(blocks[..., -16:])                                       # [..., in/32, 32]
         if qtype == Q.Q4_0:
             w = d * (q.float() - 8)
         else:
             m = blocks[..., 2:4].contiguous().view(torch.float16).float()
             w = d * q.float() + m
     return w.reshape(*lead, in_features)
+
+
+def _nibbles(qs: torch.Tensor) -> torch.Tensor:
+    """ggml's 16 nibble bytes [..., 16] -> q [..., 32]: low nibbles elements 0-15, high 16-31."""
+    return torch.cat([qs & 0x0F, qs >> 4], dim=-1)
 
 
 def fuse_quantized(*linears: QuantizedLinear) -> QuantizedLinear:

@@ -158,7 +158,9 @@ def test_permuted_raw_rows_permute_the_weight(qtype):
 
 
 def test_unsupported_types_are_refused_by_name_and_shape():
-    with pytest.raises(ValueError, match=r"not Q6_K \(tensor of shape \(4, 210\)\)"):
+    with pytest.raises(ValueError, match=r"not Q5_1 \(tensor of shape \(4, 24\)\)"):
+        QuantizedLinear.from_ggml(np.zeros((4, 24), np.uint8), Q.Q5_1, 32)
+    with pytest.raises(ValueError, match=r"Q6_K rows as the file stores them \(shape \(4, 210\)\): re-encode"):
         QuantizedLinear.from_ggml(np.zeros((4, 210), np.uint8), Q.Q6_K, 256)
     with pytest.raises(ValueError, match=r"not F16 \(tensor of shape \(4, 64\)\)"):
         QuantizedLinear.from_ggml(np.zeros((4, 64), np.float16), Q.F16, 64)

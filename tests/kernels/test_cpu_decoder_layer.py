@@ -19,12 +19,13 @@ import torch
 gguf = pytest.importorskip("gguf", reason="gguf (the ggml block formats) is not installed")
 
 from engine.kernels import cpu  # noqa: E402
+from engine.model.quantized import dequantize_rows  # noqa: E402  (held to gguf's: test_quantized_linear, test_transcode)
 
 if not cpu.native_available():
     pytest.skip(f"native CPU kernels unavailable: {cpu.unavailable_reason()}", allow_module_level=True)
 
 Q = gguf.GGMLQuantizationType
-BLOCK_BYTES = {Q.Q4_0: 18, Q.Q4_1: 20, Q.Q8_0: 34}
+BLOCK_BYTES = {Q.Q4_0: 18, Q.Q4_1: 20, Q.Q8_0: 34, Q.Q4_K: 24, Q.Q5_K: 40, Q.Q6_K: 36}
 SIMD = [p for p in cpu.cpu_paths() if p != "scalar"]
 D, H, HKV, HD, INTER = 64, 4, 2, 16, 96
 BLOCK, NUM_BLOCKS = 4, 32
@@ -37,7 +38,20 @@ TOLERANCE = 1e-5
 
 
 def random_blocks(qtype: Q, n: int, k: int, rs: np.random.RandomState) -> np.ndarray:
+    """ggml rows, or for the K-quants the transcoder's rows (engine/loading/transcode.py), with weights of
+    about the same size whatever the type."""
     blocks = rs.randint(0, 256, size=(n, k // 32, BLOCK_BYTES[qtype]), dtype=np.uint8)
+    if qtype in (Q.Q4_K, Q.Q5_K):
+        affine = (rs.uniform(0.5, 2.0, (n, k // 32, 2)) * rs.choice([-1, 1], (n, k // 32, 2)) * 2.0**-7)
+        blocks[..., 0:8] = np.ascontiguousarray(affine.astype(np.float32)).view(np.uint8)
+        if qtype == Q.Q5_K:
+            blocks[..., 8:] %= 32
+        return blocks.reshape(n, -1)
+    if qtype == Q.Q6_K:
+        d = (rs.uniform(0.5, 2.0, (n, k // 32, 1)) * rs.choice([-1, 1], (n, k // 32, 1)) * 2.0**-12).astype(np.float16)
+        blocks[..., 0:2] = d.view(np.uint8)
+        blocks[..., 4:] = (blocks[..., 4:] % 64).astype(np.int16) - 32
+        return blocks.reshape(n, -1)
     scales = (rs.uniform(0.5, 2.0, (n, k // 32, 2)) * rs.choice([-1, 1], (n, k // 32, 2)) * 2.0**-6).astype(np.float16)
     blocks[..., 0:2] = np.ascontiguousarray(scales[..., 0:1]).view(np.uint8)
     if qtype == Q.Q4_1:
@@ -61,7 +75,7 @@ def make_layer(seed: int, bias: bool = False, qk_norm: bool = False,
     for (name, (n, k)), qtype in zip(shapes.items(), qtypes):
         raw = random_blocks(qtype, n, k, rs)
         packed[name] = cpu.pack(raw, int(qtype), k)
-        dense[name] = torch.from_numpy(gguf.quants.dequantize(raw, qtype).astype(np.float64).reshape(n, k))
+        dense[name] = dequantize_rows(torch.from_numpy(raw), qtype, k).double()
     for name, size in (("attn_norm", D), ("ffn_norm", D), ("q_norm", HD), ("k_norm", HD)):
         dense[name] = (1 + 0.3 * torch.randn(size, generator=g)).float().double()
     dense["bias"] = (0.5 * torch.randn((H + 2 * HKV) * HD, generator=g)).float().double()
@@ -177,12 +191,16 @@ def mixed_step(seed: int) -> Step:
 
 
 @pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
-@pytest.mark.parametrize("bias,qk_norm,window", [(False, False, None), (True, False, None), (False, True, 4)],
-                         ids=["llama", "qwen2", "qwen3-window"])
+@pytest.mark.parametrize("bias,qk_norm,window,qtypes", [
+    (False, False, None, (Q.Q4_0, Q.Q8_0, Q.Q4_1, Q.Q8_0)),
+    (True, False, None, (Q.Q4_0, Q.Q8_0, Q.Q4_1, Q.Q8_0)),
+    (False, True, 4, (Q.Q4_0, Q.Q8_0, Q.Q4_1, Q.Q8_0)),
+    (False, False, None, (Q.Q4_K, Q.Q6_K, Q.Q5_K, Q.Q6_K)),  # a Q4_K_M file's kinds
+], ids=["llama", "qwen2", "qwen3-window", "llama-k-quants"])
 @pytest.mark.parametrize("path", ["scalar", *SIMD])
 def test_matches_a_float64_reference(cache_dtype: torch.dtype, bias: bool, qk_norm: bool, window: int | None,
-                                     path: str) -> None:
-    layer = make_layer(1, bias=bias, qk_norm=qk_norm)
+                                     qtypes: tuple[Q, Q, Q, Q], path: str) -> None:
+    layer = make_layer(1, bias=bias, qk_norm=qk_norm, qtypes=qtypes)
     step = mixed_step(2)
     ours, theirs = make_cache(cache_dtype, 3), make_cache(cache_dtype, 3)
     out = run(layer, step, ours, window, path)
@@ -270,7 +288,7 @@ def test_bad_input_raises_a_clear_error() -> None:
     with pytest.raises(ValueError, match="takes 9 weights"):
         call(cpu.LayerWeights(tensors[:8], layer.weights.qtypes, layer.weights.shape))
     with pytest.raises(ValueError, match="qkv's qtype must be 2"):
-        call(cpu.LayerWeights(tensors, (12, *layer.weights.qtypes[1:]), layer.weights.shape))  # type: ignore[arg-type]
+        call(cpu.LayerWeights(tensors, (7, *layer.weights.qtypes[1:]), layer.weights.shape))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"gate_up \[192, 64\] packed must be"):
         call(cpu.LayerWeights(tensors[:7] + (tensors[7][:-1],) + tensors[8:], layer.weights.qtypes, layer.weights.shape))
     with pytest.raises(ValueError, match="must be multiples of 32"):

@@ -1,6 +1,8 @@
-"""The native CPU kernels (engine/kernels/cpu): ggml Q4_0/Q4_1/Q8_0 weights times int8-quantized activations.
+"""The native CPU kernels (engine/kernels/cpu): ggml Q4_0/Q4_1/Q8_0 weights, and the K-quants in the
+transcoder's rows (Q4_K, Q5_K, Q6_K), times int8-quantized activations.
 
-Against a float64 reference of the same quantized arithmetic (gguf's dequantizer for the weights, the op's
+Against a float64 reference of the same quantized arithmetic (gguf's dequantizer for the ggml weights,
+engine.model.quantized.dequantize_rows for the transcoded ones, itself held to gguf's in test_transcode; the op's
 own int8 and scales for the activations), and bit for bit against themselves: a row alone or in any
 batch, one thread or two, the scalar path or a SIMD one. Skipped as a whole where the library cannot be
 built (no compiler or ninja; engine/kernels/cpu/build.py gives the reason).
@@ -21,24 +23,46 @@ from engine.kernels import cpu  # noqa: E402
 if not cpu.native_available():
     pytest.skip(f"native CPU kernels unavailable: {cpu.unavailable_reason()}", allow_module_level=True)
 
+from engine.model.quantized import dequantize_rows  # noqa: E402
+
 Q = gguf.GGMLQuantizationType
-QTYPES = [Q.Q4_0, Q.Q4_1, Q.Q8_0]
-BLOCK = {Q.Q4_0: 18, Q.Q4_1: 20, Q.Q8_0: 34}
+QTYPES = [Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K]
+BLOCK = {Q.Q4_0: 18, Q.Q4_1: 20, Q.Q8_0: 34, Q.Q4_K: 24, Q.Q5_K: 40, Q.Q6_K: 36}
+K_QUANTS = {Q.Q4_K, Q.Q5_K, Q.Q6_K}
+# The types with an offset m (w = d * q + m): where it sits in a block, and how wide it is.
+OFFSET = {Q.Q4_1: (2, np.float16), Q.Q4_K: (4, np.float32), Q.Q5_K: (4, np.float32)}
+QUANT_BYTES = {Q.Q4_0: 16, Q.Q4_1: 16, Q.Q8_0: 32, Q.Q4_K: 16, Q.Q5_K: 32, Q.Q6_K: 32}
+# Each type's largest quant magnitude as a byte: nibbles of 15, Q8_0's -128, Q5_K's 31, Q6_K's -32.
+EXTREME = {Q.Q4_0: 0xFF, Q.Q4_1: 0xFF, Q.Q8_0: 0x80, Q.Q4_K: 0xFF, Q.Q5_K: 31, Q.Q6_K: 0xE0}
 SIMD = [p for p in cpu.cpu_paths() if p != "scalar"]
 NO_AVX512 = f"this CPU has no AVX-512 VNNI (it runs {cpu.cpu_paths()}): that path is compiled, not run"
 
 
 def random_blocks(qtype: Q, n: int, k: int, seed: int) -> np.ndarray:
-    """ggml rows uint8 [n, k/32 * block bytes] built byte by byte: every nibble and int8 value, Q8_0's -128
-    included, with scales of both signs over a few octaves."""
+    """Rows uint8 [n, k/32 * block bytes] built byte by byte: every nibble and int8 value (Q8_0's -128, Q5_K's
+    0..31, Q6_K's -32..31 and sub-scales of every int8 value), with scales and offsets of both signs over a
+    few octaves, fp16 or fp32 as the type keeps them."""
     rs = np.random.RandomState(seed)
     blocks = rs.randint(0, 256, size=(n, k // 32, BLOCK[qtype]), dtype=np.uint8)
+    wide = np.float32 if qtype in (Q.Q4_K, Q.Q5_K) else np.float16
     scales = (rs.uniform(0.5, 2.0, (n, k // 32, 2)) * rs.choice([-1, 1], (n, k // 32, 2))
-              * 2.0 ** rs.randint(-10, -4, (n, k // 32, 2))).astype(np.float16)
-    blocks[..., 0:2] = np.ascontiguousarray(scales[..., 0:1]).view(np.uint8)
-    if qtype == Q.Q4_1:
-        blocks[..., 2:4] = np.ascontiguousarray(scales[..., 1:2]).view(np.uint8)
+              * 2.0 ** rs.randint(-10, -4, (n, k // 32, 2))).astype(wide)
+    size = np.dtype(wide).itemsize
+    blocks[..., 0:size] = np.ascontiguousarray(scales[..., 0:1]).view(np.uint8)
+    if qtype in OFFSET:
+        blocks[..., size:2 * size] = np.ascontiguousarray(scales[..., 1:2]).view(np.uint8)
+    if qtype == Q.Q5_K:
+        blocks[..., 8:] %= 32
+    if qtype == Q.Q6_K:
+        blocks[..., 4:] = (blocks[..., 4:] % 64).astype(np.int16) - 32
     return blocks.reshape(n, -1)
+
+
+def dequantized(raw: np.ndarray, qtype: Q) -> np.ndarray:
+    """float32 [n, k]: the weights' exact values."""
+    if qtype in K_QUANTS:
+        return dequantize_rows(torch.from_numpy(np.ascontiguousarray(raw)), qtype, raw.shape[1] // BLOCK[qtype] * 32).numpy()
+    return gguf.quants.dequantize(raw, qtype)
 
 
 def activations(m: int, k: int, seed: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -61,11 +85,13 @@ def reference(raw: np.ndarray, qtype: Q, q: torch.Tensor, d: torch.Tensor) -> tu
     each Q4_1 weight d * q + m."""
     m, k = q.shape
     n, nb = raw.shape[0], k // 32
-    w = gguf.quants.dequantize(raw, qtype).astype(np.float64).reshape(n, nb, 32)        # [N, nb, 32]
+    w = dequantized(raw, qtype).astype(np.float64).reshape(n, nb, 32)                   # [N, nb, 32]
     a = (q.double().view(m, nb, 32) * d.double()[..., None]).numpy()                   # [M, nb, 32]
     y = np.einsum("mbk,nbk->mn", a, w)
-    if qtype == Q.Q4_1:
-        offset = raw.reshape(n, nb, 20)[..., 2:4].copy().view(np.float16).astype(np.float64)  # [N, nb, 1]
+    if qtype in OFFSET:
+        at, wide = OFFSET[qtype]
+        size = np.dtype(wide).itemsize
+        offset = raw.reshape(n, nb, BLOCK[qtype])[..., at:at + size].copy().view(wide).astype(np.float64)
         scaled = np.abs(np.einsum("mbk,nbk->mnb", a, w - offset))
         terms = scaled + np.abs(np.einsum("mb,nb->mnb", a.sum(-1), offset[..., 0]))
         roundings = 4 * nb
@@ -95,10 +121,13 @@ def test_matches_float64_reference_of_the_quantized_arithmetic(qtype: Q, path: s
 
 @pytest.mark.parametrize("qtype", QTYPES, ids=lambda t: t.name)
 def test_extreme_blocks_do_not_saturate(qtype: Q) -> None:
-    """The largest products the int16 steps see: Q8_0's -128 times activations of +-127, nibbles of 15."""
+    """The largest products the int16 steps see: Q8_0's -128 times activations of +-127, nibbles of 15; and
+    the largest Q6_K sum, -32 times its sub-scale -128 on every element (16.6 million, under 2^24)."""
     n, k = 16, 64
     raw = random_blocks(qtype, n, k, seed=1).reshape(n, k // 32, BLOCK[qtype])
-    raw[..., -32 if qtype == Q.Q8_0 else -16:] = 0x80 if qtype == Q.Q8_0 else 0xFF
+    raw[..., -QUANT_BYTES[qtype]:] = EXTREME[qtype]
+    if qtype == Q.Q6_K:
+        raw[..., 2:4] = 0x80
     raw = raw.reshape(n, -1)
     x = torch.tensor([[1.0] * k, [-1.0] * k, [1.0, -1.0] * (k // 2)])
     q, d, s = cpu.quantize_q8_1(x)
@@ -109,7 +138,8 @@ def test_extreme_blocks_do_not_saturate(qtype: Q) -> None:
         assert (np.abs(y.double().numpy() - ref) <= bound).all(), path
 
 
-@pytest.mark.parametrize("qtype", QTYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [t for t in QTYPES if t not in OFFSET or OFFSET[t][1] == np.float16],
+                         ids=lambda t: t.name)
 def test_fp16_scales_of_every_kind_widen_exactly(qtype: Q) -> None:
     """The packed layout keeps the file's fp16 scales; the scalar path widens them in software, the SIMD
     paths with F16C. Subnormal, zero, negative zero, the largest and the smallest normal scales give the
@@ -227,8 +257,8 @@ def test_bad_input_raises_a_clear_error() -> None:
         cpu.qlinear(x, packed, Q.Q4_0, 16, path="sse9")
     with pytest.raises(ValueError, match="uint8"):
         cpu.pack(raw[:, :-1], Q.Q4_0, 64)
-    with pytest.raises(ValueError, match="Q4_0, Q4_1, Q8_0"):
-        cpu.pack(raw, Q.Q4_K, 64)
+    with pytest.raises(ValueError, match="Q4_0, Q4_1, Q8_0, Q4_K"):
+        cpu.pack(raw, Q.Q5_0, 64)
     if "avx512" not in cpu.cpu_paths():
         with pytest.raises(ValueError, match="no AVX-512"):
             cpu.qlinear(x, packed, Q.Q4_0, 16, path="avx512")

@@ -104,8 +104,8 @@ void check_float(const at::Tensor& t, const char* name, int64_t numel, bool opti
 }
 
 void check_packed(const at::Tensor& w, const char* name, int64_t qtype, int64_t n, int64_t K) {
-  TORCH_CHECK_VALUE(qtype == Q4_0 || qtype == Q4_1 || qtype == Q8_0, "workbench decoder_layer: ", name,
-                    "'s qtype must be 2 (Q4_0), 3 (Q4_1) or 8 (Q8_0), got ", qtype);
+  TORCH_CHECK_VALUE(known_qtype(qtype), "workbench decoder_layer: ", name, "'s qtype must be ", QTYPES_ACCEPTED,
+                    ", got ", qtype);
   const int64_t bytes = (n + GROUP - 1) / GROUP * (K / QK) * group_bytes(int(qtype));
   TORCH_CHECK_VALUE(w.scalar_type() == at::kByte && w.is_contiguous() && w.numel() == bytes && w.device().is_cpu(),
                     "workbench decoder_layer: ", name, " [", n, ", ", K, "] packed must be ", bytes,

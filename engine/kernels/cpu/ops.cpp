@@ -63,8 +63,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_q8_1(const at::Tensor& x
 at::Tensor gemm(const at::Tensor& q, const at::Tensor& d, const at::Tensor& s, const at::Tensor& w,
                 int64_t qtype, int64_t n, std::optional<at::ScalarType> out_dtype, int64_t path) {
   path = resolve(path);
-  TORCH_CHECK_VALUE(qtype == Q4_0 || qtype == Q4_1 || qtype == Q8_0,
-                    "workbench qgemm: qtype must be 2 (Q4_0), 3 (Q4_1) or 8 (Q8_0), got ", qtype);
+  TORCH_CHECK_VALUE(known_qtype(qtype), "workbench qgemm: qtype must be ", QTYPES_ACCEPTED, ", got ", qtype);
   TORCH_CHECK_TYPE(q.scalar_type() == at::kChar && d.scalar_type() == at::kFloat && s.scalar_type() == at::kInt,
                    "workbench qgemm: activations must be (int8, float32, int32), got (", q.scalar_type(), ", ",
                    d.scalar_type(), ", ", s.scalar_type(), ")");

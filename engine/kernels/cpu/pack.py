@@ -1,9 +1,11 @@
-"""ggml Q4_0/Q4_1/Q8_0 weight rows -> the packed layout the native kernels stream (engine/kernels/cpu/qgemm.h).
+"""Weight rows -> the packed layout the native kernels stream (engine/kernels/cpu/qgemm.h).
 
-Done once at load. Output columns go in groups of 8, each group's blocks contiguous along K, each block's
-8 scales (and Q4_1 offsets) first as the file's fp16 (the kernels widen them to fp32, exactly), then the
-8 columns' quants: for Q4 as 4 rows of two columns' 16 nibble bytes (j and j + 4), for Q8_0 as 8 rows
-of 32 int8. As many bytes a weight as ggml's own blocks: a decode streams every weight once a token.
+The rows are ggml's Q4_0/Q4_1/Q8_0 blocks, or the K-quants as engine/loading/transcode.py re-encodes them
+per 32-block (Q4_K, Q5_K: fp32 d, fp32 m, then 16 nibble bytes or 32 int8; Q6_K: fp16 d, two int8 half
+sub-scales, 32 int8). Done once at load. Output columns go in groups of 8, each group's blocks contiguous
+along K, each block's 8 scales (and offsets, and Q6_K's sub-scales, half 0's eight then half 1's) first, as
+the rows hold them, then the 8 columns' quants: for Q4 as 4 rows of two columns' 16 nibble bytes (j and
+j + 4), for the int8 types as 8 rows of 32 int8. A decode streams every weight once a token.
 """
 
 from __future__ import annotations
@@ -13,17 +15,21 @@ import torch
 
 QK = 32
 GROUP = 8
-QTYPES = {2: "Q4_0", 3: "Q4_1", 8: "Q8_0"}  # ggml type ids
-BLOCK_BYTES = {2: 2 + 16, 3: 2 + 2 + 16, 8: 2 + 32}
-GROUP_BYTES = {2: 144, 3: 160, 8: 272}
+QTYPES = {2: "Q4_0", 3: "Q4_1", 8: "Q8_0", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K"}  # ggml type ids
+# A 32-block's bytes in the rows: (scale bytes, offset bytes, sub-scale bytes, quant bytes).
+FIELDS = {2: (2, 0, 0, 16), 3: (2, 2, 0, 16), 8: (2, 0, 0, 32), 12: (4, 4, 0, 16), 13: (4, 4, 0, 32),
+          14: (2, 0, 2, 32)}
+BLOCK_BYTES = {qtype: sum(fields) for qtype, fields in FIELDS.items()}
+GROUP_BYTES = {qtype: GROUP * size for qtype, size in BLOCK_BYTES.items()}
 
 
 def pack(raw: np.ndarray | torch.Tensor, qtype: int, in_features: int) -> torch.Tensor:
-    """ggml data uint8 [out, row_bytes] (as GGUFReader gives it) -> packed uint8 [groups, K/32, bytes].
-    Raises ValueError for another type or a shape that is not whole blocks."""
+    """Rows uint8 [out, row_bytes] (as GGUFReader or the transcoder gives them) -> packed uint8
+    [groups, K/32, bytes]. Raises ValueError for another type or a shape that is not whole blocks."""
     qtype = int(qtype)
     if qtype not in QTYPES:
-        raise ValueError(f"the native kernels take ggml types {sorted(QTYPES)} (Q4_0, Q4_1, Q8_0), not {qtype}")
+        raise ValueError(f"the native kernels take ggml types {sorted(QTYPES)} ({', '.join(QTYPES.values())}), "
+                         f"not {qtype}")
     data = raw.numpy() if isinstance(raw, torch.Tensor) else np.asarray(raw)
     name = QTYPES[qtype]
     if in_features <= 0 or in_features % QK:
@@ -35,17 +41,24 @@ def pack(raw: np.ndarray | torch.Tensor, qtype: int, in_features: int) -> torch.
     out = data.shape[0]
     groups = -(-out // GROUP)
     rows = np.pad(data.reshape(out, nb, BLOCK_BYTES[qtype]),
-                  ((0, groups * GROUP - out), (0, 0), (0, 0)))             # zero blocks: d = m = 0, q = 0
+                  ((0, groups * GROUP - out), (0, 0), (0, 0)))             # zero blocks: d = m = c = 0, q = 0
     blocks = rows.reshape(groups, GROUP, nb, -1).transpose(0, 2, 1, 3)   # [G, nb, 8, block bytes]
 
-    def f16(lo: int) -> np.ndarray:  # the fp16 field at byte lo of each block, 8 columns' -> [G, nb, 16]
-        return np.ascontiguousarray(blocks[..., lo:lo + 2]).reshape(groups, nb, 2 * GROUP)
+    def field(lo: int, width: int) -> np.ndarray:  # bytes [lo, lo + width) of each block, column by column
+        return np.ascontiguousarray(blocks[..., lo:lo + width]).reshape(groups, nb, GROUP * width)
 
-    if qtype == 8:
-        parts = [f16(0), blocks[..., 2:].reshape(groups, nb, GROUP * QK)]
+    scale, offset, sub, quants = FIELDS[qtype]
+    parts = [field(0, scale)]
+    if offset:
+        parts.append(field(scale, offset))
+    if sub:  # Q6_K's int8 sub-scales: half 0's eight columns, then half 1's
+        halves = blocks[..., scale:scale + sub].transpose(0, 1, 3, 2)              # [G, nb, 2, 8]
+        parts.append(np.ascontiguousarray(halves).reshape(groups, nb, GROUP * sub))
+    if quants == 32:
+        parts.append(blocks[..., -32:].reshape(groups, nb, GROUP * QK))
     else:
         qs = blocks[..., -16:].reshape(groups, nb, 2, 4, 16).transpose(0, 1, 3, 2, 4)  # row j: cols j, j+4
-        parts = [f16(0)] + ([f16(2)] if qtype == 3 else []) + [qs.reshape(groups, nb, 4 * 2 * 16)]
+        parts.append(qs.reshape(groups, nb, 4 * 2 * 16))
     packed = np.ascontiguousarray(np.concatenate(parts, axis=-1))           # [G, nb, GROUP_BYTES]
     assert packed.shape[-1] == GROUP_BYTES[qtype]
     return torch.from_numpy(packed)

@@ -5,21 +5,29 @@
 // linker keeps for every caller, and then run on a CPU without it.
 //
 // Packed weight layout (built once at load by engine/kernels/cpu/pack.py), output columns in groups of 8:
-//   [groups = ceil(N / 8)][blocks = K / 32][GROUP_BYTES[qtype]] uint8, for each (group, block):
-//     Q4_0: d fp16 [8] | nibbles [4][32]                 144 bytes
-//     Q4_1: d fp16 [8] | m fp16 [8] | nibbles [4][32]    160 bytes
-//     Q8_0: d fp16 [8] | q int8 [8][32]                  272 bytes
-//   (ggml's own bytes a weight: the scales stay fp16, widened to fp32 exactly where they are used).
+//   [groups = ceil(N / 8)][blocks = K / 32][group_bytes(qtype)] uint8, for each (group, block):
+//     Q4_0: d fp16 [8] | nibbles [4][32]                          144 bytes
+//     Q4_1: d fp16 [8] | m fp16 [8] | nibbles [4][32]             160 bytes
+//     Q8_0: d fp16 [8] | q int8 [8][32]                           272 bytes
+//     Q4_K: d fp32 [8] | m fp32 [8] | nibbles [4][32]             192 bytes
+//     Q5_K: d fp32 [8] | m fp32 [8] | q int8 [8][32]              320 bytes
+//     Q6_K: d fp16 [8] | c int8 [2][8] | q int8 [8][32]           288 bytes
+//   The ggml types keep the file's bytes a weight (fp16 scales, widened to fp32 exactly where used). The
+//   K-quants come re-encoded per 32-block (engine/loading/transcode.py): Q4_K and Q5_K as w = d * q + m
+//   with d and m the fp32 products ggml's own dequantizer forms (sub-block scale times super-block scale,
+//   exact), q in 0..15 or 0..31; Q6_K as w = d * c_h * q, q in -32..31, the integer sub-scale c_h of
+//   each 16-element half h kept apart so the integer sum stays exact (Q5_1 travels as Q5_K).
 //   Q4 nibble row j (j = 0..3) is column j's 16 ggml bytes then column j + 4's: one 256-bit load holds two
 //   columns, low nibbles elements 0-15 and high nibbles 16-31, and a two-level hadd of the four rows'
-//   partial sums lands the 8 columns in their natural order. Q8_0 row j is column j's 32 int8.
-//   Columns past N (the last group's padding) have d = m = 0 and q = 0.
+//   partial sums lands the 8 columns in their natural order. Int8 row j is column j's 32 quants.
+//   Columns past N (the last group's padding) have d = m = c = 0 and q = 0.
 //
 // Arithmetic every path performs, per output element (row i, column n), blocks b = 0, 1, 2, ... in order:
 //   isum = sum over the block's 32 k of q_w * q_a                      (exact int32)
-//   Q4_0: acc = fma(d_w * d_a, float(isum - 8 * s_a), acc)
-//   Q4_1: acc = fma(d_w * d_a, float(isum), acc); acc = fma(m_w * d_a, float(s_a), acc)
-//   Q8_0: acc = fma(d_w * d_a, float(isum), acc)
+//          Q6_K: c_0 * (sum over k < 16) + c_1 * (sum over k >= 16)   (exact int32)
+//   Q4_0:       acc = fma(d_w * d_a, float(isum - 8 * s_a), acc)
+//   Q4_1, Q4_K, Q5_K: acc = fma(d_w * d_a, float(isum), acc); acc = fma(m_w * d_a, float(s_a), acc)
+//   Q8_0, Q6_K: acc = fma(d_w * d_a, float(isum), acc)
 // with acc starting at +0.0f, every product and fma rounded to fp32 once, s_a the block's sum of q_a.
 // Elementwise IEEE operations give the same bits at any vector width, so the paths agree bit for bit.
 #pragma once
@@ -31,11 +39,30 @@ namespace workbench_cpu {
 constexpr int64_t QK = 32;   // ggml block size along K
 constexpr int64_t GROUP = 8; // output columns per packed group
 
-enum QType : int { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8 };  // ggml's type ids
+enum QType : int { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };  // ggml's type ids
 
-constexpr int64_t group_bytes(int qtype) {
-  return qtype == Q4_0 ? 144 : qtype == Q4_1 ? 160 : 272;
+constexpr bool known_qtype(int64_t qtype) {
+  return qtype == Q4_0 || qtype == Q4_1 || qtype == Q8_0 || qtype == Q4_K || qtype == Q5_K || qtype == Q6_K;
 }
+constexpr int64_t group_bytes(int qtype) {
+  switch (qtype) {
+    case Q4_0: return 144;
+    case Q4_1: return 160;
+    case Q8_0: return 272;
+    case Q4_K: return 192;
+    case Q5_K: return 320;
+    default: return 288;  // Q6_K
+  }
+}
+// Where a group-block's parts start, and what they are.
+constexpr bool nibbles(int qtype) { return qtype == Q4_0 || qtype == Q4_1 || qtype == Q4_K; }
+constexpr bool fp32_scales(int qtype) { return qtype == Q4_K || qtype == Q5_K; }
+constexpr bool has_min(int qtype) { return qtype == Q4_1 || qtype == Q4_K || qtype == Q5_K; }
+constexpr int64_t min_offset(int qtype) { return fp32_scales(qtype) ? 32 : 16; }
+constexpr int64_t quants_offset(int qtype) {
+  return qtype == Q4_0 || qtype == Q8_0 ? 16 : qtype == Q4_1 || qtype == Q6_K ? 32 : 64;
+}
+constexpr const char* QTYPES_ACCEPTED = "2 (Q4_0), 3 (Q4_1), 8 (Q8_0), 12 (Q4_K), 13 (Q5_K) or 14 (Q6_K)";
 
 // Activations quantized per 32-block (ggml's Q8_1 idea): q = clamp(nearbyint(x / d), -127, 127) with
 // d = amax / 127 (id = 1 / d, 0 for an all-zero block), s = sum of the block's q.

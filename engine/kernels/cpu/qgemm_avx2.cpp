@@ -29,6 +29,7 @@ struct Isa {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(abs_w, _mm256_sign_epi8(aq, w)), _mm256_set1_epi16(1));
   }
   static __m256i q8_fix(__m256i isum, int32_t) { return isum; }
+  static __m256i q8s(__m256i abs_w, __m256i w, __m256i aq) { return q8(abs_w, w, aq); }
 };
 
 #include "qgemm_tile.inc"

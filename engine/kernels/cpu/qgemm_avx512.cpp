@@ -4,7 +4,8 @@
 // reports AVX512F/BW/VL and VNNI (ops.cpp checks).
 //
 // Q8_0 weights are signed, and AVX-512 has no byte sign instruction: w + 128 (w ^ 0x80) is the unsigned
-// operand, and the block's sum is corrected by 128 * s_a, the activations' sum. Exact in int32.
+// operand, and the block's sum is corrected by 128 * s_a, the activations' sum. Exact in int32. Q6_K, whose
+// two halves are scaled apart, takes |w| x (a * sign(w)) instead (|w| <= 32).
 #include <immintrin.h>
 
 #include "qgemm.h"
@@ -22,6 +23,10 @@ struct Isa {
     return _mm256_dpbusd_epi32(_mm256_setzero_si256(), w_biased, aq);
   }
   static __m256i q8_fix(__m256i isum, int32_t sa) { return _mm256_sub_epi32(isum, _mm256_set1_epi32(128 * sa)); }
+  // The sign trick instead of the bias: a half-block's sum then needs no correction.
+  static __m256i q8s(__m256i abs_w, __m256i w, __m256i aq) {
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), abs_w, _mm256_sign_epi8(aq, w));
+  }
 };
 
 #include "qgemm_tile.inc"

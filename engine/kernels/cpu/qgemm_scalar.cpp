@@ -14,16 +14,40 @@ float load_f16(const uint8_t* p) {
   return half_to_float(h);
 }
 
+float load_f32(const uint8_t* p) {
+  float f;
+  std::memcpy(&f, p, 4);
+  return f;
+}
+
+// Column j's scale (d) and offset (m) in a group-block.
+float scale_of(int qtype, const uint8_t* blk, int64_t j) {
+  return fp32_scales(qtype) ? load_f32(blk + 4 * j) : load_f16(blk + 2 * j);
+}
+float min_of(int qtype, const uint8_t* blk, int64_t j) {
+  const uint8_t* m = blk + min_offset(qtype);
+  return fp32_scales(qtype) ? load_f32(m + 4 * j) : load_f16(m + 2 * j);
+}
+
 // Integer dot of column j's block with the activation block a[32].
 int32_t block_dot(int qtype, const uint8_t* blk, int64_t j, const int8_t* a) {
   int32_t isum = 0;
-  if (qtype == Q8_0) {
-    const int8_t* w = reinterpret_cast<const int8_t*>(blk + 16 + 32 * j);
+  if (!nibbles(qtype)) {
+    const int8_t* w = reinterpret_cast<const int8_t*>(blk + quants_offset(qtype) + 32 * j);
+    if (qtype == Q6_K) {  // each half's sum times its integer sub-scale
+      const int8_t* c = reinterpret_cast<const int8_t*>(blk + 16);
+      for (int h = 0; h < 2; ++h) {
+        int32_t half = 0;
+        for (int k = 16 * h; k < 16 * h + 16; ++k) half += int32_t(w[k]) * int32_t(a[k]);
+        isum += int32_t(c[8 * h + j]) * half;
+      }
+      return isum;
+    }
     for (int k = 0; k < 32; ++k) isum += int32_t(w[k]) * int32_t(a[k]);
     return isum;
   }
   // Column j lives in nibble row j % 4, first or second half (see the layout in qgemm.h).
-  const uint8_t* nib = blk + (qtype == Q4_1 ? 32 : 16) + 32 * (j % 4) + 16 * (j / 4);
+  const uint8_t* nib = blk + quants_offset(qtype) + 32 * (j % 4) + 16 * (j / 4);
   for (int k = 0; k < 16; ++k) {
     isum += int32_t(nib[k] & 0x0f) * int32_t(a[k]);
     isum += int32_t(nib[k] >> 4) * int32_t(a[k + 16]);
@@ -42,14 +66,14 @@ void gemm_scalar(const GemmArgs& a, int64_t g0, int64_t g1) {
         float acc = 0.0f;
         for (int64_t b = 0; b < nb; ++b) {
           const uint8_t* blk = wg + b * gb;
-          const float dw = load_f16(blk + 2 * j), da = a.d[i * nb + b];
+          const float dw = scale_of(a.qtype, blk, j), da = a.d[i * nb + b];
           const int32_t sa = a.s[i * nb + b];
           const int32_t isum = block_dot(a.qtype, blk, j, a.q + i * a.K + b * QK);
           if (a.qtype == Q4_0) {
             acc = std::fma(dw * da, float(isum - 8 * sa), acc);
           } else {
             acc = std::fma(dw * da, float(isum), acc);
-            if (a.qtype == Q4_1) acc = std::fma(load_f16(blk + 16 + 2 * j) * da, float(sa), acc);
+            if (has_min(a.qtype)) acc = std::fma(min_of(a.qtype, blk, j) * da, float(sa), acc);
           }
         }
         const int64_t n = g * GROUP + j;
