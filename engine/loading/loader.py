@@ -194,6 +194,7 @@ def load_model(name_or_path: str | Path, device: str | torch.device = "cpu", dty
 
         load_gguf_weights(model, gguf, torch_dtype, quantized=weights == "quantized")
         eos = gguf.eos_token_ids
+        gguf.release_memory()
     else:
         load_weights(model, files, torch_dtype)
         eos = eos_token_ids(path, config, tokenizer)
