@@ -13,7 +13,9 @@ A GGUF file (`smollm2` included): ours with quantized weights in float32 and bfl
 dequantized float32 and bfloat16 weights (bf16 matmuls run on AMX where the CPU has it); host decode
 only: the loop and graphs modes are left out, as they do not pay on the CPU (docs/BENCHMARKS.md), beside HF transformers loading the same file (fp32) and
 llama.cpp through `llama-cpp-python` on the same file with the same thread count, when installed
-(bench/llama_cpp_peer.py; 8 streams there are its batched API, 8 sequence ids in one context).
+(bench/llama_cpp_peer.py; 8 streams there are its batched API, 8 sequence ids in one context), and with
+`--vllm-python` vLLM's CPU backend (bench/vllm_cpu_peer.py, in its own venv) on the file's weights
+dequantized into an HF directory (bfloat16 there, as vLLM serves on a CPU).
 Printed per batch size: tokens/s and each row's ratio over the reference rows (HF, and host or
 llama.cpp); then whether the greedy tokens of pairs of runners agree. transformers is needed for this
 command only.
@@ -22,8 +24,10 @@ command only.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 from types import ModuleType
@@ -31,7 +35,7 @@ from typing import Any, Callable
 
 import torch
 
-from bench import llama_cpp_peer
+from bench import llama_cpp_peer, vllm_cpu_peer
 from engine.engine import Engine
 from engine.engine_config import EngineConfig
 from engine.loading.loader import is_gguf, resolve_model_path
@@ -46,9 +50,9 @@ QUESTIONS = ["What is a Python list?", "How do I read a file line by line in Pyt
 AGREEMENT_TOKENS = 32
 # (runner, reference) whose greedy tokens should be identical: the same weights in the same float type.
 EXPECTED_EQUAL = [("host", "HF"), ("deq fp32", "HF"), ("quant fp32", "deq fp32")]
-# Printed for information: bf16 rounding, and llama.cpp's own kernels (activations quantized to 8 bits).
+# Printed for information: bf16 rounding, llama.cpp's own kernels (activations quantized to 8 bits), vLLM's.
 COMPARED = EXPECTED_EQUAL + [("quant bf16", "quant fp32"), ("deq bf16", "deq fp32"), ("llama.cpp", "quant fp32"),
-                             ("llama.cpp", "quant bf16")]
+                             ("llama.cpp", "quant bf16"), ("vLLM-CPU", "deq bf16"), ("vLLM-CPU", "quant bf16")]
 
 Generate = Callable[[list[list[int]]], list[list[int]]]  # prompt token ids -> new token ids, per prompt
 
@@ -62,6 +66,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch (and llama.cpp) threads "
                         "(default: torch's choice)")
     parser.add_argument("--burst-length", type=int, default=8)
+    parser.add_argument("--vllm-python", default=None, help="a python with vllm-cpu installed (its own venv: "
+                        "docs/BENCHMARKS.md); adds vLLM-CPU on the GGUF file's weights dequantized")
+    parser.add_argument("--memory", action="store_true", help="instead of speed: the peak RSS of ours (served "
+                        "configuration) and llama.cpp serving the GGUF file, each in a process of its own")
     parser.add_argument("--skip", default="", help="runners to leave out, comma-separated (e.g. 'quant fp32', "
                         "whose scalar kernel makes it the slowest row by far)")
 
@@ -98,9 +106,12 @@ def _hf(model: Any, pad: int, max_tokens: int) -> Generate:
     return generate
 
 
+Closable = llama_cpp_peer.LlamaCpp | vllm_cpu_peer.VllmCpu
+
+
 def _runners(args: argparse.Namespace, transformers: ModuleType) -> tuple[dict[str, Generate], list[str], Engine,
-                                                                         llama_cpp_peer.LlamaCpp | None]:
-    """(name -> generate, the reference names, one of our engines, something to close or None)."""
+                                                                         list[Closable]]:
+    """(name -> generate, the reference names, one of our engines, what to close at the end)."""
     path = resolve_model_path(args.model)
     if not is_gguf(path):
         modes = {name: Engine(EngineConfig.from_env(model=args.model, device_loop=loop, graphs=graphs,
@@ -111,7 +122,7 @@ def _runners(args: argparse.Namespace, transformers: ModuleType) -> tuple[dict[s
         engine = modes["host"]
         runners = {"HF": _hf(hf, _pad(engine), args.max_tokens)}
         runners.update({name: _ours(on, args.max_tokens) for name, on in modes.items()})
-        return runners, ["HF", "host"], engine, None
+        return runners, ["HF", "host"], engine, []
     modes = {name: Engine(EngineConfig.from_env(model=args.model, weights=weights, dtype=dtype))
              for name, weights, dtype in (("quant fp32", "quantized", "float32"),
                                           ("quant bf16", "quantized", "bfloat16"),
@@ -126,8 +137,35 @@ def _runners(args: argparse.Namespace, transformers: ModuleType) -> tuple[dict[s
         runners["llama.cpp"] = lambda prompts: llama.generate(prompts, args.max_tokens)
         print(f"llama.cpp: llama-cpp-python {llama.version}, {llama.threads} threads; batch 1 is "
               "Llama.generate, batch > 1 its batched API (one sequence id per stream, one context)")
+    closing: list[Closable] = [llama] if llama is not None else []
+    if args.vllm_python:
+        vllm = vllm_cpu_peer.load(_hf_directory(hf, path), args.vllm_python, torch.get_num_threads())
+        runners["vLLM-CPU"] = lambda prompts: vllm.generate(prompts, args.max_tokens)
+        closing.append(vllm)
+        print(f"vLLM-CPU: {vllm.version}, {torch.get_num_threads()} threads, bfloat16, on the file's weights "
+              "dequantized (fp32 safetensors written by transformers)")
     runners.update({name: _ours(on, args.max_tokens) for name, on in modes.items()})
-    return runners, [r for r in ("HF", "llama.cpp") if r in runners], engine, llama
+    return runners, [r for r in ("HF", "llama.cpp", "vLLM-CPU") if r in runners], engine, closing
+
+
+def _hf_directory(hf: Any, gguf_path: Any) -> Any:
+    """The HF model read from the GGUF file (fp32), saved once as an HF directory beside our model cache:
+    config.json and model.safetensors (written here: transformers refuses to save a model it read from
+    GGUF, and a tied head is the embedding, so it is left out as HF's own saving does)."""
+    from safetensors.torch import save_file
+
+    from engine.loading.packaged_models import cache_dir
+
+    target = cache_dir() / "bench-hf" / gguf_path.stem
+    if not (target / "model.safetensors").is_file():
+        target.mkdir(parents=True, exist_ok=True)
+        state = {name: tensor.detach().contiguous() for name, tensor in hf.state_dict().items()
+                 if not (name == "lm_head.weight" and hf.config.tie_word_embeddings)}
+        config = hf.config.to_dict()
+        config.pop("quantization_config", None)
+        (target / "config.json").write_text(json.dumps(config, indent=2))
+        save_file(state, str(target / "model.safetensors"))
+    return target
 
 
 def _pad(engine: Engine) -> int:
@@ -157,7 +195,25 @@ def _agreement(outputs: dict[str, list[list[int]]]) -> None:
         print(f"  {a} vs {b}: {verdict}{note}")
 
 
+def _memory(args: argparse.Namespace) -> int:
+    """bench/peak_memory.py once per runner, in a process of its own; prints each peak RSS."""
+    path = resolve_model_path(args.model)
+    if not is_gguf(path):
+        print("error: --memory compares servers of a GGUF file", file=sys.stderr)
+        return 2
+    threads = str(args.threads or torch.get_num_threads())
+    print(f"peak RSS after loading {args.model} and generating 16 tokens, each runner in a process of its own:")
+    for runner in ("ours", "llama.cpp"):
+        done = subprocess.run([sys.executable, "-m", "bench.peak_memory", runner, str(path), threads],
+                              capture_output=True, text=True)
+        line = done.stdout.strip().splitlines()[-1:] if done.returncode == 0 else []
+        print(f"  {runner:>10}: {line[0].split()[-1] + ' MB' if line else 'failed: ' + done.stderr.strip()[-300:]}")
+    return 0
+
+
 def run_bench(args: argparse.Namespace) -> int:
+    if args.memory:
+        return _memory(args)
     try:
         import transformers
     except ImportError:
@@ -196,7 +252,7 @@ def run_bench(args: argparse.Namespace) -> int:
     for batch, by_runner in outputs.items():
         print(f"greedy agreement, first {AGREEMENT_TOKENS} tokens of the batch-{batch} runs:")
         _agreement(by_runner)
-    if closing is not None:
-        closing.close()
+    for peer in closing:
+        peer.close()
     print(f"load average at end {os.getloadavg()}")
     return 0
