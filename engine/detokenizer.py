@@ -53,9 +53,15 @@ class IncrementalDetokenizer:
         before = decode(output_ids[self._prefix_offset: self._read_offset])
         window = decode(output_ids[self._prefix_offset:])
         if final or not window.endswith(REPLACEMENT_CHAR):
-            self._read_text += window[len(before):]
+            new_text = window[len(before):]
+            self._read_text += new_text
             self.text = self._read_text
-            self._prefix_offset, self._read_offset = self._read_offset, len(output_ids)
+            # Tokens that decode to nothing (skipped special tokens) must not start the next window: its
+            # decode would then strip a leading space from the first token that has text, which a decode
+            # of the whole output keeps.
+            if new_text:
+                self._prefix_offset = self._read_offset
+            self._read_offset = len(output_ids)
         else:  # the newest token ends inside a character: its complete characters show, the window stays
             self.text = self._read_text + window.rstrip(REPLACEMENT_CHAR)[len(before):]
 
