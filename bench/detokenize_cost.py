@@ -1,6 +1,6 @@
 """What streaming text costs per step as an output grows: IncrementalDetokenizer.update (the engine's, a
-window of the newest tokens) beside a decode of the whole output (what each step cost before), at
-several output lengths, in one run.
+window of the newest tokens) beside a decode of the whole output (the simple way, whose cost grows with
+the output), at several output lengths, in one run.
 
 The output is the model's tokenizer's encoding of a long mixed text (ASCII, accents, CJK, emoji), fed
 one token per step as a stream is; each figure is the mean per-step time over --steps steps taken at
