@@ -24,7 +24,6 @@ is slow).
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -37,10 +36,10 @@ except ImportError:  # the torch path serves where Triton is missing (the CPU im
 
 PARTITION = 128   # keys per split-KV partition: a fixed size, so a row's split never depends on the batch
 TILE = 32         # keys per inner-loop step; PARTITION is a multiple of it
+MERGE_CHUNK = 16  # partitions the merge reads at a time
 _LOG2E = 1.4426950408889634
 
 
-@functools.cache
 def available() -> bool:
     """Whether Triton imports here (it compiles for CUDA, or interprets under TRITON_INTERPRET=1)."""
     return triton is not None
@@ -114,18 +113,31 @@ if triton is not None:
     @triton.jit
     def _merge_kernel(part_out_ptr, part_lse_ptr, out_ptr, num_parts,
                       stride_pb, stride_ph, stride_ps, stride_ob, stride_oh,
-                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr):
+                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CHUNK: tl.constexpr):
         seq = tl.program_id(0)
         head = tl.program_id(1)
-        p = tl.arange(0, BLOCK_P)
         d = tl.arange(0, BLOCK_D)
         base = seq * stride_pb + head * stride_ph
-        lse = tl.load(part_lse_ptr + base + p * stride_ps, mask=p < num_parts, other=float("-inf"))  # [P]
-        weights = tl.exp2(lse - tl.max(lse, 0))  # an empty partition weighs exactly 0
-        parts = tl.load(part_out_ptr + (base + p[:, None] * stride_ps) * BLOCK_D + d[None, :],
-                        mask=(p[:, None] < num_parts) & (d[None, :] < HEAD_DIM), other=0.0)  # [P, D]
-        out = tl.sum(parts * weights[:, None], 0) / tl.sum(weights, 0)
-        tl.store(out_ptr + seq * stride_ob + head * stride_oh + d, out.to(out_ptr.dtype.element_ty),
+        top = float("-inf")
+        total = 0.0
+        acc = tl.zeros([BLOCK_D], tl.float32)
+        # CHUNK partitions at a time, in partition order (a 128k context has 1024 of them), merged online.
+        # Empty partitions (lse -inf) weigh exactly 0 and a chunk of only empty ones rescales by exactly 1,
+        # so the partitions past a row's length never change its bits.
+        for start in range(0, num_parts, CHUNK):
+            p = start + tl.arange(0, CHUNK)
+            lse = tl.load(part_lse_ptr + base + p * stride_ps, mask=p < num_parts, other=float("-inf"))  # [C]
+            new_top = tl.maximum(top, tl.max(lse, 0))
+            seen = new_top != float("-inf")
+            shift = tl.where(seen, new_top, 0.0)  # never -inf - -inf
+            rescale = tl.where(seen, tl.exp2(top - shift), 1.0)
+            weights = tl.exp2(lse - shift)
+            parts = tl.load(part_out_ptr + (base + p[:, None] * stride_ps) * BLOCK_D + d[None, :],
+                            mask=(p[:, None] < num_parts) & (d[None, :] < HEAD_DIM), other=0.0)  # [C, D]
+            acc = acc * rescale + tl.sum(parts * weights[:, None], 0)
+            total = total * rescale + tl.sum(weights, 0)
+            top = new_top
+        tl.store(out_ptr + seq * stride_ob + head * stride_oh + d, (acc / total).to(out_ptr.dtype.element_ty),
                  mask=d < HEAD_DIM)
 
 
@@ -171,5 +183,5 @@ def paged_decode_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache
     if split:
         _merge_kernel[(batch, heads)](
             part_out, part_lse, out, parts, heads * parts, parts, 1, out.stride(0), out.stride(1),
-            HEAD_DIM=dim, BLOCK_D=block_d, BLOCK_P=triton.next_power_of_2(parts))
+            HEAD_DIM=dim, BLOCK_D=block_d, CHUNK=MERGE_CHUNK)
     return out

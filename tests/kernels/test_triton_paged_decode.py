@@ -146,6 +146,8 @@ def test_queries_as_a_strided_view(kernel):
 def test_long_contexts_up_to_8k(kernel):
     """64 partitions merged for the longest row; small heads and dims keep the interpreter quick."""
     check(kernel, [8192, 5000, 2], 4, 1, dim=16, seed=8)
+    # A window far from the start: the merge's first chunks of partitions are all empty.
+    check(kernel, [6000, 4100], 4, 1, dim=16, window=300, seed=9)
 
 
 def test_a_rows_bits_do_not_depend_on_the_other_rows(kernel):
