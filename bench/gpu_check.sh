@@ -2,7 +2,8 @@
 # The GPU check, for a machine with an NVIDIA GPU (an H200 here), in one call of at most 8 minutes: the
 # kernels compiled by NVRTC for sm_90, pytest's collection of the GPU tests, the GPU-marked tests (each
 # CuPy kernel against its torch reference, CUDA graphs against eager, the engine on CUDA, the batched
-# sampler against the per-row one and its one wait), the 1B decode
+# sampler against the per-row one and its one wait; the Triton paged decode attention against the torch
+# path), which decode attention runs and which SDPA kernel the torch path takes, the 1B decode
 # benchmark and, where the python has the web packages (or .whl/ holds them: bench/gpu_webdeps.py), the
 # serving benchmark on CUDA (in-process).
 # Uses the machine's own python3 with its CUDA torch and CuPy; needs nothing from the network. The GPU
@@ -85,6 +86,10 @@ step collect 90 "$PY" -m pytest -q -p no:cacheprovider --collect-only -m gpu
 
 if "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
     step gpu-tests 150 pytest_step -m gpu -s tests/kernels tests/engine/test_gpu.py tests/engine/test_sampler_batched.py
+    # Which decode attention runs (the Triton paged kernel or the torch path), which SDPA kernel the torch
+    # path takes, and both timed at the 1B shape.
+    step decode-attention 60 "$PY" bench/decode_attention.py --repeats 20
+    show decode-attention
     step decode-bench 200 "$PY" bench/gpu_decode.py --repeats 2
     show decode-bench
     if "$PY" -c "import workbench.settings, django, channels, daphne, websockets, celery, channels_redis, whitenoise" 2>/dev/null; then
@@ -96,6 +101,7 @@ if "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"
 else
     why=$("$PY" -c "import torch" 2>/dev/null && echo "torch sees no CUDA device" || echo "$PY has no torch")
     skip gpu-tests "$why"
+    skip decode-attention "$why"
     skip decode-bench "$why"
     skip serving-bench "$why"
 fi

@@ -15,32 +15,55 @@ REPLACEMENT_CHAR = "\ufffd"
 
 
 class IncrementalDetokenizer:
+    """Each update decodes only a window of the newest tokens, so its cost does not grow with the output:
+    the tokens from `_prefix_offset` on, against the same window without the new ones (up to
+    `_read_offset`), as vLLM does. Decoding both from the same first token keeps a tokenizer's rules for
+    a decode's first token (a stripped leading space) out of the difference, and a window always starts
+    on a complete character, so the new text is exactly what a decode of the whole output adds."""
+
     def __init__(self, tokenizer: Tokenizer, stop: tuple[str, ...]) -> None:
         self._tokenizer = tokenizer
         self._stop = stop
         self._longest_stop = max((len(s) for s in stop), default=0)
         self.sent_chars = 0
         self.text = ""  # the whole output decoded, complete characters only, stop strings included
+        self._read_text = ""  # the text of the tokens before `_read_offset`, which ends on a whole character
+        self._prefix_offset = 0
+        self._read_offset = 0
 
     def update(self, output_ids: list[int], final: bool) -> tuple[str, bool]:
         """Returns (text newly visible since the last call, whether a stop string was found).
         With final=True nothing is held back any more (the sequence ended for another reason)."""
-        # Decoding the whole output each step keeps this simple and exact: a decode of a few hundred
-        # tokens costs microseconds, and the text of a prefix never has to be patched up.
-        text = self._tokenizer.decode(output_ids)
-        if not final:
-            text = text.rstrip(REPLACEMENT_CHAR)
-        self.text = text
+        if self._read_offset < len(output_ids):
+            self._decode_new(output_ids, final)
+        text = self.text
         stop_at = self._find_stop(text)
         if stop_at is not None:
-            visible, hit = text[:stop_at], True
+            visible_end, hit = stop_at, True
         elif final:
-            visible, hit = text, False
+            visible_end, hit = len(text), False
         else:
-            visible, hit = text[: len(text) - self._held_tail(text)], False
-        delta = visible[self.sent_chars:] if len(visible) > self.sent_chars else ""
+            visible_end, hit = len(text) - self._held_tail(text), False
+        delta = text[self.sent_chars: visible_end] if visible_end > self.sent_chars else ""
         self.sent_chars += len(delta)
         return delta, hit
+
+    def _decode_new(self, output_ids: list[int], final: bool) -> None:
+        decode = self._tokenizer.decode
+        before = decode(output_ids[self._prefix_offset: self._read_offset])
+        window = decode(output_ids[self._prefix_offset:])
+        if final or not window.endswith(REPLACEMENT_CHAR):
+            new_text = window[len(before):]
+            self._read_text += new_text
+            self.text = self._read_text
+            # Tokens that decode to nothing (skipped special tokens) must not start the next window: its
+            # decode would then strip a leading space from the first token that has text, which a decode
+            # of the whole output keeps.
+            if new_text:
+                self._prefix_offset = self._read_offset
+            self._read_offset = len(output_ids)
+        else:  # the newest token ends inside a character: its complete characters show, the window stays
+            self.text = self._read_text + window.rstrip(REPLACEMENT_CHAR)[len(before):]
 
     def _find_stop(self, text: str) -> int | None:
         if not self._stop:

@@ -41,6 +41,7 @@ from engine.host.stats import EngineStats
 from engine.kernels.cupy_support import compile_for
 from engine.loading.loader import load_model
 from engine.loading.tokenizer import Tokenizer
+from engine.model.attention import decode_attention_backend
 from engine.outputs import GenerationResult, RequestOutput, Usage, timings_of
 from engine.sampler import SampleRequest, TokenLogprob
 from engine.sampling_params import InvalidSamplingParams, SamplingParams
@@ -84,6 +85,10 @@ class Engine:
         # Now, not at the first burst: a machine whose CuPy cannot compile must not start (cupy_support.py).
         if compiled := compile_for(device):
             log.info("CuPy: %d kernels compiled for %s", compiled, device)
+        backend, why = decode_attention_backend(device, config.triton_attention)
+        self.loaded.model.set_decode_attention(backend)
+        if device.type == "cuda":
+            log.info("decode attention: %s (%s)", backend, why)
         free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
         num_blocks = config.kv_blocks_for(self.loaded.config, self.max_model_len, free)
         # A prompt bigger than the pool is refused (FinishedIgnored); a sequence that grows to fill the

@@ -68,6 +68,9 @@ class EngineConfig:
     verify_replays: int = 0
     verify_always: bool = False
     layer_bisect: bool = False
+    # On CUDA, decode attention through the Triton paged kernel where triton imports; False: the torch
+    # path (blocks gathered, SDPA with a mask), which every other device takes anyway.
+    triton_attention: bool = True
 
     @classmethod
     def from_env(cls, **overrides: Any) -> EngineConfig:

@@ -10,8 +10,11 @@ token of the step, decode or prompt chunk, goes through one op that reads its ow
 0 .. p from the cache in an order fixed by those keys alone: a row's output is the same bits alone or
 beside any others, whole or chunked at any boundary, in a captured graph's replay or eagerly. Elsewhere
 (a GPU, or no compiler) the step is split into its decodes, attended together as in a step of decodes
-only (padded to the decode group's longest, masked), and its prefills, each attended alone over its
-own keys by SDPA; there a row's last bits can change with the others' lengths and with chunking.
+only, and its prefills, each attended alone over its own keys by SDPA; there a prefill row's last bits
+can change with chunking. The decodes go, on CUDA where Triton imports, through the paged kernel
+(engine/kernels/triton_paged_decode.py: the cache read in place, a row's bits independent of the others);
+otherwise through the torch path: their blocks gathered, padded to the group's longest and masked, so a
+row's last bits can change with the others' lengths.
 """
 
 from __future__ import annotations
@@ -29,12 +32,32 @@ from engine.model.layers import Linear, RMSNorm, fuse_projections
 from engine.model.rope import apply_rope
 
 
+DECODE_BACKENDS = ("torch", "triton")
+
+
 def native_attention(device: torch.device) -> bool:
     """Whether serving attention on `device` goes through the native CPU op."""
     return device.type == "cpu" and cpu_kernels.native_available()
 
 
+def decode_attention_backend(device: torch.device, triton_allowed: bool = True) -> tuple[str, str]:
+    """(backend, why) for the decodes' attention on `device`: "triton" (the paged kernel) on CUDA where
+    triton imports, unless `triton_allowed` is off (EngineConfig.triton_attention); "torch" otherwise."""
+    if device.type != "cuda":
+        return "torch", f"the Triton kernel runs on CUDA only, not {device.type}"
+    if not triton_allowed:
+        return "torch", "ARC_TRITON_ATTENTION is off"
+    from engine.kernels import triton_paged_decode  # imports triton: only where it can serve
+
+    if not triton_paged_decode.available():
+        return "torch", str(triton_paged_decode.unavailable_reason())
+    return "triton", "CUDA and triton present"
+
+
 class Attention(nn.Module):
+    # How decodes attend (DECODE_BACKENDS), set for every layer by LlamaForCausalLM.set_decode_attention.
+    decode_backend = "torch"
+
     def __init__(self, config: ModelConfig, index: int = 0) -> None:
         super().__init__()
         self.num_heads = config.num_attention_heads
@@ -127,7 +150,13 @@ class Attention(nn.Module):
                 block_size: int) -> torch.Tensor:
         """[Bd, H, D] queries, one per sequence -> [Bd, H, D]: the torch path's one path every decode takes, in
         a step of decodes only (and its captured graph) or beside prefills, so its result does not depend
-        on them (it still depends, in the last bits, on the longest decode beside it: keys are padded)."""
+        on them (on the torch path it still depends, in the last bits, on the longest decode beside it: keys are
+        padded; not with the Triton kernel)."""
+        if self.decode_backend == "triton":
+            from engine.kernels.triton_paged_decode import paged_decode_attention
+
+            return paged_decode_attention(q, cache[0], cache[1], decodes.block_tables, decodes.positions, block_size,
+                                          self.scale, self.sliding_window)
         keys, values = (self._gather_blocks(c, decodes.block_tables, block_size) for c in cache)
         if q.device.type == "cpu":
             return self._decode_attention_float32_math(q, keys, values, decodes.attn_mask)

@@ -33,6 +33,8 @@ class DecodeGroup:
     token_index: torch.Tensor | None  # [Bd] flat index of each decode's token; None: the step is decodes only
     block_tables: torch.Tensor        # [Bd, max_blocks] each decode's blocks, padded (masked) to the longest
     attn_mask: torch.Tensor           # [Bd, 1, 1, max_blocks * block_size] additive: 0 may attend, -inf not
+    positions: torch.Tensor           # [Bd] each decode's position: it attends keys 0 .. position (the
+                                      # paged kernel's bounds, where the torch path reads the mask)
 
 
 @dataclass(frozen=True)
@@ -137,10 +139,11 @@ def _decode_group(*, token_index: list[int] | None, block_tables: list[list[int]
     # Padded with the sequence's own last block: masked either way, but a sequence never reads
     # another sequence's memory, whatever state it is in.
     padded = [t + t[-1:] * (max_blocks - len(t)) for t in block_tables]
+    on_device = device_tensor(positions, device)
     return DecodeGroup(
         token_index=None if token_index is None else device_tensor(token_index, device),
         block_tables=device_tensor(padded, device),
-        attn_mask=_decode_mask(device_tensor(positions, device), max_blocks * block_size, sliding_window, dtype))
+        attn_mask=_decode_mask(on_device, max_blocks * block_size, sliding_window, dtype), positions=on_device)
 
 
 def _decode_mask(positions: torch.Tensor, keys: int, sliding_window: int | None, dtype: torch.dtype) -> torch.Tensor:
@@ -191,7 +194,8 @@ def decode_metadata(block_tables: torch.Tensor, positions: torch.Tensor, block_s
     def with_mask(window: int | None) -> AttentionMetadata:
         mask = _decode_mask(positions, max_blocks * block_size, window, dtype)
         return AttentionMetadata(positions=positions, slot_mapping=slots, last_token_index=rows,
-                                 decodes=DecodeGroup(token_index=None, block_tables=block_tables, attn_mask=mask),
+                                 decodes=DecodeGroup(token_index=None, block_tables=block_tables, attn_mask=mask,
+                                                     positions=positions),
                                  prefills=(), block_size=block_size, block_tables=block_tables, token_sequence=rows)
 
     if some_layers_windowed and sliding_window is not None:

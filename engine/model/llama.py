@@ -16,7 +16,7 @@ from torch import nn
 
 from engine.kernels.cpu import LayerWeights
 from engine.model import fused_serving
-from engine.model.attention import Attention
+from engine.model.attention import DECODE_BACKENDS, Attention
 from engine.model.attention_metadata import AttentionMetadata
 from engine.model.config import ModelConfig
 from engine.model.layers import Embedding, GatedMLP, Linear, RMSNorm
@@ -96,6 +96,20 @@ class LlamaForCausalLM(nn.Module):
             if prepare is not None:
                 prepare()
         self.fused = fused_serving.prepare(self, layers)
+
+    def set_decode_attention(self, backend: str) -> None:
+        """How every layer's decodes attend: "torch" or "triton" (engine/model/attention.py)."""
+        if backend not in DECODE_BACKENDS:
+            raise ValueError(f"decode attention backend must be one of {', '.join(DECODE_BACKENDS)}, got {backend!r}")
+        for layer in self.model.layers:
+            assert isinstance(layer, DecoderLayer)
+            layer.self_attn.decode_backend = backend
+
+    @property
+    def decode_attention(self) -> str:
+        layer = self.model.layers[0]
+        assert isinstance(layer, DecoderLayer)
+        return layer.self_attn.decode_backend
 
     def tie_weights(self) -> None:
         """Share the embedding with the output projection when the config says so. Call again after

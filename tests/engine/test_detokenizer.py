@@ -7,9 +7,13 @@ over several tokens, a held-back tail).
 
 from __future__ import annotations
 
+import random
+
 import pytest
+from tokenizers import AddedToken
 
 from engine.detokenizer import REPLACEMENT_CHAR, IncrementalDetokenizer
+from engine.loading.sentencepiece_vocab import sentencepiece_backend
 from engine.loading.tokenizer import Tokenizer
 
 MIXED_TEXT = "Hello 😀 world, 你好世界, café naïve 🎉! Ünïcödé ends here"
@@ -216,3 +220,104 @@ def test_the_text_at_every_step_is_the_whole_outputs_decode(tokenizer, text, tok
         cut_inside_a_character += whole.endswith(REPLACEMENT_CHAR)
         assert detok.text == whole.rstrip(REPLACEMENT_CHAR), f"after {n} tokens"
     assert detok.text == text and cut_inside_a_character >= 1, "liveness: some step ended inside a character"
+
+
+# A SentencePiece-style vocabulary (Llama 2, Mistral, Gemma): spaces spelled "▁", a space prefixed on
+# encode and stripped on decode, and every character outside the vocabulary spelled as its UTF-8 bytes,
+# one <0xNN> token each, so an emoji takes four tokens and a CJK character three.
+SP_PIECES = (["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+             + [SPACE_PIECE := "\u2581"] + list("abcdefghijklmnopqrstuvwxyzSTOP,")
+             + ["he", "\u2581t", "\u2581th", "\u2581the", "\u2581f", "\u2581fo", "\u2581fox", "\u2581S", "\u2581ST",
+                "\u2581STO", "\u2581STOP", "ys", "\u2581s", "\u2581sa", "\u2581says"])
+
+
+@pytest.fixture(scope="module")
+def sp_tokenizer() -> Tokenizer:
+    scores = [-float(i) for i in range(len(SP_PIECES))]
+    backend = sentencepiece_backend(SP_PIECES, scores, gemma=False, add_space_prefix=True, unknown="<unk>")
+    backend.add_special_tokens([AddedToken("</s>", special=True)])
+    return Tokenizer(backend, {"unk_token": "<unk>", "eos_token": "</s>"}, None)
+
+
+FRAGMENTS = ["The", " quick", " fox", " says", " STOP", " here", " 😀", "🎉", " 你好", "世界", " café", " naïve",
+             ",", "!", " a", "b", " the", " Ünï", "cödé"]
+
+
+def whole_output_visible(tokenizer, ids, stops, final):
+    """What a client may have seen after `ids`, by the rules in engine/detokenizer.py applied to a decode
+    of the whole output: the reference the window decode must equal."""
+    text = tokenizer.decode(ids)
+    if not final:
+        text = text.rstrip(REPLACEMENT_CHAR)
+    found = [text.find(s) for s in stops if s in text]
+    if found:
+        return text[:min(found)], True
+    if final:
+        return text, False
+    held = max((k for k in range(1, len(text) + 1) for s in stops if len(s) > k and s.startswith(text[-k:])),
+               default=0)
+    return text[:len(text) - held], False
+
+
+@pytest.mark.parametrize("which", ["byte-level", "sentencepiece"])
+@pytest.mark.parametrize("seed", range(12))
+def test_random_streams_equal_the_whole_output_rules(tokenizer, sp_tokenizer, which, seed):
+    """Random texts of mixed scripts, tokens arriving 1-4 at a time, stop strings cut from the text (so
+    they span tokens and split characters) or absent: after every update, what was sent and whether a
+    stop string hit equal the whole-output reference."""
+    tok = tokenizer if which == "byte-level" else sp_tokenizer
+    rng = random.Random(seed)
+    text = "".join(rng.choice(FRAGMENTS) for _ in range(rng.randint(8, 30)))
+    ids = encode(tok, text)
+    stops = ["never in the text"]
+    for _ in range(rng.randint(0, 3)):
+        start = rng.randrange(len(text) // 3, len(text))  # late enough that some steps come before it
+        stops.append(text[start: start + rng.randint(1, 8)])
+    if rng.random() < 0.3:
+        stops = stops[:1]  # no stop string matches: the stream runs to the end, final flushes
+    detok = IncrementalDetokenizer(tok, tuple(stops))
+    sent, n, compared = "", 0, 0
+    while n < len(ids):
+        n = min(len(ids), n + rng.randint(1, 4))
+        final = n == len(ids)
+        delta, hit = detok.update(ids[:n], final)
+        sent += delta
+        # A byte-fallback decode of a whole output that ends inside a character also breaks the complete
+        # character before it (ByteFallback replaces a whole run of byte tokens that is not valid UTF-8),
+        # so the reference is only exact where the output ends on a whole character.
+        if final or not tok.decode(ids[:n]).endswith(REPLACEMENT_CHAR):
+            assert (sent, hit) == whole_output_visible(tok, ids[:n], stops, final), f"after {n} tokens"
+            compared += 1
+        if hit:
+            break
+    assert compared >= 2
+
+
+@pytest.mark.parametrize("text", ["The fox says 😀🎉 你好世界", "😀 the STOP, naïve 世界 fox"])
+def test_sentencepiece_byte_tokens_stream_whole_characters(sp_tokenizer, text):
+    """Byte-fallback tokens split every emoji and CJK character over several tokens; the decoder strips
+    the prefixed space from the start of a decode, which a window starting mid-output must not lose."""
+    ids = encode(sp_tokenizer, text)
+    assert sum(SP_PIECES[i].startswith("<0x") for i in ids) >= 6, "liveness: characters come as byte tokens"
+    steps, detok = stream(sp_tokenizer, ids)
+    deltas = [delta for delta, _ in steps]
+    assert "".join(deltas) == text and not any(REPLACEMENT_CHAR in d for d in deltas)
+    assert detok.text == text
+
+
+@pytest.mark.parametrize("make", ["byte-level", "sentencepiece"])
+def test_a_skipped_special_token_mid_output_keeps_the_next_space(tokenizer, sp_tokenizer, make):
+    """A special token decodes to nothing (it is skipped), so a window must not start at it: a decode
+    that starts there strips the space of the next token (SentencePiece's decoder does), which the whole
+    output's decode keeps."""
+    tok = tokenizer if make == "byte-level" else sp_tokenizer
+    eos = tok.token_id(tok.eos_token)
+    # SentencePiece encodes each piece with its space in front (and decodes it without).
+    pieces = ["The fox", "says the", "fox 😀"] if make == "sentencepiece" else ["The fox", " says the", " fox 😀"]
+    ids = encode(tok, pieces[0]) + [eos] + encode(tok, pieces[1]) + [eos, eos] + encode(tok, pieces[2])
+    expected = tok.decode(ids)
+    for tokens_per_update in (1, 2, 3):
+        detok = IncrementalDetokenizer(tok, ())
+        sent = "".join(detok.update(ids[:n], final=False)[0]
+                       for n in list(range(tokens_per_update, len(ids), tokens_per_update)) + [len(ids)])
+        assert sent == expected == "The fox says the fox 😀"
