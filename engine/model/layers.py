@@ -58,6 +58,7 @@ class GatedMLP(nn.Module):
         self.gate_proj = Linear(hidden_size, intermediate_size, bias=bias)
         self.up_proj = Linear(hidden_size, intermediate_size, bias=bias)
         self.down_proj = Linear(intermediate_size, hidden_size, bias=bias)
+        self.activation = activation  # HF's hidden_act name
         self.act = ACTIVATIONS[activation]
         self._gate_up: Callable[[torch.Tensor], torch.Tensor] | None = None
 

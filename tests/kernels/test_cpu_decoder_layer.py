@@ -67,7 +67,8 @@ class Layer:
 
 
 def make_layer(seed: int, bias: bool = False, qk_norm: bool = False,
-               qtypes: tuple[Q, Q, Q, Q] = (Q.Q4_0, Q.Q8_0, Q.Q4_1, Q.Q8_0)) -> Layer:
+               qtypes: tuple[Q, Q, Q, Q] = (Q.Q4_0, Q.Q8_0, Q.Q4_1, Q.Q8_0), gemma: bool = False) -> Layer:
+    """gemma: Gemma 3's block (norms after attention and MLP too, GeGLU) instead of Llama's."""
     rs = np.random.RandomState(seed)
     g = torch.Generator().manual_seed(seed)
     shapes = {"qkv": ((H + 2 * HKV) * HD, D), "o": (D, H * HD), "gate_up": (2 * INTER, D), "down": (D, INTER)}
@@ -76,7 +77,8 @@ def make_layer(seed: int, bias: bool = False, qk_norm: bool = False,
         raw = random_blocks(qtype, n, k, rs)
         packed[name] = cpu.pack(raw, int(qtype), k)
         dense[name] = dequantize_rows(torch.from_numpy(raw), qtype, k).double()
-    for name, size in (("attn_norm", D), ("ffn_norm", D), ("q_norm", HD), ("k_norm", HD)):
+    for name, size in (("attn_norm", D), ("ffn_norm", D), ("q_norm", HD), ("k_norm", HD), ("post_attn_norm", D),
+                       ("post_ffn_norm", D)):
         dense[name] = (1 + 0.3 * torch.randn(size, generator=g)).float().double()
     dense["bias"] = (0.5 * torch.randn((H + 2 * HKV) * HD, generator=g)).float().double()
     empty = torch.empty(0)
@@ -86,13 +88,16 @@ def make_layer(seed: int, bias: bool = False, qk_norm: bool = False,
 
     weights = cpu.LayerWeights(
         tensors=(f32("attn_norm"), packed["qkv"], f32("bias", bias), f32("q_norm", qk_norm), f32("k_norm", qk_norm),
-                 packed["o"], f32("ffn_norm"), packed["gate_up"], packed["down"]),
+                 packed["o"], f32("ffn_norm"), packed["gate_up"], packed["down"], f32("post_attn_norm", gemma),
+                 f32("post_ffn_norm", gemma)),
         qtypes=tuple(int(t) for t in qtypes),  # type: ignore[arg-type]
-        shape=(H, HKV, HD, INTER))
+        shape=(H, HKV, HD, INTER), activation=cpu.ACTIVATIONS["gelu_pytorch_tanh" if gemma else "silu"])
     if not bias:
         dense["bias"] = torch.zeros_like(dense["bias"])
     if not qk_norm:
         del dense["q_norm"], dense["k_norm"]
+    if not gemma:
+        del dense["post_attn_norm"], dense["post_ffn_norm"]
     return Layer(weights, dense)
 
 
@@ -169,9 +174,14 @@ def reference(layer: Layer, step: Step, cache: tuple[torch.Tensor, torch.Tensor]
             g = h // (H // HKV)
             weights = torch.softmax(keys[:, g] @ q[t, h] * HD**-0.5, dim=0)
             out[t, h] = weights @ values[:, g]
-    x = x + project(out.to(dtype).view(len(x), -1), w["o"])
+    def post(y: torch.Tensor, name: str) -> torch.Tensor:  # Gemma's norm after attention and after the MLP
+        return norm(y, w[name]) if name in w else y
+
+    x = x + post(project(out.to(dtype).view(len(x), -1), w["o"]), "post_attn_norm")
     gate, up = project(norm(x, w["ffn_norm"]), w["gate_up"]).split(INTER, dim=-1)
-    return x + project(torch.nn.functional.silu(gate) * up, w["down"])
+    act = (torch.nn.functional.gelu(gate, approximate="tanh") if "post_attn_norm" in w
+           else torch.nn.functional.silu(gate))
+    return x + post(project(act * up, w["down"]), "post_ffn_norm")
 
 
 @pytest.fixture
@@ -191,16 +201,17 @@ def mixed_step(seed: int) -> Step:
 
 
 @pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
-@pytest.mark.parametrize("bias,qk_norm,window,qtypes", [
-    (False, False, None, (Q.Q4_0, Q.Q8_0, Q.Q4_1, Q.Q8_0)),
-    (True, False, None, (Q.Q4_0, Q.Q8_0, Q.Q4_1, Q.Q8_0)),
-    (False, True, 4, (Q.Q4_0, Q.Q8_0, Q.Q4_1, Q.Q8_0)),
-    (False, False, None, (Q.Q4_K, Q.Q6_K, Q.Q5_K, Q.Q6_K)),  # a Q4_K_M file's kinds
-], ids=["llama", "qwen2", "qwen3-window", "llama-k-quants"])
+@pytest.mark.parametrize("bias,qk_norm,window,qtypes,gemma", [
+    (False, False, None, (Q.Q4_0, Q.Q8_0, Q.Q4_1, Q.Q8_0), False),
+    (True, False, None, (Q.Q4_0, Q.Q8_0, Q.Q4_1, Q.Q8_0), False),
+    (False, True, 4, (Q.Q4_0, Q.Q8_0, Q.Q4_1, Q.Q8_0), False),
+    (False, False, None, (Q.Q4_K, Q.Q6_K, Q.Q5_K, Q.Q6_K), False),  # a Q4_K_M file's kinds
+    (False, True, 4, (Q.Q8_0, Q.Q4_K, Q.Q8_0, Q.Q6_K), True),  # Gemma 3's block and kinds
+], ids=["llama", "qwen2", "qwen3-window", "llama-k-quants", "gemma3-window"])
 @pytest.mark.parametrize("path", ["scalar", *SIMD])
 def test_matches_a_float64_reference(cache_dtype: torch.dtype, bias: bool, qk_norm: bool, window: int | None,
-                                     qtypes: tuple[Q, Q, Q, Q], path: str) -> None:
-    layer = make_layer(1, bias=bias, qk_norm=qk_norm, qtypes=qtypes)
+                                     qtypes: tuple[Q, Q, Q, Q], gemma: bool, path: str) -> None:
+    layer = make_layer(1, bias=bias, qk_norm=qk_norm, qtypes=qtypes, gemma=gemma)
     step = mixed_step(2)
     ours, theirs = make_cache(cache_dtype, 3), make_cache(cache_dtype, 3)
     out = run(layer, step, ours, window, path)
@@ -215,8 +226,9 @@ def test_matches_a_float64_reference(cache_dtype: torch.dtype, bias: bool, qk_no
 
 
 @pytest.mark.parametrize("path", ["scalar", *SIMD])
-def test_a_token_is_the_same_bits_alone_or_beside_other_sequences(path: str) -> None:
-    layer = make_layer(4, bias=True)
+@pytest.mark.parametrize("gemma", [False, True], ids=["llama", "gemma3"])
+def test_a_token_is_the_same_bits_alone_or_beside_other_sequences(path: str, gemma: bool) -> None:
+    layer = make_layer(4, bias=True, gemma=gemma)
     together = mixed_step(5)
     cache = make_cache(torch.bfloat16, 6)
     out = run(layer, together, cache, path=path)
@@ -285,8 +297,12 @@ def test_bad_input_raises_a_clear_error() -> None:
                           step.positions, BLOCK, None, 0.25, EPS)
 
     tensors = layer.weights.tensors
-    with pytest.raises(ValueError, match="takes 9 weights"):
+    with pytest.raises(ValueError, match="takes 11 weights"):
         call(cpu.LayerWeights(tensors[:8], layer.weights.qtypes, layer.weights.shape))
+    with pytest.raises(ValueError, match="come together"):
+        call(cpu.LayerWeights(tensors[:9] + (tensors[0], torch.empty(0)), layer.weights.qtypes, layer.weights.shape))
+    with pytest.raises(ValueError, match="activation must be 0"):
+        call(cpu.LayerWeights(tensors, layer.weights.qtypes, layer.weights.shape, activation=2))
     with pytest.raises(ValueError, match="qkv's qtype must be 2"):
         call(cpu.LayerWeights(tensors, (7, *layer.weights.qtypes[1:]), layer.weights.shape))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"gate_up \[192, 64\] packed must be"):

@@ -4,10 +4,10 @@ engine/kernels/cpu/qgemm.py and engine/kernels/cpu/paged_attention.py are the AP
 callers use torch."""
 
 from engine.kernels.cpu.build import unavailable_reason
-from engine.kernels.cpu.decoder_layer import LayerWeights, decoder_layer, rms_norm, rope_tables
+from engine.kernels.cpu.decoder_layer import ACTIVATIONS, LayerWeights, decoder_layer, rms_norm, rope_tables
 from engine.kernels.cpu.pack import pack
 from engine.kernels.cpu.paged_attention import paged_attention
 from engine.kernels.cpu.qgemm import cpu_paths, native_available, qgemm, qlinear, quantize_q8_1
 
-__all__ = ["LayerWeights", "cpu_paths", "decoder_layer", "native_available", "pack", "paged_attention", "qgemm",
+__all__ = ["ACTIVATIONS", "LayerWeights", "cpu_paths", "decoder_layer", "native_available", "pack", "paged_attention", "qgemm",
            "qlinear", "quantize_q8_1", "rms_norm", "rope_tables", "unavailable_reason"]

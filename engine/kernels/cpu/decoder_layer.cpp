@@ -3,26 +3,30 @@
 //
 //   decoder_layer(x [N, D] f32 (updated in place), weights, qtypes, shape, cos, sin [N, hd/2] f32,
 //                 key_cache, value_cache [slots, Hkv, hd], slot_mapping int64 [N], block_tables, token_sequence,
-//                 positions, block_size, sliding_window?, scale, eps, path) -> ()
+//                 positions, block_size, sliding_window?, scale, eps, activation, path) -> ()
 //   rms_norm(x [N, D] f32, weight [D] f32, eps) -> [N, D] f32
 //   rope_tables(positions int64 [N], inv_freq f32 [hd/2]) -> (cos, sin) f32 [N, hd/2]
 //
 // weights: attn_norm [D], qkv (packed), qkv bias [H*hd + 2*Hkv*hd] or empty, q_norm [hd] or empty, k_norm
-// [hd] or empty, o (packed), ffn_norm [D], gate_up (packed: gate rows then up rows), down (packed); the
+// [hd] or empty, o (packed), ffn_norm [D], gate_up (packed: gate rows then up rows), down (packed),
+// post_attn_norm [D] or empty, post_ffn_norm [D] or empty (Gemma's sandwich norms: both or neither); the
 // float ones fp32, the packed ones as engine/kernels/cpu/pack.py lays them out. qtypes: the ggml types of
-// qkv, o, gate_up, down. shape: H, Hkv, hd, I (the MLP's width).
+// qkv, o, gate_up, down. shape: H, Hkv, hd, I (the MLP's width). activation: 0 SiLU (Llama's SwiGLU),
+// 1 tanh-approximated GELU (Gemma's GeGLU).
 //
 // The block, the residual stream x in fp32 throughout:
 //   h = norm(x, attn_norm); qkv = qgemm(h) (+ bias); each q and k head normed (q_norm, k_norm) where given;
 //   q and k rotated (RoPE); k and v written to the caches at slot_mapping, q rounded to the cache dtype;
-//   a = paged attention of q (paged_attention.h); x = x + qgemm(a)                      (o_proj)
-//   h = norm(x, ffn_norm); g, u = qgemm(h); x = x + qgemm(silu(g) * u)                 (gate_up, down)
+//   a = paged attention of q (paged_attention.h); x = x + post(qgemm(a), post_attn_norm)  (o_proj)
+//   h = norm(x, ffn_norm); g, u = qgemm(h); x = x + post(qgemm(act(g) * u), post_ffn_norm)  (gate_up, down)
+// where post(y, w) is norm(y, w) with sandwich norms and y itself without, and
 // where qgemm quantizes its input per 32-block and multiplies as qgemm.h defines, and per row:
 //   norm(x, w)_k = (x_k * r) * w_k, r = 1 / sqrt(ss / n + eps), ss = ((l0 + l1) + (l2 + l3)) +
 //                  ((l4 + l5) + (l6 + l7)) over lanes l[k % 8] = l[k % 8] + x_k * x_k, k in order
 //   rope (HF's half rotation), i < hd/2:  v_i' = v_i * c_i - v_(i+hd/2) * s_i,
 //                                         v_(i+hd/2)' = v_(i+hd/2) * c_i + v_i * s_i
 //   silu(g) = g / (1 + expf(-g))          (the C library's expf)
+//   gelu(g) = (0.5f * g) * (1 + tanhf(c * (g + 0.044715f * ((g * g) * g)))), c = sqrt(2 / pi) in fp32
 //   rope_tables: c_i = cos(p * f_i), s_i = sin(p * f_i), p * f_i an fp32 product, cos and sin in double,
 //                rounded to fp32 once
 // every fp32 operation rounded once (no contraction: build.py compiles with -ffp-contract=off). This file
@@ -47,7 +51,11 @@ namespace {
 
 // Rows a task takes at least in the row-wise phases: tiny steps (a decode) stay on the calling thread.
 constexpr int64_t ROW_GRAIN_ELEMS = 1 << 14;
-enum Weight : int64_t { ATTN_NORM, QKV, QKV_BIAS, Q_NORM, K_NORM, O, FFN_NORM, GATE_UP, DOWN, WEIGHTS };
+enum Weight : int64_t {
+  ATTN_NORM, QKV, QKV_BIAS, Q_NORM, K_NORM, O, FFN_NORM, GATE_UP, DOWN, POST_ATTN_NORM, POST_FFN_NORM, WEIGHTS
+};
+enum Activation : int64_t { SILU = 0, GELU_TANH = 1 };
+constexpr float GELU_C = 0.7978845608028654f;  // sqrt(2 / pi)
 
 int64_t row_grain(int64_t width) { return std::max<int64_t>(1, ROW_GRAIN_ELEMS / width); }
 
@@ -61,6 +69,11 @@ float sum_squares(const float* x, int64_t n) {
 void norm_row(const float* x, const float* w, int64_t n, float eps, float* out) {
   const float r = 1.0f / std::sqrt(sum_squares(x, n) / static_cast<float>(n) + eps);
   for (int64_t k = 0; k < n; ++k) out[k] = (x[k] * r) * w[k];
+}
+
+float activate(float g, int64_t activation) {
+  if (activation == GELU_TANH) return (0.5f * g) * (1.0f + std::tanh(GELU_C * (g + 0.044715f * ((g * g) * g))));
+  return g / (1.0f + std::exp(-g));
 }
 
 void rope_head(float* v, const float* c, const float* s, int64_t half) {
@@ -116,11 +129,14 @@ void decoder_layer(const at::Tensor& x, at::TensorList weights, at::IntArrayRef 
                    const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& key_cache,
                    const at::Tensor& value_cache, const at::Tensor& slot_mapping_in, const at::Tensor& block_tables_in,
                    const at::Tensor& token_sequence_in, const at::Tensor& positions_in, int64_t block_size,
-                   std::optional<int64_t> sliding_window, double scale, double eps_in, int64_t path) {
+                   std::optional<int64_t> sliding_window, double scale, double eps_in, int64_t activation,
+                   int64_t path) {
   path = resolve(path);
   TORCH_CHECK_VALUE(weights.size() == WEIGHTS && qtypes.size() == 4 && shape.size() == 4,
-                    "workbench decoder_layer: takes 9 weights, 4 qtypes and 4 shape values, got ", weights.size(),
+                    "workbench decoder_layer: takes 11 weights, 4 qtypes and 4 shape values, got ", weights.size(),
                     ", ", qtypes.size(), " and ", shape.size());
+  TORCH_CHECK_VALUE(activation == SILU || activation == GELU_TANH,
+                    "workbench decoder_layer: activation must be 0 (SiLU) or 1 (tanh GELU), got ", activation);
   TORCH_CHECK_TYPE(x.scalar_type() == at::kFloat, "workbench decoder_layer: x must be float32, got ", x.scalar_type());
   TORCH_CHECK_VALUE(x.dim() == 2 && x.is_contiguous() && x.device().is_cpu(),
                     "workbench decoder_layer: x must be a contiguous [N, D] CPU tensor, got ", x.sizes());
@@ -136,6 +152,11 @@ void decoder_layer(const at::Tensor& x, at::TensorList weights, at::IntArrayRef 
   check_float(weights[QKV_BIAS], "qkv_bias", Dqkv, true);
   check_float(weights[Q_NORM], "q_norm", hd, true);
   check_float(weights[K_NORM], "k_norm", hd, true);
+  check_float(weights[POST_ATTN_NORM], "post_attn_norm", D, true);
+  check_float(weights[POST_FFN_NORM], "post_ffn_norm", D, true);
+  TORCH_CHECK_VALUE((weights[POST_ATTN_NORM].numel() == 0) == (weights[POST_FFN_NORM].numel() == 0),
+                    "workbench decoder_layer: post_attn_norm and post_ffn_norm come together (sandwich norms) or not "
+                    "at all");
   check_packed(weights[QKV], "qkv", qtypes[0], Dqkv, D);
   check_packed(weights[O], "o", qtypes[1], D, Dq);
   check_packed(weights[GATE_UP], "gate_up", qtypes[2], 2 * I, D);
@@ -189,6 +210,25 @@ void decoder_layer(const at::Tensor& x, at::TensorList weights, at::IntArrayRef 
     });
   };
 
+  // x += a @ w, or with sandwich norms x += norm(a @ w, post): the projection in a row of its own first.
+  const bool sandwich = weights[POST_ATTN_NORM].numel() > 0;
+  const auto add_projection = [&](const Activations& a, const at::Tensor& w, int64_t qtype, Weight post) {
+    if (!sandwich) {
+      project(a, w, qtype, D, xs, true, path);
+      return;
+    }
+    at::Tensor projected = at::empty({N, D}, options);
+    float* y = projected.data_ptr<float>();
+    project(a, w, qtype, D, y, false, path);
+    const float* pw = weights[post].data_ptr<float>();
+    at::parallel_for(0, N, row_grain(D), [&](int64_t r0, int64_t r1) {
+      for (int64_t i = r0; i < r1; ++i) {
+        norm_row(y + i * D, pw, D, eps, y + i * D);
+        for (int64_t k = 0; k < D; ++k) xs[i * D + k] = xs[i * D + k] + y[i * D + k];
+      }
+    });
+  };
+
   // Attention.
   const Activations hidden(N, D, options);
   norm_quantize(hidden, weights[ATTN_NORM].data_ptr<float>());
@@ -231,7 +271,7 @@ void decoder_layer(const at::Tensor& x, at::TensorList weights, at::IntArrayRef 
   const Activations heads(N, Dq, options);
   run_quantize({attended.data_ptr(), bf16, N, Dq, heads.q.data_ptr<int8_t>(), heads.d.data_ptr<float>(),
                 heads.s.data_ptr<int32_t>()}, path);
-  project(heads, weights[O], qtypes[1], D, xs, true, path);
+  add_projection(heads, weights[O], qtypes[1], POST_ATTN_NORM);
 
   // MLP.
   norm_quantize(hidden, weights[FFN_NORM].data_ptr<float>());
@@ -243,11 +283,11 @@ void decoder_layer(const at::Tensor& x, at::TensorList weights, at::IntArrayRef 
     std::vector<float> a(I);
     for (int64_t t = r0; t < r1; ++t) {
       const float* g = gu + t * 2 * I;
-      for (int64_t k = 0; k < I; ++k) a[k] = g[k] / (1.0f + std::exp(-g[k])) * g[I + k];
+      for (int64_t k = 0; k < I; ++k) a[k] = activate(g[k], activation) * g[I + k];
       run_quantize(act.row(a.data(), t), path);
     }
   });
-  project(act, weights[DOWN], qtypes[3], D, xs, true, path);
+  add_projection(act, weights[DOWN], qtypes[3], POST_FFN_NORM);
 }
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
@@ -300,7 +340,7 @@ TORCH_LIBRARY_FRAGMENT(workbench, m) {
   m.def("decoder_layer(Tensor(a!) x, Tensor[] weights, int[] qtypes, int[] shape, Tensor cos, Tensor sin, "
         "Tensor(b!) key_cache, Tensor(c!) value_cache, Tensor slot_mapping, Tensor block_tables, "
         "Tensor token_sequence, Tensor positions, int block_size, int? sliding_window, float scale, float eps, "
-        "int path=-1) -> ()");
+        "int activation=0, int path=-1) -> ()");
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
   m.def("rope_tables(Tensor positions, Tensor inv_freq) -> (Tensor, Tensor)");
 }

@@ -1,9 +1,9 @@
-"""A Llama-family decoder layer of a serving step in one native call (engine/kernels/cpu/decoder_layer.cpp),
+"""A Llama-family (or Gemma) decoder layer of a serving step in one native call (engine/kernels/cpu/decoder_layer.cpp),
 with the final norm and the RoPE tables it reads.
 
 The residual stream stays in fp32; every projection is our quantized GEMM (int8 activations, engine/kernels/cpu/
 qgemm.py) and attention our paged op (engine/kernels/cpu/paged_attention.py), with the elementwise work between
-them (norms, bias, RoPE, the cache write, SiLU) in the same call. Every row's arithmetic is fixed by that row
+them (norms, bias, RoPE, the cache write, SiLU or GELU, Gemma's norms after attention and MLP) in the same call. Every row's arithmetic is fixed by that row
 alone (the order is written out in decoder_layer.cpp), so a token's output is the same bits whatever else is
 in the step, however its prompt was chunked, with any thread count, on any SIMD path.
 
@@ -18,17 +18,22 @@ import torch
 
 from engine.kernels.cpu.qgemm import FAKE_REGISTRARS, _ops, _path_id
 
+SILU, GELU_TANH = 0, 1  # the MLP's activations, as decoder_layer.cpp numbers them
+ACTIVATIONS = {"silu": SILU, "gelu_pytorch_tanh": GELU_TANH}  # by HF's hidden_act names
+
 
 @dataclass(frozen=True)
 class LayerWeights:
     """One layer's operands, prepared once at load: fp32 norms and bias, packed projections.
 
     tensors: attn_norm, qkv, qkv_bias (or empty), q_norm (or empty), k_norm (or empty), o, ffn_norm,
-    gate_up (gate rows, then up rows), down. qtypes: the ggml types of qkv, o, gate_up, down.
-    shape: heads, kv_heads, head_dim, intermediate size."""
+    gate_up (gate rows, then up rows), down, post_attn_norm and post_ffn_norm (Gemma's sandwich norms, or
+    both empty). qtypes: the ggml types of qkv, o, gate_up, down. shape: heads, kv_heads, head_dim,
+    intermediate size. activation: SILU (SwiGLU) or GELU_TANH (GeGLU)."""
     tensors: tuple[torch.Tensor, ...]
     qtypes: tuple[int, int, int, int]
     shape: tuple[int, int, int, int]
+    activation: int = 0
 
 
 def decoder_layer(x: torch.Tensor, weights: LayerWeights, cos: torch.Tensor, sin: torch.Tensor,
@@ -41,7 +46,8 @@ def decoder_layer(x: torch.Tensor, weights: LayerWeights, cos: torch.Tensor, sin
     from `rope_tables`; block_tables, token_sequence, positions as engine/kernels/cpu/paged_attention.py takes them."""
     _ops().decoder_layer.default(x, list(weights.tensors), list(weights.qtypes), list(weights.shape), cos, sin,
                                  key_cache, value_cache, slot_mapping, block_tables, token_sequence, positions,
-                                 block_size, sliding_window, float(scale), float(eps), _path_id(path))
+                                 block_size, sliding_window, float(scale), float(eps), weights.activation,
+                                 _path_id(path))
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -62,7 +68,7 @@ def _register_fakes() -> None:
                     cos: torch.Tensor, sin: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                     slot_mapping: torch.Tensor, block_tables: torch.Tensor, token_sequence: torch.Tensor,
                     positions: torch.Tensor, block_size: int, sliding_window: int | None, scale: float, eps: float,
-                    path: int = -1) -> None:
+                    activation: int = 0, path: int = -1) -> None:
         return None
 
     @torch.library.register_fake("workbench::rms_norm")
