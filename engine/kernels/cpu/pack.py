@@ -4,8 +4,8 @@ The rows are ggml's Q4_0/Q4_1/Q8_0 blocks, or the K-quants as engine/loading/tra
 per 32-block (Q4_K, Q5_K: fp32 d, fp32 m, then 16 nibble bytes or 32 int8; Q6_K: fp16 d, two int8 half
 sub-scales, 32 int8). Done once at load. Output columns go in groups of 8, each group's blocks contiguous
 along K, each block's 8 scales (and offsets, and Q6_K's sub-scales, half 0's eight then half 1's) first, as
-the rows hold them, then the 8 columns' quants: for Q4 as 4 rows of two columns' 16 nibble bytes (j and
-j + 4), for the int8 types as 8 rows of 32 int8. A decode streams every weight once a token.
+the rows hold them, then the 8 columns' quants interleaved 4 bytes at a time (qgemm.h), so that one load
+holds 4 consecutive k of every column. A decode streams every weight once a token.
 """
 
 from __future__ import annotations
@@ -54,11 +54,10 @@ def pack(raw: np.ndarray | torch.Tensor, qtype: int, in_features: int) -> torch.
     if sub:  # Q6_K's int8 sub-scales: half 0's eight columns, then half 1's
         halves = blocks[..., scale:scale + sub].transpose(0, 1, 3, 2)              # [G, nb, 2, 8]
         parts.append(np.ascontiguousarray(halves).reshape(groups, nb, GROUP * sub))
-    if quants == 32:
-        parts.append(blocks[..., -32:].reshape(groups, nb, GROUP * QK))
-    else:
-        qs = blocks[..., -16:].reshape(groups, nb, 2, 4, 16).transpose(0, 1, 3, 2, 4)  # row j: cols j, j+4
-        parts.append(qs.reshape(groups, nb, 4 * 2 * 16))
+    # Quants column-interleaved: quad j (elements 4j .. 4j + 3) of the 8 columns, 4 bytes each, then quad j + 1;
+    # ggml's nibble byte 4j + p holds element 4j + p (low) and 16 + 4j + p (high): quads j and j + 4.
+    quants_of = blocks[..., -quants:].reshape(groups, nb, GROUP, quants // 4, 4)   # [G, nb, 8, quads, 4]
+    parts.append(quants_of.transpose(0, 1, 3, 2, 4).reshape(groups, nb, GROUP * quants))
     packed = np.ascontiguousarray(np.concatenate(parts, axis=-1))           # [G, nb, GROUP_BYTES]
     assert packed.shape[-1] == GROUP_BYTES[qtype]
     return torch.from_numpy(packed)

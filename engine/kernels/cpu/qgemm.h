@@ -6,20 +6,21 @@
 //
 // Packed weight layout (built once at load by engine/kernels/cpu/pack.py), output columns in groups of 8:
 //   [groups = ceil(N / 8)][blocks = K / 32][group_bytes(qtype)] uint8, for each (group, block):
-//     Q4_0: d fp16 [8] | nibbles [4][32]                          144 bytes
-//     Q4_1: d fp16 [8] | m fp16 [8] | nibbles [4][32]             160 bytes
-//     Q8_0: d fp16 [8] | q int8 [8][32]                           272 bytes
-//     Q4_K: d fp32 [8] | m fp32 [8] | nibbles [4][32]             192 bytes
-//     Q5_K: d fp32 [8] | m fp32 [8] | q int8 [8][32]              320 bytes
-//     Q6_K: d fp16 [8] | c int8 [2][8] | q int8 [8][32]           288 bytes
+//     Q4_0: d fp16 [8] | nibbles [4 quads][8 columns][4]          144 bytes
+//     Q4_1: d fp16 [8] | m fp16 [8] | nibbles [4][8][4]            160 bytes
+//     Q8_0: d fp16 [8] | q int8 [8 quads][8 columns][4]           272 bytes
+//     Q4_K: d fp32 [8] | m fp32 [8] | nibbles [4][8][4]            192 bytes
+//     Q5_K: d fp32 [8] | m fp32 [8] | q int8 [8][8][4]             320 bytes
+//     Q6_K: d fp16 [8] | c int8 [2][8] | q int8 [8][8][4]          288 bytes
 //   The ggml types keep the file's bytes a weight (fp16 scales, widened to fp32 exactly where used). The
 //   K-quants come re-encoded per 32-block (engine/loading/transcode.py): Q4_K and Q5_K as w = d * q + m
 //   with d and m the fp32 products ggml's own dequantizer forms (sub-block scale times super-block scale,
 //   exact), q in 0..15 or 0..31; Q6_K as w = d * c_h * q, q in -32..31, the integer sub-scale c_h of
 //   each 16-element half h kept apart so the integer sum stays exact (Q5_1 travels as Q5_K).
-//   Q4 nibble row j (j = 0..3) is column j's 16 ggml bytes then column j + 4's: one 256-bit load holds two
-//   columns, low nibbles elements 0-15 and high nibbles 16-31, and a two-level hadd of the four rows'
-//   partial sums lands the 8 columns in their natural order. Int8 row j is column j's 32 quants.
+//   The quants are column-interleaved, 4 bytes at a time: quad j (a block's elements 4j .. 4j + 3) of column
+//   0, of column 1, ..., of column 7, then quad j + 1: one 256-bit load holds 4 consecutive k of each of the 8
+//   columns, one per 32-bit lane. Int8 types: quads 0..7, 256 bytes. Nibble types: 4 loads of 32 bytes hold
+//   ggml's bytes 4j .. 4j + 3 of each column, whose low nibbles are quad j and high nibbles quad j + 4.
 //   Columns past N (the last group's padding) have d = m = c = 0 and q = 0.
 //
 // Arithmetic every path performs, per output element (row i, column n), blocks b = 0, 1, 2, ... in order:

@@ -1,8 +1,8 @@
 // The AVX2 path (with FMA and F16C): the integer products for qgemm_tile.inc's micro-kernel, and the
 // activation quantizer.
 //
-// Q4 nibbles (0..15, unsigned) times int8 activations with maddubs (u8 x s8 pairs summed to int16, at
-// most 2 * 15 * 127); Q8_0 with the sign trick, |w| x (a * sign(w)): |w| <= 128 and |a| <= 127 (the
+// Unsigned quants (nibbles, Q5_K's 0..31) times int8 activations with maddubs (u8 x s8 pairs summed to
+// int16); signed ones (Q8_0, Q6_K) with the sign trick, |w| x (a * sign(w)): |w| <= 128 and |a| <= 127 (the
 // quantizer clamps), so a pair stays <= 32512 and maddubs never saturates. Exact throughout.
 #include <immintrin.h>
 
@@ -15,21 +15,13 @@ namespace workbench_cpu {
 namespace {
 
 struct Isa {
-  // Reduced in int16 as far as it is exact: a lane of p is at most 2 * 2 * 15 * 127 = 7620, four of them
-  // summed (two hadds) 30480 < 2^15; the last step, madd, widens to int32. Lane n ends as column n.
-  static __m256i q4(const __m256i lo[4], const __m256i hi[4], __m256i alo, __m256i ahi) {
-    __m256i p[4];
-    for (int j = 0; j < 4; ++j)
-      p[j] = _mm256_add_epi16(_mm256_maddubs_epi16(lo[j], alo), _mm256_maddubs_epi16(hi[j], ahi));
-    const __m256i h = _mm256_hadd_epi16(_mm256_hadd_epi16(p[0], p[1]), _mm256_hadd_epi16(p[2], p[3]));
-    return _mm256_madd_epi16(h, _mm256_set1_epi16(1));
+  static constexpr int MAX_ROWS = 4;  // 16 registers: 4 rows of int and float sums beside the weights
+  static constexpr bool BIAS_Q8 = false;  // (w + 128) * a would saturate maddubs' int16 pairs
+  // maddubs: u8 x s8 pairs summed to int16, at most 2 * 128 * 127 = 32512 (the sign trick's |w| <= 128,
+  // nibbles <= 15, Q5_K <= 31): never saturates; madd widens each pair of pairs to the lane's int32.
+  static __m256i dot(__m256i acc, __m256i w, __m256i a) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), _mm256_set1_epi16(1)));
   }
-  static __m256i q8_prep(__m256i w) { return _mm256_sign_epi8(w, w); }  // |w| as u8 (128 for -128)
-  static __m256i q8(__m256i abs_w, __m256i w, __m256i aq) {
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(abs_w, _mm256_sign_epi8(aq, w)), _mm256_set1_epi16(1));
-  }
-  static __m256i q8_fix(__m256i isum, int32_t) { return isum; }
-  static __m256i q8s(__m256i abs_w, __m256i w, __m256i aq) { return q8(abs_w, w, aq); }
 };
 
 #include "qgemm_tile.inc"

@@ -29,29 +29,32 @@ float min_of(int qtype, const uint8_t* blk, int64_t j) {
   return fp32_scales(qtype) ? load_f32(m + 4 * j) : load_f16(m + 2 * j);
 }
 
+// Quant k (0..31) of column j in a group-block: its byte, and for the nibble types which nibble.
+uint8_t quant_byte(int qtype, const uint8_t* blk, int64_t j, int k) {
+  const int quad = nibbles(qtype) ? (k % 16) / 4 : k / 4;
+  return blk[quants_offset(qtype) + 32 * quad + 4 * j + k % 4];
+}
+
+int32_t quant(int qtype, const uint8_t* blk, int64_t j, int k) {
+  const uint8_t byte = quant_byte(qtype, blk, j, k);
+  if (nibbles(qtype)) return k < 16 ? byte & 0x0f : byte >> 4;
+  return int32_t(static_cast<int8_t>(byte));
+}
+
 // Integer dot of column j's block with the activation block a[32].
 int32_t block_dot(int qtype, const uint8_t* blk, int64_t j, const int8_t* a) {
-  int32_t isum = 0;
-  if (!nibbles(qtype)) {
-    const int8_t* w = reinterpret_cast<const int8_t*>(blk + quants_offset(qtype) + 32 * j);
-    if (qtype == Q6_K) {  // each half's sum times its integer sub-scale
-      const int8_t* c = reinterpret_cast<const int8_t*>(blk + 16);
-      for (int h = 0; h < 2; ++h) {
-        int32_t half = 0;
-        for (int k = 16 * h; k < 16 * h + 16; ++k) half += int32_t(w[k]) * int32_t(a[k]);
-        isum += int32_t(c[8 * h + j]) * half;
-      }
-      return isum;
+  if (qtype == Q6_K) {  // each half's sum times its integer sub-scale
+    const int8_t* c = reinterpret_cast<const int8_t*>(blk + 16);
+    int32_t isum = 0;
+    for (int h = 0; h < 2; ++h) {
+      int32_t half = 0;
+      for (int k = 16 * h; k < 16 * h + 16; ++k) half += quant(qtype, blk, j, k) * int32_t(a[k]);
+      isum += int32_t(c[8 * h + j]) * half;
     }
-    for (int k = 0; k < 32; ++k) isum += int32_t(w[k]) * int32_t(a[k]);
     return isum;
   }
-  // Column j lives in nibble row j % 4, first or second half (see the layout in qgemm.h).
-  const uint8_t* nib = blk + quants_offset(qtype) + 32 * (j % 4) + 16 * (j / 4);
-  for (int k = 0; k < 16; ++k) {
-    isum += int32_t(nib[k] & 0x0f) * int32_t(a[k]);
-    isum += int32_t(nib[k] >> 4) * int32_t(a[k + 16]);
-  }
+  int32_t isum = 0;
+  for (int k = 0; k < 32; ++k) isum += quant(qtype, blk, j, k) * int32_t(a[k]);
   return isum;
 }
 
