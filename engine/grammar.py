@@ -117,7 +117,10 @@ def _json_schema_grammar(spec: object) -> str:
     schema = spec.get("schema", {"type": "object"})
     if not isinstance(schema, dict):
         raise ResponseFormatError("json_schema.schema must be a JSON Schema object")
-    return _llguidance().LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
+    try:
+        return _llguidance().LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
+    except ValueError as exc:  # what llguidance cannot take in a schema (e.g. an integer beyond 64 bits)
+        raise ResponseFormatError(f"json_schema.schema cannot be used: {exc}") from None
 
 
 class GrammarTokenizer:

@@ -71,6 +71,8 @@ def test_eos_is_allowed_only_where_the_grammar_accepts(engine):
     ({"type": "json_schema", "json_schema": {"schema": []}}, "schema must be a JSON Schema object"),
     ({"type": "json_schema", "json_schema": {"schema": {"type": "thing"}}}, "does not compile"),
     ({"type": "regex", "regex": "(["}, "does not compile"),
+    # llguidance cannot serialize an integer beyond 64 bits (a fuzzed tool schema found it): a 400, not a 500
+    ({"type": "json_schema", "json_schema": {"schema": {"type": "object", "x": [-2**84]}}}, "cannot be used"),
     ({"type": "json_object", "schema": {}}, "unknown field 'schema'"),
     ("json", "must be an object"),
 ])
