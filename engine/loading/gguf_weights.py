@@ -22,7 +22,7 @@ import torch
 
 from engine.loading.gguf_model import GGUFCheckpoint, GGUFTensor
 from engine.loading.tensor_checks import check_complete, check_tensor, expected_tensors
-from engine.loading.transcode import NATIVE_ONLY, TRANSCODED, transcoded
+from engine.loading.transcode import TRANSCODED, transcoded
 from engine.model import LlamaForCausalLM
 
 if TYPE_CHECKING:  # imported at run time where a module is built
@@ -111,8 +111,8 @@ def _servable_quantized(tensor: GGUFTensor) -> bool:
 
 
 def _servable_type(tensor: GGUFTensor) -> bool:
-    from engine.model.quantized import BLOCK_BYTES  # the types QuantizedLinear serves
+    from engine.model.quantized import BLOCK_BYTES, K_QUANTS  # the types QuantizedLinear serves
 
-    if tensor.qtype in TRANSCODED and TRANSCODED[tensor.qtype] in NATIVE_ONLY:
+    if tensor.qtype in TRANSCODED and TRANSCODED[tensor.qtype] in K_QUANTS:
         return _native_kernels()  # no torch route: dequantized where the kernels are not built
     return tensor.qtype in BLOCK_BYTES or tensor.qtype in TRANSCODED

@@ -26,7 +26,6 @@ Q = gguf.GGMLQuantizationType
 Q5_0_BYTES, Q5_1_BYTES, Q8_0_BYTES = 22, 24, 34
 Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES = 144, 176, 210  # per 256-element super-block
 TRANSCODED = {Q.Q5_0: Q.Q8_0, Q.Q4_K: Q.Q4_K, Q.Q5_K: Q.Q5_K, Q.Q6_K: Q.Q6_K, Q.Q5_1: Q.Q5_K}
-NATIVE_ONLY = {Q.Q4_K, Q.Q5_K, Q.Q6_K}  # kernel types the torch route cannot serve
 
 
 def transcoded(rows: np.ndarray, qtype: gguf.GGMLQuantizationType) -> tuple[np.ndarray, gguf.GGMLQuantizationType]:

@@ -72,7 +72,8 @@ BLOCK_BYTES = {Q.Q4_0: 2 + 16, Q.Q4_1: 2 + 2 + 16, Q.Q8_0: 2 + 32, Q.Q4_K: 4 + 4
 # Most rows of a float32 input that go through the int4 kernel; more are dequantized + F.linear. Measured
 # on a 2-core AVX2 machine (bench/quantized_linear.py): the scalar fp32 kernel beats dequantize + F.linear
 # at one row for Q4, never for Q8_0 (its two int4 groups per block double the kernel's work).
-K_QUANTS = {Q.Q4_K, Q.Q5_K, Q.Q6_K}  # held in the transcoder's rows, not the file's
+# Held in the transcoder's rows, not the file's, and served by the native kernels only.
+K_QUANTS = frozenset({Q.Q4_K, Q.Q5_K, Q.Q6_K})
 FP32_KERNEL_MAX_ROWS = {Q.Q4_0: 1, Q.Q4_1: 1, Q.Q8_0: 0}  # the K-quants never: the int4 kernel has no route
 N_MULTIPLE = 16  # _convert_weight_to_int4pack_for_cpu: "expect N to be dividable by 16"
 
@@ -148,7 +149,7 @@ class QuantizedLinear(nn.Module):
         if packed is not None:
             out = cpu_kernels.qlinear(x2.contiguous(), packed, int(self.qtype), self.out_features,
                                       out_dtype=torch.bfloat16)
-        elif self.qtype not in FP32_KERNEL_MAX_ROWS:  # a K-quant without the native kernels: slow, exact
+        elif self.qtype in K_QUANTS:  # without the native kernels: no int4 route, dequantized (slow, exact)
             out = F.linear(x2, self.dequantize().to(x2.dtype))
         elif x.dtype == torch.float32 and x2.shape[0] > FP32_KERNEL_MAX_ROWS[self.qtype]:
             out = F.linear(x2, self.dequantize())
