@@ -180,7 +180,7 @@ async def test_a_garbled_flag_message_is_refused_and_the_worker_serves_on(celery
         garbled = [{"name": ["ARC_GRAPHS"], "value": True}, {"name": "ARC_GRAPHS", "value": None},
                    {"name": "ARC_GRAPH_VERIFY_REPLAYS", "value": "3"}, {"name": None, "value": {}}]
         for n, fields in enumerate(garbled):
-            await layer.send(wire.control_channel(worker_id),
+            await layer.send(wire.control_channel(settings.WORKBENCH_QUEUE_PREFIX, worker_id),
                              {"type": wire.SET_FLAG, "change_id": f"g{n}", "reply_channel": reply, **fields})
         answers = [await asyncio.wait_for(layer.receive(reply), 10) for _ in garbled]
         assert all(answer["error"] and answer["in_force"] is None for answer in answers)

@@ -26,10 +26,12 @@ log = logging.getLogger(__name__)
 
 
 class FlagFanout:
-    def __init__(self, loop: asyncio.AbstractEventLoop, layer: OneTripChannelLayer, redis: Redis) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, layer: OneTripChannelLayer, redis: Redis,
+                 queue_prefix: str) -> None:
         """`loop`: the link loop; `layer`: the channel layer the changes go out on; `redis`: where a
-        change for every worker is kept for those that start later."""
-        self._loop, self._layer, self._redis = loop, layer, redis
+        change for every worker is kept for those that start later; `queue_prefix`: the deployment's
+        namespace of both."""
+        self._loop, self._layer, self._redis, self._prefix = loop, layer, redis, queue_prefix
         self._answers: dict[str, dict[str, asyncio.Future[FlagAnswer]]] = {}  # change id -> worker -> answer
 
     async def change(self, name: str, value: bool | int, workers: list[str] | None, live: Collection[str],
@@ -44,12 +46,12 @@ class FlagFanout:
         try:
             if workers is None and capability(name).settable:  # a start-only flag is only answered
                 try:
-                    await self._redis.hset(wire.flags_key(), name, json.dumps(value))
+                    await self._redis.hset(wire.flags_key(self._prefix), name, json.dumps(value))
                 except Exception as exc:
                     log.warning("flag change %s not kept for later workers: %s", change_id, exc)
             for worker_id in asked:
                 try:
-                    await self._layer.send(wire.control_channel(worker_id),
+                    await self._layer.send(wire.control_channel(self._prefix, worker_id),
                                            wire.set_flag_message(change_id, name, value, reply_channel))
                 except Exception as exc:  # this one is not reached; the others are still waited for
                     waiting[worker_id].set_result({"error": f"could not reach the worker: {exc}"})

@@ -37,9 +37,10 @@ class _Pending:
 
 
 class PendingRequests:
-    def __init__(self, loop: asyncio.AbstractEventLoop, layer: OneTripChannelLayer) -> None:
-        """`loop`: the link loop, which runs the cancels; `layer`: the channel layer they go out on."""
-        self._loop, self._layer = loop, layer
+    def __init__(self, loop: asyncio.AbstractEventLoop, layer: OneTripChannelLayer, queue_prefix: str) -> None:
+        """`loop`: the link loop, which runs the cancels; `layer`: the channel layer they go out on, to
+        the workers' control channels under `queue_prefix`."""
+        self._loop, self._layer, self._prefix = loop, layer, queue_prefix
         self._by_wire_id: dict[str, _Pending] = {}
         self._wire_ids: dict[str, str] = {}  # request id -> wire id, while pending
 
@@ -75,7 +76,7 @@ class PendingRequests:
         """A few tries: a cancel that cannot get through leaves a worker generating for nobody."""
         for attempt in range(CANCEL_ATTEMPTS):
             try:
-                await self._layer.send(wire.control_channel(worker_id), wire.cancel_message(wire_id))
+                await self._layer.send(wire.control_channel(self._prefix, worker_id), wire.cancel_message(wire_id))
                 return
             except Exception as exc:
                 log.warning("could not cancel %s on %s (try %d): %s", wire_id, worker_id, attempt + 1, exc)

@@ -55,8 +55,8 @@ class CeleryTransport:
         self.layer = make_layer(link_settings.redis_url)
         self.presence = Presence(link_settings.redis_url, link_settings.queue_prefix, link_settings.lost_after_s)
         self.reply_channel = ""  # named by the layer once the link loop runs (start)
-        self._pending = PendingRequests(self._loop, self.layer)
-        self._flags = FlagFanout(self._loop, self.layer, self.presence.redis)
+        self._pending = PendingRequests(self._loop, self.layer, link_settings.queue_prefix)
+        self._flags = FlagFanout(self._loop, self.layer, self.presence.redis, link_settings.queue_prefix)
         self._outgoing: dict[str, list[dict]] = {}  # worker id -> requests waiting for the next task to it
         self._publishing: set[str] = set()  # workers with a task on its way
         self._workers: dict[str, Heartbeat] = {}  # as of the last successful poll
@@ -132,7 +132,8 @@ class CeleryTransport:
         if request_id not in beat.requests:
             return "no such request on this worker (it may have just finished)"
         try:
-            await self.layer.send(wire.control_channel(worker), wire.cancel_message(request_id, by_operator=True))
+            await self.layer.send(wire.control_channel(self.link_settings.queue_prefix, worker),
+                                  wire.cancel_message(request_id, by_operator=True))
         except Exception as exc:  # Redis away: the operator hears it, the dashboard lives on
             return f"the cancel could not reach {worker}: {type(exc).__name__}: {exc}"
         return None

@@ -17,8 +17,6 @@ The channel layer these travel on is redis_layer.py's (channels-redis with a fas
 
 from __future__ import annotations
 
-from django.conf import settings
-
 from workbench.serving.streams import StreamEvent
 
 GENERATE_TASK = "workbench.generate"
@@ -30,12 +28,15 @@ FLAG_DONE = "workbench.flag_done"
 TASK_EXPIRES_S = 60
 
 
-def queue_name(worker_id: str) -> str:
-    return f"{settings.WORKBENCH_QUEUE_PREFIX}.{worker_id}"
+# `prefix` below is WORKBENCH_QUEUE_PREFIX, which both sides take from their settings (LinkSettings,
+# WorkerSettings): the deployment's namespace in Redis.
+
+def queue_name(prefix: str, worker_id: str) -> str:
+    return f"{prefix}.{worker_id}"
 
 
-def control_channel(worker_id: str) -> str:
-    name = f"{settings.WORKBENCH_QUEUE_PREFIX}.control.{worker_id}"
+def control_channel(prefix: str, worker_id: str) -> str:
+    name = f"{prefix}.control.{worker_id}"
     if len(name) >= 100:  # Channels refuses longer names on every send and receive
         raise ValueError(f"channel name {name!r} is too long; shorten WORKBENCH_QUEUE_PREFIX")
     return name
@@ -53,8 +54,8 @@ def cancel_message(request_id: str, by_operator: bool = False) -> dict:
     return {"type": CANCEL, "request_id": request_id, "by_operator": by_operator}
 
 
-def flags_key() -> str:
-    return f"{settings.WORKBENCH_QUEUE_PREFIX}:flags"
+def flags_key(prefix: str) -> str:
+    return f"{prefix}:flags"
 
 
 def set_flag_message(change_id: str, name: str, value: bool | int, reply_channel: str) -> dict:

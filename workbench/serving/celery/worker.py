@@ -28,7 +28,6 @@ from typing import cast
 
 import redis
 from celery import Celery
-from django.conf import settings
 
 from engine import Engine, EngineConfig, InvalidSamplingParams, SamplingParams
 from workbench.serving.celery import wire
@@ -36,6 +35,7 @@ from workbench.serving.celery.outbox import Outbox
 from workbench.serving.celery.heartbeat import HeartbeatThread
 from workbench.serving.celery.presence import Heartbeat, Presence, admit_once
 from workbench.serving.celery.redis_layer import OneTripChannelLayer, make_layer
+from workbench.serving.celery.worker_settings import WorkerSettings
 from workbench.serving.engine_host import STATE_EVERY_S, EngineHost
 from workbench.serving.engine_settings import served_engine_config
 from workbench.serving.streams import StreamEvent
@@ -54,14 +54,16 @@ def new_worker_id() -> str:
 
 
 class WorkerHost:
-    def __init__(self, worker_id: str, engine_config: EngineConfig, app: Celery) -> None:
+    def __init__(self, worker_id: str, engine_config: EngineConfig, app: Celery,
+                 worker_settings: WorkerSettings) -> None:
         self.worker_id = worker_id
         self.app = app  # the Celery app that runs this worker (its queues and broker connection)
-        self.queue = wire.queue_name(worker_id)
-        self.control_channel = wire.control_channel(worker_id)
+        self.settings = worker_settings
+        self.queue = wire.queue_name(worker_settings.queue_prefix, worker_id)
+        self.control_channel = wire.control_channel(worker_settings.queue_prefix, worker_id)
         self.engine_config = engine_config
-        self.engine_host = EngineHost(lambda: Engine(engine_config), settings.WORKBENCH_STREAM_INTERVAL,
-                                      settings.WORKBENCH_STREAM_GAP_S)
+        self.engine_host = EngineHost(lambda: Engine(engine_config), worker_settings.stream_interval,
+                                      worker_settings.stream_gap_s)
         self.started_at = time.time()
         self._loop = asyncio.new_event_loop()
         self._wake = asyncio.Event()
@@ -72,9 +74,9 @@ class WorkerHost:
         self._draining = False
         self._tasks: list[asyncio.Task] = []
         self._thread = threading.Thread(target=self._loop.run_forever, name="worker-link", daemon=True)
-        self._redis = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=5, socket_connect_timeout=3)
-        self.heartbeat = HeartbeatThread(settings.REDIS_URL, settings.WORKBENCH_QUEUE_PREFIX,
-                                         settings.WORKBENCH_HEARTBEAT_S, settings.WORKBENCH_WORKER_LOST_S,
+        self._redis = redis.Redis.from_url(worker_settings.redis_url, socket_timeout=5, socket_connect_timeout=3)
+        self.heartbeat = HeartbeatThread(worker_settings.redis_url, worker_settings.queue_prefix,
+                                         worker_settings.heartbeat_s, worker_settings.lost_after_s,
                                          self._compose_heartbeat, lambda: list(self.engine_host.snapshot.request_ids),
                                          self._dashboards_watched, self._apply_flags_in_force)
 
@@ -89,15 +91,15 @@ class WorkerHost:
                  self.engine_config.device, self.queue)
 
     async def _open(self) -> None:
-        self.layer: OneTripChannelLayer = make_layer(settings.REDIS_URL)
-        self.presence = Presence(settings.REDIS_URL, settings.WORKBENCH_QUEUE_PREFIX, settings.WORKBENCH_WORKER_LOST_S)
+        self.layer: OneTripChannelLayer = make_layer(self.settings.redis_url)
+        self.presence = Presence(self.settings.redis_url, self.settings.queue_prefix, self.settings.lost_after_s)
         for loop in (self._control, self._deliveries, self._orphans):
             self._tasks.append(asyncio.create_task(_forever(loop)))
 
     def _apply_flags_in_force(self) -> None:
         """The flags operators set for every worker apply to one that starts later too. Once more after
         the first heartbeat: a change for all workers made while this one started was seen by nobody."""
-        stored = self._redis.hgetall(wire.flags_key())
+        stored = self._redis.hgetall(wire.flags_key(self.settings.queue_prefix))
         for name, raw in sorted(stored.items()):
             applied = threading.Event()
             self.engine_host.set_flag(name.decode() if isinstance(name, bytes) else name, json.loads(raw),
@@ -112,7 +114,7 @@ class WorkerHost:
     def stop(self) -> None:
         """Warm shutdown: take nothing new, let held requests finish (up to WORKBENCH_DRAIN_S), then cancel."""
         self.begin_drain()
-        deadline = time.monotonic() + settings.WORKBENCH_DRAIN_S
+        deadline = time.monotonic() + self.settings.drain_s
         while self.engine_host.snapshot.request_ids and time.monotonic() < deadline:
             time.sleep(0.1)
         for request_id in self.engine_host.snapshot.request_ids:
@@ -150,7 +152,7 @@ class WorkerHost:
         well_formed = [r for r in requests if isinstance(r, dict) and isinstance(r.get("request_id"), str)]
         if len(well_formed) < len(requests):
             log.warning("dropped %d malformed request(s) of a task", len(requests) - len(well_formed))
-        firsts = admit_once(self._redis, settings.WORKBENCH_QUEUE_PREFIX,
+        firsts = admit_once(self._redis, self.settings.queue_prefix,
                             [r["request_id"] for r in well_formed], self.worker_id)
         for request, first in zip(well_formed, firsts):
             request_id = request["request_id"]
@@ -187,7 +189,7 @@ class WorkerHost:
         return Heartbeat(
             worker_id=self.worker_id, queue=self.queue,
             hostname=socket.gethostname(), pid=os.getpid(), device=self.engine_config.device,
-            model=self.engine_config.model, capacity=settings.WORKBENCH_WORKER_CAPACITY,
+            model=self.engine_config.model, capacity=self.settings.capacity,
             started_at=self.started_at, running=snapshot.running, waiting=snapshot.waiting,
             requests=list(snapshot.request_ids), flags=snapshot.flags or {},
             draining=self._draining, metrics=snapshot.metrics or {}, engine_run=self.engine_host.engine_run,
@@ -261,7 +263,7 @@ class WorkerHost:
         means unmarked at two checks in a row: one miss may be Redis just restarted, empty."""
         missed: set[str] = set()
         while True:
-            await asyncio.sleep(2 * settings.WORKBENCH_HEARTBEAT_S)
+            await asyncio.sleep(2 * self.settings.heartbeat_s)
             with self._reply_lock:
                 channels = sorted(set(self._reply_of.values()))
             missing = set(channels) - await self.presence.webs_alive(channels)
@@ -308,7 +310,7 @@ def prepare_host(app: Celery) -> WorkerHost:
     """Before the worker consumes: its identity and queue (the engine loads later, in start())."""
     global _host
     config = served_engine_config()
-    _host = WorkerHost(new_worker_id(), config, app)
+    _host = WorkerHost(new_worker_id(), config, app, WorkerSettings.from_django())
     return _host
 
 
