@@ -30,7 +30,7 @@ from typing import Any, Callable
 import torch
 
 from engine.decode.device_loop import KILL_SWITCH, DeviceLoop, KillSwitch
-from engine.decode.graphs import DecodeGraphs
+from engine.decode.graphs import BUCKETS, DecodeGraphs, GraphMode
 from engine.decode.leak_events import ALIASED_LOGITS, LeakEvent, LeakEventLog
 from engine.decode.runner import AliasedLogitsError, ModelRunner
 from engine.detokenizer import IncrementalDetokenizer
@@ -89,22 +89,7 @@ class Engine:
         self.loaded.model.set_decode_attention(backend)
         if device.type == "cuda":
             log.info("decode attention: %s (%s)", backend, why)
-        free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
-        num_blocks = config.kv_blocks_for(self.loaded.config, self.max_model_len, free)
-        # A prompt bigger than the pool is refused (FinishedIgnored); a sequence that grows to fill the
-        # whole pool ends with "length", as at the model's length, instead of preempting itself forever.
-        # The last token of a sequence is never fed, so the pool's slots hold sequences one token longer.
-        self.length_limit = min(self.max_model_len, num_blocks * config.block_size + 1)
-        self.kv_cache = PagedKVCache(self.loaded.config, num_blocks, config.block_size, self.loaded.dtype,
-                                     self.loaded.device)
-        if config.kv_cache_mb is not None or config.num_kv_blocks is not None:
-            sized_by = "as configured"
-        elif free is not None:
-            sized_by = f"{config.kv_memory_fraction:.0%} of the {free / 2**30:.1f} GB free on {device}"
-        else:
-            sized_by = "the CPU default"
-        log.info("KV pool: %d blocks of %d tokens, %.0f MB (%s)", num_blocks, config.block_size,
-                 2 * self.kv_cache.keys.nbytes / 2**20, sized_by)
+        self.kv_cache = self._kv_pool(config, device)
         self.leak_events = LeakEventLog()  # what the owner tag and the logits identity check caught
         self.device_loop = DeviceLoop(config.burst_length, self.loaded.device, length_limit=self.length_limit,
                                       enabled=config.device_loop, events=self.leak_events, kill_switch=kill_switch)
@@ -116,10 +101,12 @@ class Engine:
                                         lookahead=self.device_loop.lookahead,  # grants each burst's KV room
                                         prefix_caching=config.prefix_caching)
         graphs = DecodeGraphs(self.loaded.model, self.kv_cache, blocks_needed(self.length_limit, config.block_size),
-                              self.loaded.dtype, self.loaded.device, config.capture_stream,
+                              self.loaded.dtype, self.loaded.device, config.capture_stream_on,
                               verify_every=config.verify_replays, verify_always=config.verify_always,
                               layer_bisect=config.layer_bisect)
-        self.runner = ModelRunner(self.loaded, self.kv_cache, self.device_loop, graphs, config.graphs)
+        self.runner = ModelRunner(self.loaded, self.kv_cache, self.device_loop, graphs, config.graphs_on)
+        if config.graphs_on and graphs.mode is GraphMode.CUDA_GRAPHS:  # now, not mid-serving: a capture stalls
+            graphs.capture_ahead(rows=min(config.max_num_seqs, BUCKETS[-1]), tokens=self.length_limit)
         self.last_step: RunnerOutput = NOTHING_RAN  # the last step's rows, for inspection (engine/host/inspection.py)
         # Called after the device loop with each sequence the funnel stands down (metrics, tests).
         self.stand_down_listeners: list[Callable[[Sequence], None]] = []
@@ -127,6 +114,25 @@ class Engine:
         self._seq_ids = itertools.count()
         self.runtime_flags = RuntimeFlags(self.device_loop, self.runner, self.scheduler)
         self._grammar_tokenizer: GrammarTokenizer | None = None  # built on the first constrained request
+
+    def _kv_pool(self, config: EngineConfig, device: torch.device) -> PagedKVCache:
+        """The KV pool as the config sizes it, logged with why that size; sets the length limit it allows."""
+        free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
+        num_blocks = config.kv_blocks_for(self.loaded.config, self.max_model_len, free)
+        # A prompt bigger than the pool is refused (FinishedIgnored); a sequence that grows to fill the
+        # whole pool ends with "length", as at the model's length, instead of preempting itself forever.
+        # The last token of a sequence is never fed, so the pool's slots hold sequences one token longer.
+        self.length_limit = min(self.max_model_len, num_blocks * config.block_size + 1)
+        kv_cache = PagedKVCache(self.loaded.config, num_blocks, config.block_size, self.loaded.dtype, device)
+        if config.kv_cache_mb is not None or config.num_kv_blocks is not None:
+            sized_by = "as configured"
+        elif free is not None:
+            sized_by = f"{config.kv_memory_fraction:.0%} of the {free / 2**30:.1f} GB free on {device}"
+        else:
+            sized_by = "the CPU default"
+        log.info("KV pool: %d blocks of %d tokens, %.0f MB (%s)", num_blocks, config.block_size,
+                 2 * kv_cache.keys.nbytes / 2**20, sized_by)
+        return kv_cache
 
     @property
     def tokenizer(self) -> Tokenizer:

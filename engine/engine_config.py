@@ -59,12 +59,15 @@ class EngineConfig:
     # timing side channel between users (docs/OPERATIONS.md, "Prefix caching").
     prefix_cache_scope: str = "user"
     # The start-time runtime flags (engine/host/capabilities.py names the ARC_* variable of each; their
-    # defaults there are these): off unless asked for, here or through from_env.
+    # defaults there are these), here or through from_env.
     prefix_caching: bool = True
     device_loop: bool = False
     burst_length: int = 8           # decode steps per device-loop burst
-    graphs: bool = False
-    capture_stream: bool = False
+    # None: by device. On CUDA, graphs on and captured on the capture stream, every graph the config can
+    # replay captured at start (a capture in the middle of serving stalls every stream); elsewhere off
+    # (the CPU replay backend checks replays; it does not speed a step).
+    graphs: bool | None = None
+    capture_stream: bool | None = None
     verify_replays: int = 0
     verify_always: bool = False
     layer_bisect: bool = False
@@ -128,6 +131,16 @@ class EngineConfig:
         if self.max_prefill_beside_decodes is not None:
             return self.max_prefill_beside_decodes
         return None if torch.device(self.device).type == "cuda" else CPU_PREFILL_BESIDE_DECODES
+
+    @property
+    def graphs_on(self) -> bool:
+        """graphs, or its device default: on on CUDA."""
+        return self.graphs if self.graphs is not None else torch.device(self.device).type == "cuda"
+
+    @property
+    def capture_stream_on(self) -> bool:
+        """capture_stream, or its device default: on on CUDA."""
+        return self.capture_stream if self.capture_stream is not None else torch.device(self.device).type == "cuda"
 
     @property
     def weight_format(self) -> str:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import time
 from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -190,8 +191,11 @@ class DecodeGraphs:
         block_buckets = {min(1 << k, top_blocks) for k in range(top_blocks.bit_length() + 1)}
         keys = [(b, n) for b in BUCKETS if b <= top_bucket for n in block_buckets]
         keys.sort(key=lambda key: (key[0] * key[1], key), reverse=True)
+        started = time.perf_counter()
         for key in keys:
             self._graph(key)
+        log.info("decode graphs: %d keys up to %d rows and %d blocks ready in %.1f s (%s)", len(keys), top_bucket,
+                 top_blocks, time.perf_counter() - started, self.capture_state()[1])
         return keys
 
     # -- static buffers and capture -------------------------------------------------------------

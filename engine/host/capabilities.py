@@ -23,7 +23,8 @@ class Capability:
     parent: str
     status: Literal["Live", "Dead"]
     description: str
-    default: bool | int = False
+    # None: the device decides (EngineConfig says how): on CUDA on, elsewhere off.
+    default: bool | int | None = False
     settable: bool = True  # an operator may change it at runtime
     kind: Literal["bool", "int"] = "bool"
     # The EngineConfig field that EngineConfig.from_env sets from this flag; None: not read at start.
@@ -37,11 +38,12 @@ REGISTRY: tuple[Capability, ...] = (
     Capability("ARC_DEVICE_LOOP_KILLED", "engine.decode.device_loop:KillSwitch.killed", "engine/decode/device_loop", "Live",
                "Process-wide kill switch: set by a fault inside a burst; clearing it re-arms the loop."),
     Capability("ARC_GRAPHS", "engine.decode.runner:ModelRunner.use_graphs", "engine/decode/graphs", "Live",
-               "Run decode steps as captured graphs per batch-size bucket (CPU: the replay backend).",
-               config_field="graphs"),
+               "Run decode steps as captured graphs per batch-size bucket (CPU: the replay backend). "
+               "Unset: on on CUDA (every graph captured at start), off elsewhere.",
+               default=None, config_field="graphs"),
     Capability("ARC_CAPTURE_STREAM", "engine.decode.graphs:GraphMode.CUDA_GRAPHS", "engine/decode/graphs", "Live",
-               "On CUDA, capture real CUDA graphs on a dedicated capture stream; off: INERT (eager).",
-               settable=False, config_field="capture_stream"),
+               "On CUDA, capture real CUDA graphs on a dedicated capture stream; off: INERT (eager). Unset: "
+               "on on CUDA.", default=None, settable=False, config_field="capture_stream"),
     Capability("ARC_GRAPH_VERIFY_REPLAYS", "engine.decode.graphs:VerifySettings.every", "engine/decode/graphs", "Live",
                "Verify every Nth graph replay against the eager forward (0: off).", default=0, kind="int",
                config_field="verify_replays"),
@@ -74,9 +76,9 @@ def capability(name: object) -> Capability:
     return entry
 
 
-def env_value(name: str) -> bool | int:
+def env_value(name: str) -> bool | int | None:
     """A registered flag from the environment, by its kind: booleans are true for "1", "true", "yes",
-    "on"; an integer flag that is not an integer is an error naming it."""
+    "on"; an integer flag that is not an integer is an error naming it. Unset: the flag's default."""
     entry = capability(name)
     raw = os.environ.get(name)
     if raw is None:

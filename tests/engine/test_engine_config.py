@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from engine import EngineConfig
 from engine.engine_config import CPU_PREFILL_BESIDE_DECODES, DEFAULT_TOKEN_BUDGET
@@ -94,6 +95,15 @@ def test_the_step_token_budgets_default_by_device_and_a_given_one_wins():
     assert EngineConfig(max_num_batched_tokens=96).token_budget == 96
     assert EngineConfig().prefill_budget_beside_decodes == CPU_PREFILL_BESIDE_DECODES < DEFAULT_TOKEN_BUDGET
     assert EngineConfig(max_prefill_beside_decodes=96).prefill_budget_beside_decodes == 96
+
+
+def test_graphs_and_the_capture_stream_default_on_on_cuda_and_off_elsewhere(monkeypatch):
+    assert (EngineConfig().graphs_on, EngineConfig().capture_stream_on) == (False, False)
+    assert EngineConfig(graphs=True, capture_stream=True).graphs_on
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # only so a CUDA config can be built here
+    assert (EngineConfig(device="cuda").graphs_on, EngineConfig(device="cuda").capture_stream_on) == (True, True)
+    assert not EngineConfig(device="cuda", graphs=False).graphs_on
+    assert not EngineConfig(device="cuda", capture_stream=False).capture_stream_on
 
 
 def test_the_kv_pool_takes_its_fraction_of_free_gpu_memory_or_what_is_set():

@@ -8,7 +8,8 @@
 - Graphs are keyed by block count as well as batch size, so a short batch never attends over the whole
   length limit's blocks.
 - CUDA capture (through a stand-in for torch.cuda): one memory pool for every graph, largest first
-  when captured ahead, and a failed capture restores the caller's stream and names its first error.
+  when captured ahead, every graph the config can replay captured at the engine's start (none while
+  serving), and a failed capture restores the caller's stream and names its first error.
 - The CPU replay backend matches eager exactly in bf16, the benchmark's dtype.
 """
 
@@ -196,6 +197,23 @@ def test_every_graph_shares_one_pool_and_capture_ahead_goes_largest_first(checkp
     assert sizes == sorted(sizes, reverse=True) and keys[0] == (4, 4)
     assert len(fake.pools) == 1 and fake.captured == [fake.pools[0]] * len(keys)
     assert graphs.mode is GraphMode.CUDA_GRAPHS
+
+
+def test_on_cuda_the_engine_captures_every_graph_its_config_can_replay_at_start(checkpoint, monkeypatch):
+    fake = FakeCuda()
+
+    class CapturingGraphs(DecodeGraphs):  # as on CUDA with the capture stream: the default there
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            self.mode, self._cuda = GraphMode.CUDA_GRAPHS, fake
+
+    monkeypatch.setattr("engine.engine.DecodeGraphs", CapturingGraphs)
+    engine = Engine(EngineConfig(model=str(checkpoint), graphs=True, block_size=4, max_num_seqs=3, max_model_len=30))
+    # Batches of up to 3 rows (buckets 1, 2, 4); tables of up to 8 blocks (30 tokens of 4: buckets 1 to 8).
+    assert set(engine.runner.graphs._graphs) == {(b, n) for b in (1, 2, 4) for n in (1, 2, 4, 8)}
+    assert len(fake.captured) == 12
+    engine.generate(["import os", "def f"], SamplingParams(max_tokens=6, **GREEDY))
+    assert len(fake.captured) == 12, "serving captured a graph: a stall for every stream"
 
 
 def test_a_failed_capture_restores_the_stream_and_records_its_first_error(checkpoint, monkeypatch):
