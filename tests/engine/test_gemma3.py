@@ -2,18 +2,21 @@
 262,144 pieces; windowed and full layers) against HF transformers reading the same file with its own
 GGUF reader, both with the weights dequantized to float32.
 
-HF is loaded once for the module (about 80 s here: its reader dequantizes every tensor in Python), and
-so is ours.
+HF is loaded once for the module (its reader dequantizes every tensor in Python), and so is ours.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
+
+import gguf
 import pytest
 import torch
 import transformers
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.loading.loader import load_model
 from engine.loading.tokenizer import NO_CHAT_TEMPLATE, TokenizerError
 
 pytestmark = [pytest.mark.gemma3, pytest.mark.slow]
@@ -28,21 +31,49 @@ TEXTS = ["The capital of France is", "  two  spaces\tand a tab\n\nnew lines", "a
 
 
 @pytest.fixture(scope="module")
-def hf(gemma3_gguf):
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        str(gemma3_gguf.parent), gguf_file=gemma3_gguf.name, dtype=torch.float32).eval()
+def one_header_parse(gemma3_gguf) -> Iterator[Callable[[], AbstractContextManager[None]]]:
+    """HF opens the file anew for the config, for the weights and for the tokenizer, and gguf's reader
+    parses its 262,144-piece vocabulary field by field each time (about 20 s a time here). While HF
+    loads, its reader of this file is one reader, parsed once: HF's own reading all the same."""
+    parsed = gguf.GGUFReader(gemma3_gguf)
+    real_reader = gguf.GGUFReader
+
+    def reader(path, *args, **kwargs):
+        return parsed if Path(path) == gemma3_gguf and not args and not kwargs else real_reader(path, *args, **kwargs)
+
+    @contextmanager
+    def parsed_once() -> Iterator[None]:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(gguf, "GGUFReader", reader)
+            yield
+
+    yield parsed_once
+
+
+@pytest.fixture(scope="module")
+def hf(gemma3_gguf, one_header_parse):
+    with one_header_parse():
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            str(gemma3_gguf.parent), gguf_file=gemma3_gguf.name, dtype=torch.float32).eval()
     model.generation_config.eos_token_id = None  # as our ignore_eos: every step decodes
     return model
 
 
 @pytest.fixture(scope="module")
-def hf_tokenizer(gemma3_gguf):
-    return transformers.AutoTokenizer.from_pretrained(str(gemma3_gguf.parent), gguf_file=gemma3_gguf.name)
+def hf_tokenizer(gemma3_gguf, one_header_parse):
+    with one_header_parse():
+        return transformers.AutoTokenizer.from_pretrained(str(gemma3_gguf.parent), gguf_file=gemma3_gguf.name)
 
 
 @pytest.fixture(scope="module")
-def ours(gemma3_gguf):
-    return load_model(gemma3_gguf, weights="dequantized")
+def engine(gemma3_gguf):
+    return Engine(EngineConfig(model=str(gemma3_gguf), weights="dequantized", dtype="float32"))
+
+
+@pytest.fixture(scope="module")
+def ours(engine):
+    """The engine's own model and tokenizer (one load of the file for the module)."""
+    return engine.loaded
 
 
 @torch.no_grad()
@@ -54,8 +85,7 @@ def test_logits_match_hf_on_every_prompt(ours, hf):
         assert float((got - expected).abs().max() / expected.abs().max()) < RELATIVE_TOLERANCE, prompt
 
 
-def test_greedy_tokens_equal_hf_for_32_tokens_from_6_prompts(gemma3_gguf, ours, hf):
-    engine = Engine(EngineConfig(model=str(gemma3_gguf), weights="dequantized", dtype="float32"))
+def test_greedy_tokens_equal_hf_for_32_tokens_from_6_prompts(engine, ours, hf):
     prompts = [ours.tokenizer.encode(p) for p in PROMPTS]
     results = engine.generate(prompts, SamplingParams(max_tokens=32, temperature=0, ignore_eos=True))
     for prompt, result in zip(prompts, results):
