@@ -3,9 +3,10 @@
 # kernels compiled by NVRTC for sm_90, pytest's collection of the GPU tests, the GPU-marked tests (each
 # CuPy kernel against its torch reference, CUDA graphs against eager, the engine on CUDA, the batched
 # sampler against the per-row one and its one wait; the Triton paged decode attention against the torch
-# path), which decode attention runs and which SDPA kernel the torch path takes, the 1B decode
-# benchmark and, where the python has the web packages (or .whl/ holds them: bench/gpu_webdeps.py), the
-# serving benchmark on CUDA (in-process).
+# path; GGUF Q4 weights on torch's int4 kernel), which decode attention runs and which SDPA kernel the
+# torch path takes, the 1B decode benchmark, the int4 kernel against dequantize + F.linear by row count
+# and, where the python has the web packages (or .whl/ holds them: bench/gpu_webdeps.py), the serving
+# benchmark on CUDA (in-process).
 # Uses the machine's own python3 with its CUDA torch and CuPy; needs nothing from the network. The GPU
 # tests call the CuPy wrappers directly, so without CuPy they fail; they do not fall back.
 # Prints one line per step: passed, failed (with the tail of its log) or skipped and why; the benchmarks'
@@ -85,13 +86,21 @@ step nvrtc 60 pytest_step tests/kernels/test_nvrtc.py
 step collect 90 "$PY" -m pytest -q -p no:cacheprovider --collect-only -m gpu
 
 if "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
-    step gpu-tests 150 pytest_step -m gpu -s tests/kernels tests/engine/test_gpu.py tests/engine/test_sampler_batched.py
+    step gpu-tests 180 pytest_step -m gpu -s tests/kernels tests/engine/test_gpu.py tests/engine/test_sampler_batched.py \
+        tests/engine/test_cuda_int4_gpu.py
     # Which decode attention runs (the Triton paged kernel or the torch path), which SDPA kernel the torch
     # path takes, and both timed at the 1B shape.
     step decode-attention 60 "$PY" bench/decode_attention.py --repeats 20
     show decode-attention
     step decode-bench 200 "$PY" bench/gpu_decode.py --repeats 2
     show decode-bench
+    # GGUF Q4_0/Q4_1 weights kept 4-bit: the int4 kernel against dequantize + F.linear by row count (MAX_ROWS).
+    if "$PY" -c "import gguf" 2>/dev/null; then
+        step int4-bench 60 "$PY" bench/cuda_int4.py --repeats 20
+        show int4-bench
+    else
+        skip int4-bench "this python lacks the gguf package (carry .whl/ from bench/gpu_webdeps.py)"
+    fi
     if "$PY" -c "import workbench.settings, django, channels, daphne, websockets, celery, channels_redis, whitenoise" 2>/dev/null; then
         step serving-bench 90 "$PY" bench/serving.py --device cuda --transports inprocess
         show serving-bench
@@ -103,6 +112,7 @@ else
     skip gpu-tests "$why"
     skip decode-attention "$why"
     skip decode-bench "$why"
+    skip int4-bench "$why"
     skip serving-bench "$why"
 fi
 

@@ -33,7 +33,8 @@ class EngineConfig:
     # kernel); "dequantized" expands them, exactly, into `dtype`. None: dequantized, the exact fp32
     # model that matches HF transformers. On an AVX2 CPU torch's int4 kernel is vectorized only for
     # bfloat16 activations: quantized pays with dtype="bfloat16" and is slow in float32
-    # (docs/BENCHMARKS.md, the SmolLM2 section).
+    # (docs/BENCHMARKS.md, the SmolLM2 section). On CUDA quantized keeps Q4_0/Q4_1 only, 4-bit on the
+    # device with bfloat16 scales (engine/model/cuda_int4.py), and needs dtype="bfloat16".
     weights: str | None = None
     scheduler: str = "paged"
     block_size: int = 16
@@ -114,9 +115,12 @@ class EngineConfig:
             raise ValueError(f"device {self.device!r} is not a torch device ({exc})") from None
         if device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"device {self.device!r}: this machine's torch sees no CUDA device")
-        if self.weights == "quantized" and device.type != "cpu":
-            raise ValueError("weights='quantized' runs on the CPU only (torch's int4 CPU kernel); "
+        if self.weights == "quantized" and device.type not in ("cpu", "cuda"):
+            raise ValueError("weights='quantized' runs on the CPU or on CUDA only (torch's int4 kernels); "
                              f"use weights='dequantized' on {self.device!r}")
+        if self.weights == "quantized" and device.type == "cuda" and self.dtype != "bfloat16":
+            raise ValueError(f"weights='quantized' on CUDA needs dtype='bfloat16' (torch's CUDA int4 kernel takes "
+                             f"bfloat16 activations only), got dtype={self.dtype!r}; or use weights='dequantized'")
 
     @property
     def token_budget(self) -> int:

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-STEPS = ["machine", "wheels", "nvrtc", "collect", "gpu-tests", "decode-attention", "decode-bench", "serving-bench"]
+STEPS = ["machine", "wheels", "nvrtc", "collect", "gpu-tests", "decode-attention", "decode-bench", "int4-bench",
+         "serving-bench"]
 
 
 @pytest.mark.slow
@@ -26,6 +27,6 @@ def test_a_dry_run_prints_one_line_per_step_with_its_reason(tmp_path):
     assert [re.match(r"step ([\w-]+):", line).group(1) for line in steps] == STEPS
     assert all(re.match(r"step [\w-]+: (passed \(\d+s\)|skipped: \S.*)", line) for line in steps), steps
     assert len(lines) == len(steps) + 1 and re.fullmatch(r"gpu_check: ok in \d+s", lines[-1]), lines
-    for gpu_step in ("gpu-tests", "decode-attention", "decode-bench", "serving-bench"):
+    for gpu_step in ("gpu-tests", "decode-attention", "decode-bench", "int4-bench", "serving-bench"):
         assert f"step {gpu_step}: skipped: torch sees no CUDA device" in lines
     assert "step collect: passed" in run.stdout

@@ -11,12 +11,26 @@ where the two are tied: then both read one copy of the rows) is served quantized
 runs in bfloat16 on our native kernels: one kernel at every row count, and the largest matmul of a
 decode step at a quarter of bf16's bytes. Elsewhere it stays float, and so does a table tied to it (the
 float head needs it anyway): the fp32 torch route would dequantize the whole vocabulary at every call.
+
+On CUDA (bfloat16 only: EngineConfig and load_model refuse another dtype), quantized keeps the Q4_0 and
+Q4_1 projections, as `CudaInt4Linear`s on the device (engine/model/cuda_int4.py: torch's int4 kernel,
+scales rounded to bfloat16), each built from its rows on the CPU, which are then dropped. Every other
+type is dequantized into bfloat16, with one log line that names them: the kernel has no 8-bit group
+route, and the CPU's Q8_0 split into two int4 groups would both double the kernel's reads and round
+each half to bfloat16 apart before they are summed (the high half's values reach 128 d, so each of its
+roundings may be off by half a quantization step), where a bfloat16 copy is within 2^-8 of each weight;
+the K-quants run on the native CPU kernels only. The embedding table and the head stay bfloat16 there
+too: the quantized table lookup and head above are CPU routes, and llama.cpp writes most Q4 files'
+output.weight as Q6_K anyway.
 """
 
 from __future__ import annotations
 
+import logging
+from collections import Counter
 from typing import TYPE_CHECKING
 
+import gguf
 import numpy as np
 import torch
 
@@ -26,43 +40,60 @@ from engine.loading.transcode import TRANSCODED, transcoded
 from engine.model import LlamaForCausalLM
 
 if TYPE_CHECKING:  # imported at run time where a module is built
+    from torch import nn
+
     from engine.model.quantized import QuantizedLinear
 
+log = logging.getLogger(__name__)
 
+Q = gguf.GGMLQuantizationType
+FLOAT_TYPES = frozenset({Q.F32, Q.F16, Q.BF16, Q.F64})
 # Where the output head's weight comes from: the embedding's data when the two are tied.
 EMBEDDING = "model.embed_tokens.weight"
 HEAD_SOURCES = {True: EMBEDDING, False: "lm_head.weight"}
 
 
 def load_gguf_weights(model: LlamaForCausalLM, checkpoint: GGUFCheckpoint, dtype: torch.dtype,
-                      quantized: bool) -> None:
+                      quantized: bool, device: torch.device = torch.device("cpu")) -> None:
+    """`device`: where the model's parameters are; on CUDA quantized keeps Q4_0/Q4_1 projections only."""
     expected = expected_tensors(model)
     seen: set[str] = set()
     kept = {}  # module path -> its GGUF tensor, for the weights served quantized
     by_name: dict[str, GGUFTensor] = {}  # the head's candidates, kept from the one pass over the file
+    on_cpu = device.type == "cpu"
     tied = model.config.tie_word_embeddings
     # A tied table stays quantized only where the head does (bf16 on the native kernels): a float head
     # needs the float table anyway.
-    table_quantized = quantized and (not tied or (dtype == torch.bfloat16 and _native_kernels()))
+    table_quantized = quantized and on_cpu and (not tied or (dtype == torch.bfloat16 and _native_kernels()))
+    expanded: Counter[str] = Counter()  # projections of a quantized type dequantized on CUDA, by type
     with torch.no_grad():
         for tensor in checkpoint.tensors():
             check_tensor(expected, checkpoint.path.name, tensor.name, tensor.shape)
             seen.add(tensor.name)
             if tensor.name in HEAD_SOURCES.values():
                 by_name[tensor.name] = tensor
-            if quantized and _servable_quantized(tensor):
+            if quantized and on_cpu and _servable_quantized(tensor):
                 kept[tensor.name.removesuffix(".weight")] = tensor
                 continue
+            if quantized and not on_cpu and _is_projection(tensor) and tensor.qtype not in FLOAT_TYPES:
+                if _cuda_servable(tensor):
+                    kept[tensor.name.removesuffix(".weight")] = tensor
+                    continue
+                expanded[tensor.qtype.name] += 1
             if tensor.name == EMBEDDING and table_quantized and _servable_type(tensor):
                 continue  # looked up in its rows (QuantizedEmbedding): the float table is never filled
             values = np.require(tensor.dequantized(), requirements="W")  # the mapped file is read-only
             expected[tensor.name].copy_(torch.from_numpy(values).to(dtype))
     check_complete(expected, seen)
+    if expanded:
+        log.info("weights='quantized' on %s: %s dequantized to %s (torch's CUDA int4 kernel serves Q4_0 and "
+                 "Q4_1 only)", device, ", ".join(f"{n} {name}" for name, n in sorted(expanded.items())),
+                 str(dtype).removeprefix("torch."))
     table = by_name.get(EMBEDDING)
     shared = False  # the head is the quantized table itself
     if table is not None and table_quantized and _servable_type(table):
         shared = _quantize_embedding(model, table, dtype)
-    if quantized and dtype == torch.bfloat16 and not shared:
+    if quantized and on_cpu and dtype == torch.bfloat16 and not shared:
         head = _quantized_head(by_name.get(HEAD_SOURCES[tied]))
         if head is not None:
             kept["lm_head"] = head
@@ -70,7 +101,9 @@ def load_gguf_weights(model: LlamaForCausalLM, checkpoint: GGUFCheckpoint, dtype
         parent, _, attr = path.rpartition(".")
         owner = model.get_submodule(parent)
         linear = getattr(owner, attr)
-        setattr(owner, attr, _quantized_linear(tensor, linear.in_features, linear.bias))
+        rows = _quantized_linear(tensor, linear.in_features, linear.bias)
+        # On CUDA the CPU rows are dropped with the QuantizedLinear that held them.
+        setattr(owner, attr, rows if on_cpu else _on_cuda(rows, device))
 
 
 def _quantized_linear(tensor: GGUFTensor, in_features: int, bias: torch.Tensor | None = None) -> "QuantizedLinear":
@@ -106,8 +139,24 @@ def _quantized_head(tensor: GGUFTensor | None) -> GGUFTensor | None:
     return tensor if tensor is not None and _servable_type(tensor) else None
 
 
+def _on_cuda(linear: "QuantizedLinear", device: torch.device) -> "nn.Module":
+    from engine.model.cuda_int4 import CudaInt4Linear
+
+    return CudaInt4Linear.from_quantized(linear, device)
+
+
+def _is_projection(tensor: GGUFTensor) -> bool:
+    return tensor.name.endswith("_proj.weight")
+
+
+def _cuda_servable(tensor: GGUFTensor) -> bool:
+    from engine.model.cuda_int4 import CUDA_TYPES
+
+    return tensor.qtype in CUDA_TYPES
+
+
 def _servable_quantized(tensor: GGUFTensor) -> bool:
-    return tensor.name.endswith("_proj.weight") and _servable_type(tensor)
+    return _is_projection(tensor) and _servable_type(tensor)
 
 
 def _servable_type(tensor: GGUFTensor) -> bool:

@@ -171,7 +171,8 @@ def load_weights(model: LlamaForCausalLM, files: list[Path], dtype: torch.dtype)
 def load_model(name_or_path: str | Path, device: str | torch.device = "cpu", dtype: str = "float32",
                weights: str = "dequantized") -> LoadedModel:
     """`weights` matters for GGUF files only: "quantized" keeps Q4_0/Q4_1/Q8_0 linear weights in their
-    own format (engine/loading/gguf_weights.py); HF directories hold float weights either way."""
+    own format (engine/loading/gguf_weights.py; on CUDA Q4_0/Q4_1 only, in bfloat16 only); HF
+    directories hold float weights either way."""
     if dtype not in DTYPES:
         raise ModelLoadError(f"unsupported dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
     if weights not in WEIGHT_FORMATS:
@@ -183,6 +184,12 @@ def load_model(name_or_path: str | Path, device: str | torch.device = "cpu", dty
     else:
         config, files, tokenizer = load_config(path), checkpoint_files(path), load_tokenizer(path)
     torch_dtype, device = DTYPES[dtype], torch.device(device)
+    if gguf is not None and weights == "quantized" and device.type != "cpu":
+        if device.type != "cuda":
+            raise ModelLoadError(f"weights='quantized' runs on the CPU or on CUDA only, not on {device}")
+        if torch_dtype != torch.bfloat16:
+            raise ModelLoadError(f"weights='quantized' on CUDA needs dtype='bfloat16' (torch's CUDA int4 kernel "
+                                 f"takes bfloat16 only), got {dtype!r}")
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
     # Materialise on the target device in the target dtype, then fill from the checkpoint; the
@@ -192,7 +199,7 @@ def load_model(name_or_path: str | Path, device: str | torch.device = "cpu", dty
     if gguf is not None:
         from engine.loading.gguf_weights import load_gguf_weights
 
-        load_gguf_weights(model, gguf, torch_dtype, quantized=weights == "quantized")
+        load_gguf_weights(model, gguf, torch_dtype, quantized=weights == "quantized", device=device)
         eos = gguf.eos_token_ids
         gguf.release_memory()
     else:

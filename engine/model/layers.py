@@ -75,18 +75,31 @@ class GatedMLP(nn.Module):
 def fuse_projections(*projections: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
     """One call computing several projections of the same input, concatenated: one larger matmul per
     step instead of several. Float Linears share one weight (fuse_linears); quantized ones (GGUF
-    weights served as stored) one packed module. For inference, after the weights are loaded."""
+    weights served as stored, on the CPU or on CUDA) one module. For inference, after the weights are
+    loaded."""
     linears = [p for p in projections if isinstance(p, nn.Linear)]
     if len(linears) == len(projections):
         weight, bias = fuse_linears(*linears)
         return partial(F.linear, weight=weight, bias=bias)
-    # Imported only here: it needs the gguf package, which a float model (and the GPU image) lacks.
+    # Imported only here: they need the gguf package, which a float model (and the GPU image) lacks.
+    from engine.model.cuda_int4 import CudaInt4Linear, fuse_cuda_int4
     from engine.model.quantized import QuantizedLinear, fuse_quantized
 
     quantized = [p for p in projections if isinstance(p, QuantizedLinear)]
-    if len(quantized) != len(projections):
-        raise ValueError("cannot fuse quantized and float projections of one input")
-    return fuse_quantized(*quantized)
+    if len(quantized) == len(projections):
+        return fuse_quantized(*quantized)
+    on_cuda = [p for p in projections if isinstance(p, CudaInt4Linear)]
+    if len(on_cuda) == len(projections) and len({p.qtype for p in on_cuda}) == 1:
+        return fuse_cuda_int4(*on_cuda)
+    if on_cuda and not quantized:
+        # On CUDA a file may mix Q4_0/Q4_1 parts (served int4) with parts of other types (dequantized):
+        # each part its own matmul, the outputs concatenated.
+        return partial(_concatenated, projections)
+    raise ValueError("cannot fuse quantized and float projections of one input")
+
+
+def _concatenated(projections: tuple[nn.Module, ...], x: torch.Tensor) -> torch.Tensor:
+    return torch.cat([projection(x) for projection in projections], dim=-1)
 
 
 def fuse_linears(*linears: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:

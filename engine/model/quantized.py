@@ -1,5 +1,6 @@
 """GGUF quantized linear weights (Q4_0, Q4_1, Q8_0, and the K-quants) served quantized on the CPU, with
-their exact values.
+their exact values. (On CUDA the loader serves Q4_0 and Q4_1 from these rows through
+engine/model/cuda_int4.py instead, with bfloat16 scales.)
 
 The K-quants (Q4_K, Q5_K, Q6_K, and Q5_1 as Q5_K) arrive re-encoded per 32-block by
 engine/loading/transcode.py, which states their row formats; they run on the native kernels only (below,
@@ -32,8 +33,9 @@ w = (q - 8) * scale + zero per group:
 
 What the kernel does with each activation dtype (read in torch's int4mm_kernel.cpp, measured here):
     bfloat16: vectorized (AVX2/AVX512): Q4 about as fast as F.linear on the fp32 weight, Q8_0 about 2x
-              its time (measured); scales and zeros are bfloat16 (d loses its 3 low bits: weights differ
-              from gguf's by up to 2^-9 relative) and the output is rounded to bfloat16.
+              its time (measured); scales and zeros are bfloat16 (d loses its 3 low bits, rounded to
+              nearest: weights differ from gguf's by up to 2^-8 relative, as d = 1 + 2^-8 becomes 1)
+              and the output is rounded to bfloat16.
     float32:  exact weights and fp32 arithmetic, but on x86 the kernel's generic scalar loop (no SIMD),
               about 10x slower than F.linear on the dequantized weight for one row, and linear in rows.
               So fp32 inputs of more than FP32_KERNEL_MAX_ROWS rows (1 for Q4, 0 for Q8_0) are dequantized
@@ -79,7 +81,8 @@ N_MULTIPLE = 16  # _convert_weight_to_int4pack_for_cpu: "expect N to be dividabl
 
 
 class QuantizedLinear(nn.Module):
-    """y = x @ W.T (+ bias) for a ggml Q4_0/Q4_1/Q8_0 weight W [out, in], kept quantized. CPU only.
+    """y = x @ W.T (+ bias) for a ggml Q4_0/Q4_1/Q8_0 weight W [out, in], kept quantized. CPU only
+    (on CUDA, engine/model/cuda_int4.py's CudaInt4Linear is built from its rows).
 
     `raw` [out, row_bytes] uint8 (a buffer): the ggml blocks as loaded, what dequantize() and fusion read.
     Derived from it on first use: `native_packed`, the native kernels' layout (`packed()`; None where they

@@ -106,6 +106,18 @@ def test_graphs_and_the_capture_stream_default_on_on_cuda_and_off_elsewhere(monk
     assert not EngineConfig(device="cuda", capture_stream=False).capture_stream_on
 
 
+def test_quantized_weights_on_cuda_are_taken_in_bfloat16_and_refused_in_another_dtype(monkeypatch):
+    """torch's CUDA int4 kernel takes bfloat16 activations only (engine/model/cuda_int4.py)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # only so a CUDA config can be built here
+    config = EngineConfig(device="cuda", dtype="bfloat16", weights="quantized")
+    assert config.weight_format == "quantized"
+    for dtype in ("float32", "float16"):
+        with pytest.raises(ValueError, match=f"on CUDA needs dtype='bfloat16'.*got dtype='{dtype}'"):
+            EngineConfig(device="cuda", dtype=dtype, weights="quantized")
+    assert EngineConfig(device="cuda", dtype="float32", weights="dequantized").weight_format == "dequantized"
+    assert EngineConfig(device="cpu", dtype="float32", weights="quantized").weight_format == "quantized"
+
+
 def test_the_kv_pool_takes_its_fraction_of_free_gpu_memory_or_what_is_set():
     """SmolLM2-135M's shape in bfloat16: 30 layers x 3 KV heads x 64 dims x 2 bytes, keys and values, so
     a block of 16 tokens is 368,640 bytes. With 100 GiB free and the default fraction 0.8, the pool is
