@@ -19,6 +19,7 @@ import pytest
 import websockets
 
 from tests.conftest import ADMIN_PASSWORD
+from tests.waiting import async_wait_until
 from tests.workbench.daphne_session import Session
 from tests.workbench.test_hostile_input import handshake_status, http
 
@@ -133,7 +134,9 @@ def test_a_revoked_token_closes_its_open_socket_at_the_next_frame(inprocess_daph
                                       "params": {"max_tokens": 400, "ignore_eos": True, "temperature": 0}}))
             while not any(f["type"] == "delta" for f in frames):
                 frames.append(json.loads(await asyncio.wait_for(ws.recv(), 60)))
-            running = [running_requests(address)]
+            # The metrics come from the engine's snapshot at the end of a step, which may follow the
+            # step's first delta: polled, not read once.
+            running = [await async_wait_until(lambda: running_requests(address), 10, "the request shown running")]
             await asyncio.to_thread(user.revoke_token, token_id)
             await ws.send(json.dumps({"type": "cancel", "request_id": "none-such"}))
             try:
