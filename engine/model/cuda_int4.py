@@ -55,7 +55,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from engine.model.quantized import GROUP, QuantizedLinear, _kernel_operands
+from engine.model.quantized import GROUP, QuantizedLinear, _kernel_operands, fused_bias
 
 Q = gguf.GGMLQuantizationType
 CUDA_TYPES = frozenset({Q.Q4_0, Q.Q4_1})
@@ -211,15 +211,7 @@ def fuse_cuda_int4(*linears: CudaInt4Linear) -> CudaInt4Linear:
     they drop any packed copy (made again should a part itself be called). Call before packing."""
     if not linears:
         raise ValueError("fuse_cuda_int4 needs at least one CudaInt4Linear")
-    first = linears[0]
-    for linear in linears[1:]:
-        if linear.qtype != first.qtype or linear.in_features != first.in_features:
-            raise ValueError(f"cannot fuse {linear.qtype.name} [{linear.out_features}, {linear.in_features}] "
-                             f"with {first.qtype.name} [{first.out_features}, {first.in_features}]: "
-                             f"parts must share the type and in_features")
-    if len({linear.bias is None for linear in linears}) > 1:
-        raise ValueError("cannot fuse parts with and without bias")
-    bias = None if first.bias is None else torch.cat([linear.bias for linear in linears if linear.bias is not None])
+    first, bias = linears[0], fused_bias(linears)
     fused = CudaInt4Linear(torch.cat([linear.nibbles for linear in linears]),
                            torch.cat([linear.scales_zeros for linear in linears], dim=1),
                            first.qtype, first.in_features, bias)

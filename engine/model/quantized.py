@@ -57,6 +57,9 @@ indexing on axis 0): each row is independent, whole blocks along the input dimen
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Protocol
+
 import gguf
 import numpy as np
 import torch
@@ -235,13 +238,16 @@ def _nibbles(qs: torch.Tensor) -> torch.Tensor:
     return torch.cat([qs & 0x0F, qs >> 4], dim=-1)
 
 
-def fuse_quantized(*linears: QuantizedLinear) -> QuantizedLinear:
-    """One module for several projections of the same input (outputs concatenated in order), so q/k/v or
-    gate/up run as one matmul, as fuse_linears does for float weights: the parts' ggml rows become views
-    of the fused module's. Its packed layout is blocked across rows, so it has its own, and the parts
-    drop theirs; the caller keeps the fused module for the forward."""
-    if not linears:
-        raise ValueError("fuse_quantized needs at least one QuantizedLinear")
+class FusablePart(Protocol):
+    qtype: gguf.GGMLQuantizationType
+    in_features: int
+    out_features: int
+    bias: torch.Tensor | None
+
+
+def fused_bias(linears: Sequence[FusablePart]) -> torch.Tensor | None:
+    """The bias of a module fusing `linears` (the parts' biases concatenated, or None); ValueError unless
+    the parts share the type and in_features, and all or none of them has a bias."""
     first = linears[0]
     for linear in linears[1:]:
         if linear.qtype != first.qtype or linear.in_features != first.in_features:
@@ -250,7 +256,17 @@ def fuse_quantized(*linears: QuantizedLinear) -> QuantizedLinear:
                              f"parts must share the type and in_features")
     if len({linear.bias is None for linear in linears}) > 1:
         raise ValueError("cannot fuse parts with and without bias")
-    bias = None if first.bias is None else torch.cat([linear.bias for linear in linears if linear.bias is not None])
+    return None if first.bias is None else torch.cat([linear.bias for linear in linears if linear.bias is not None])
+
+
+def fuse_quantized(*linears: QuantizedLinear) -> QuantizedLinear:
+    """One module for several projections of the same input (outputs concatenated in order), so q/k/v or
+    gate/up run as one matmul, as fuse_linears does for float weights: the parts' ggml rows become views
+    of the fused module's. Its packed layout is blocked across rows, so it has its own, and the parts
+    drop theirs; the caller keeps the fused module for the forward."""
+    if not linears:
+        raise ValueError("fuse_quantized needs at least one QuantizedLinear")
+    first, bias = linears[0], fused_bias(linears)
     fused = QuantizedLinear(torch.cat([linear.raw for linear in linears]), first.qtype, first.in_features, bias)
     # The parts keep their names and values as views into the fused rows, and give up any packed copy
     # (made again should a part itself be called): the model holds each weight once in each form.
