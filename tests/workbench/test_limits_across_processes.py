@@ -42,15 +42,25 @@ async def running(ws, request_id: str) -> str:
 def two_daphnes(celery_cluster, tmp_path_factory):
     """Two Daphnes over the session's workers with a concurrency limit of LIMIT, counting under a key
     prefix of this module's run (so that parallel runs on one Redis count apart), each with a database
-    of its own and user "bob" in both: [(process, address, token)] * 2. Started side by side."""
+    of its own and user "bob" in both. Started side by side; yields a function returning both, alive:
+    [(process, address, token)] * 2."""
     env = {**celery_cluster.env, "WORKBENCH_USER_CONCURRENT_REQUESTS": str(LIMIT),
            "WORKBENCH_USER_REQUESTS_PER_MINUTE": "0", "WORKBENCH_LIMIT_LEASE_S": str(LEASE_S),
            "WORKBENCH_LIMITS_PREFIX": f"test-limits-{uuid.uuid4().hex[:10]}"}
     root = tmp_path_factory.mktemp("two-daphnes")
     with ThreadPoolExecutor(2) as pool:
         servers = list(pool.map(lambda n: start_daphne(env, root / f"db{n}.sqlite3"), range(2)))
+
+    def alive():
+        """The servers, one that a test killed started again (on its database, a new address and token):
+        each test finds both alive, in whatever order the tests run."""
+        for n, (process, _, _) in enumerate(servers):
+            if process.poll() is not None:
+                servers[n] = start_daphne(env, root / f"db{n}.sqlite3")
+        return list(servers)
+
     try:
-        yield servers
+        yield alive
     finally:
         for process, _, _ in servers:
             if process.poll() is None:
@@ -60,7 +70,7 @@ def two_daphnes(celery_cluster, tmp_path_factory):
 
 
 def test_a_users_concurrent_limit_holds_exactly_across_two_web_processes(two_daphnes):
-    (_, first, first_token), (_, second, second_token) = two_daphnes
+    (_, first, first_token), (_, second, second_token) = two_daphnes()
 
     async def run():
         async with connect(first, first_token) as one, connect(second, second_token) as two:
@@ -90,7 +100,7 @@ def test_a_users_concurrent_limit_holds_exactly_across_two_web_processes(two_dap
 
 
 def test_a_web_process_that_dies_frees_its_slots_once_its_leases_expire(two_daphnes):
-    (_, first, first_token), (dying, second, second_token) = two_daphnes
+    (_, first, first_token), (dying, second, second_token) = two_daphnes()
 
     async def run():
         async with connect(first, first_token) as one:
