@@ -4,8 +4,8 @@
     checkpoint.config, checkpoint.tokenizer, checkpoint.eos_token_ids
     for name, tensor in checkpoint.tensors(): ...   # HF parameter names, llama.cpp's row order undone
 
-The file is read with the `gguf` package's reader (memory-mapped; no parsing of our own) and its
-dequantizers. Metadata becomes an HF-style config dict, so `ModelConfig.from_hf_dict` applies the same
+The file is parsed by engine/loading/gguf_file.py (memory-mapped) and dequantized by the `gguf`
+package. Metadata becomes an HF-style config dict, so `ModelConfig.from_hf_dict` applies the same
 defaults and checks as for config.json. llama.cpp's converter permutes the rows of the Llama Q and K
 projections (it rotates pairs of adjacent features, HF rotates halves); `GGUFTensor.rows` undoes that,
 for float and quantized data alike, since the permutation moves whole output rows. Every way a file can
@@ -15,7 +15,6 @@ disagrees with the metadata) raises `ModelLoadError` naming it.
 
 from __future__ import annotations
 
-import mmap
 import re
 from dataclasses import dataclass
 from functools import cached_property
@@ -25,6 +24,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from engine.loading.fused_tensors import split_rows
+from engine.loading.gguf_file import GGUFFile, GGUFFormatError
 from engine.loading.model_errors import ModelLoadError
 from engine.loading.tokenizer import Tokenizer, TokenizerError
 from engine.model import ConfigError, ModelConfig
@@ -95,8 +95,8 @@ class GGUFCheckpoint:
     def __init__(self, path: Path) -> None:
         self.path = path
         try:
-            self._reader = _reader_class()(str(path))
-        except Exception as exc:  # the reader raises ValueError, struct.error, ... on a malformed file
+            self._file = GGUFFile(path)
+        except (GGUFFormatError, OSError) as exc:
             raise ModelLoadError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc})") from exc
         architecture = self.metadata("general.architecture")
         if architecture not in ARCHITECTURES:
@@ -105,21 +105,18 @@ class GGUFCheckpoint:
         self.architecture = architecture
 
     def metadata(self, key: str, default: Any = _REQUIRED) -> Any:
-        field = self._reader.fields.get(key)
-        if field is None:
-            if default is _REQUIRED:
-                raise ModelLoadError(f"{self.path}: metadata key {key!r} is missing")
-            return default
-        value = field.contents()
-        # Scalars come back as numpy types; plain Python keeps them from leaking into configs and JSON.
-        return value.item() if isinstance(value, np.generic) else value
+        if key in self._file.metadata:
+            return self._file.metadata[key]
+        if default is _REQUIRED:
+            raise ModelLoadError(f"{self.path}: metadata key {key!r} is missing")
+        return default
 
     def _arch(self, key: str, default: Any = _REQUIRED) -> Any:
         return self.metadata(f"{self.architecture}.{key}", default)
 
     @cached_property
     def _tensor_names(self) -> set[str]:
-        return {tensor.name for tensor in self._reader.tensors}
+        return {tensor.name for tensor in self._file.tensors}
 
     @cached_property
     def config(self) -> ModelConfig:
@@ -163,7 +160,7 @@ class GGUFCheckpoint:
             raise ModelLoadError(f"{self.path}: {exc}") from exc
 
     def _rope_freq_factors(self) -> list[float] | None:
-        tensor = next((t for t in self._reader.tensors if t.name == ROPE_FREQS), None)
+        tensor = next((t for t in self._file.tensors if t.name == ROPE_FREQS), None)
         return None if tensor is None else [float(v) for v in np.asarray(tensor.data, dtype=np.float32).reshape(-1)]
 
     def _gemma3_settings(self, raw: dict[str, Any], head_dim: int) -> dict[str, Any]:
@@ -206,11 +203,11 @@ class GGUFCheckpoint:
     def tensors(self) -> Iterator[GGUFTensor]:
         """Every tensor of the file under its HF name and in HF's shape (the loader checks the shapes)."""
         config = self.config
-        for tensor in self._reader.tensors:
+        for tensor in self._file.tensors:
             if tensor.name == ROPE_FREQS:  # read into the config
                 continue
             name = self._hf_name(tensor.name)
-            shape = tuple(int(n) for n in reversed(tensor.shape))  # ggml lists the fastest dimension first
+            shape = tuple(reversed(tensor.dims))  # ggml lists the fastest dimension first
             row_order = None
             if self.architecture in _PERMUTED_QK and name.endswith(("q_proj.weight", "q_proj.bias",
                                                                       "k_proj.weight", "k_proj.bias")):
@@ -221,22 +218,22 @@ class GGUFCheckpoint:
                 raw = raw.reshape(shape[0], -1)
             parts = split_rows(config, name, shape[0])
             if parts is None:
-                yield GGUFTensor(name, tensor.name, tensor.tensor_type, shape, raw, row_order)
+                yield GGUFTensor(name, tensor.name, tensor.qtype, shape, raw, row_order)
                 continue
             for part, rows in parts:
                 part_raw = raw[rows]
-                yield GGUFTensor(part, tensor.name, tensor.tensor_type, (part_raw.shape[0], *shape[1:]), part_raw, None)
+                yield GGUFTensor(part, tensor.name, tensor.qtype, (part_raw.shape[0], *shape[1:]), part_raw, None)
 
     def release_memory(self) -> None:
         """Gives back what a loaded model no longer needs of the file, while the checkpoint stays cached
         for later reads of its config, tokenizer and tensors: the vocabulary's metadata fields (already
-        in the tokenizer; for Gemma 3's 262,144 pieces about 260 MB of parsed views) and this process's
+        in the tokenizer; for Gemma 3's 262,144 pieces about 100 MB of Python lists) and this process's
         resident pages of the mapped file (the model holds its own copies; the pages fault in again from
         the page cache if the tensors are read again). The file is left open."""
         self.config, self.tokenizer  # noqa: B018  computed (and cached) before their source goes
         for key in VOCABULARY_FIELDS:
-            self._reader.fields.pop(key, None)
-        self._reader.release_pages()
+            self._file.metadata.pop(key, None)
+        self._file.release_pages()
 
     def _hf_name(self, gguf_name: str) -> str:
         if gguf_name in _GLOBAL_TENSORS:
@@ -247,30 +244,6 @@ class GGUFCheckpoint:
             raise ModelLoadError(f"{self.path}: unexpected tensor {gguf_name!r} for this architecture")
         layer, part, kind = match.groups()
         return f"model.layers.{layer}.{names[part]}.{kind}"
-
-
-def _reader_class() -> type:
-    import gguf  # imported here: only GGUF models need it
-
-    class PlainArrayReader(gguf.GGUFReader):
-        """gguf's reader over a plain ndarray view of its memory map: the reader makes a view per
-        metadata element, and a memmap's view costs several times a plain one's (a 262,144-piece
-        vocabulary: 20 s to read, 10 s plain, measured)."""
-
-        @property  # type: ignore[override]  # a plain view where gguf declares its memmap
-        def data(self) -> np.ndarray:
-            return self._plain
-
-        @data.setter
-        def data(self, value: np.ndarray) -> None:
-            self._plain = value.view(np.ndarray)
-            self._mapping = getattr(value, "_mmap", None)  # numpy's memmap keeps its mmap there
-
-        def release_pages(self) -> None:
-            if self._mapping is not None:
-                self._mapping.madvise(mmap.MADV_DONTNEED)
-
-    return PlainArrayReader
 
 
 def _unpermute_rows(rows: int, heads: int) -> np.ndarray:

@@ -93,7 +93,7 @@ def _gguf(path: Path) -> GGUFCheckpoint:
 
 @lru_cache(maxsize=2)
 def _opened_gguf(path: Path, mtime_ns: int, size: int) -> GGUFCheckpoint:
-    """One parse per file per process: the gguf reader takes seconds over a real vocabulary's metadata,
+    """One parse per file per process: the file is mapped once and its vocabulary read into lists once,
     and the web side asks for the tokenizer and the config separately. A changed file is read anew."""
     from engine.loading.gguf_model import GGUFCheckpoint  # only GGUF models need the gguf package
 

@@ -112,7 +112,7 @@ class QuantizedLinear(nn.Module):
     @classmethod
     def from_ggml(cls, raw: np.ndarray, qtype: gguf.GGMLQuantizationType | int, in_features: int,
                   bias: torch.Tensor | None = None) -> "QuantizedLinear":
-        """From a GGUF tensor's data (`GGUFReader(...).tensors[i].data`, uint8 [out, row_bytes]) and type, or
+        """From a GGUF tensor's data (`GGUFFile(...).tensors[i].data`, uint8 [out, row_bytes]) and type, or
         for a K-quant from the transcoder's rows. Raises ValueError for other types and for shapes that are not whole blocks."""
         shape = tuple(np.shape(raw))
         try:

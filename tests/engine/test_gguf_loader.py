@@ -45,10 +45,10 @@ def test_a_loaded_model_leaves_the_files_vocabulary_and_pages_behind_and_loads_a
 
     path, _ = tiny_gguf("llama", seed=4)
     checkpoint = loader._gguf(path)
-    assert "tokenizer.ggml.tokens" in checkpoint._reader.fields, "liveness: the file has a vocabulary"
+    assert "tokenizer.ggml.tokens" in checkpoint._file.metadata, "liveness: the file has a vocabulary"
     first = load_model(path, weights="dequantized")
     assert loader._gguf(path) is checkpoint, "the checkpoint stays cached"
-    assert not set(VOCABULARY_FIELDS) & set(checkpoint._reader.fields)
+    assert not set(VOCABULARY_FIELDS) & set(checkpoint._file.metadata)
     assert load_tokenizer(path) is first.tokenizer and load_model_config(path) == first.config
     assert torch.equal(logits(load_model(path, weights="dequantized")), logits(first))
 

@@ -24,7 +24,7 @@ GROUP_BYTES = {qtype: GROUP * size for qtype, size in BLOCK_BYTES.items()}
 
 
 def pack(raw: np.ndarray | torch.Tensor, qtype: int, in_features: int) -> torch.Tensor:
-    """Rows uint8 [out, row_bytes] (as GGUFReader or the transcoder gives them) -> packed uint8
+    """Rows uint8 [out, row_bytes] (as GGUFFile or the transcoder gives them) -> packed uint8
     [groups, K/32, bytes]. Raises ValueError for another type or a shape that is not whole blocks."""
     qtype = int(qtype)
     if qtype not in QTYPES:
