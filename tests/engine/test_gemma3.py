@@ -2,22 +2,18 @@
 262,144 pieces; windowed and full layers) against HF transformers reading the same file with its own
 GGUF reader, both with the weights dequantized to float32.
 
-HF is loaded once for the module (its reader dequantizes every tensor in Python), and so is ours.
+HF is loaded once for the module (its reader dequantizes every tensor in Python; tests/hf_gguf.py), and so
+is ours.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
-from pathlib import Path
-
-import gguf
 import pytest
 import torch
-import transformers
 
 from engine import Engine, EngineConfig, SamplingParams
 from engine.loading.tokenizer import NO_CHAT_TEMPLATE, TokenizerError
+from tests.hf_gguf import hf_model, hf_tokenizer
 
 pytestmark = [pytest.mark.gemma3, pytest.mark.slow]
 
@@ -31,38 +27,13 @@ TEXTS = ["The capital of France is", "  two  spaces\tand a tab\n\nnew lines", "a
 
 
 @pytest.fixture(scope="module")
-def one_header_parse(gemma3_gguf) -> Iterator[Callable[[], AbstractContextManager[None]]]:
-    """HF opens the file anew for the config, for the weights and for the tokenizer, and gguf's reader
-    parses its 262,144-piece vocabulary field by field each time (about 20 s a time here). While HF
-    loads, its reader of this file is one reader, parsed once: HF's own reading all the same."""
-    parsed = gguf.GGUFReader(gemma3_gguf)
-    real_reader = gguf.GGUFReader
-
-    def reader(path, *args, **kwargs):
-        return parsed if Path(path) == gemma3_gguf and not args and not kwargs else real_reader(path, *args, **kwargs)
-
-    @contextmanager
-    def parsed_once() -> Iterator[None]:
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(gguf, "GGUFReader", reader)
-            yield
-
-    yield parsed_once
+def hf(gemma3_gguf):
+    return hf_model(gemma3_gguf)
 
 
 @pytest.fixture(scope="module")
-def hf(gemma3_gguf, one_header_parse):
-    with one_header_parse():
-        model = transformers.AutoModelForCausalLM.from_pretrained(
-            str(gemma3_gguf.parent), gguf_file=gemma3_gguf.name, dtype=torch.float32).eval()
-    model.generation_config.eos_token_id = None  # as our ignore_eos: every step decodes
-    return model
-
-
-@pytest.fixture(scope="module")
-def hf_tokenizer(gemma3_gguf, one_header_parse):
-    with one_header_parse():
-        return transformers.AutoTokenizer.from_pretrained(str(gemma3_gguf.parent), gguf_file=gemma3_gguf.name)
+def hf_tok(gemma3_gguf):
+    return hf_tokenizer(gemma3_gguf)
 
 
 @pytest.fixture(scope="module")
@@ -76,25 +47,40 @@ def ours(engine):
     return engine.loaded
 
 
+@pytest.fixture(scope="module")
+def prompts(ours) -> list[list[int]]:
+    return [ours.tokenizer.encode(prompt) for prompt in PROMPTS]
+
+
+@pytest.fixture(scope="module")
+def greedy(engine, prompts):
+    return engine.generate(prompts, SamplingParams(max_tokens=32, temperature=0, ignore_eos=True))
+
+
+@pytest.fixture(scope="module")
+def their_logits(hf, prompts, greedy) -> list[torch.Tensor]:
+    """HF's logits over each prompt followed by our greedy tokens, one forward each: its argmax at every
+    position is what its own greedy decoding picks after that prefix, so agreeing at every position is
+    `generate` giving our tokens, at a fraction of the cost (causal: the prompt's logits are unchanged)."""
+    with torch.no_grad():
+        return [hf(torch.tensor([ids + result.token_ids])).logits[0] for ids, result in zip(prompts, greedy)]
+
+
 @torch.no_grad()
-def test_logits_match_hf_on_every_prompt(ours, hf):
-    for prompt in PROMPTS:
-        ids = torch.tensor([ours.tokenizer.encode(prompt)])
-        expected = hf(ids).logits[0]
-        got = ours.model.logits(ours.model(ids, torch.arange(ids.shape[1])[None]))[0]
-        assert float((got - expected).abs().max() / expected.abs().max()) < RELATIVE_TOLERANCE, prompt
+def test_logits_match_hf_on_every_prompt(ours, prompts, their_logits):
+    for text, ids, logits in zip(PROMPTS, prompts, their_logits):
+        expected = logits[:len(ids)]
+        got = ours.model.logits(ours.model(torch.tensor([ids]), torch.arange(len(ids))[None]))[0]
+        assert float((got - expected).abs().max() / expected.abs().max()) < RELATIVE_TOLERANCE, text
 
 
-def test_greedy_tokens_equal_hf_for_32_tokens_from_6_prompts(engine, ours, hf):
-    prompts = [ours.tokenizer.encode(p) for p in PROMPTS]
-    results = engine.generate(prompts, SamplingParams(max_tokens=32, temperature=0, ignore_eos=True))
-    for prompt, result in zip(prompts, results):
-        with torch.no_grad():
-            out = hf.generate(torch.tensor([prompt]), max_new_tokens=32, do_sample=False)
-        expected = out[0, len(prompt):].tolist()
-        assert len(set(expected)) > 3, "liveness: the reference must not be a constant run"
-        assert result.token_ids == expected, ours.tokenizer.decode(prompt)
-    assert results[0].text.startswith(" the capital of the country of France.")
+def test_greedy_tokens_are_hfs_greedy_choice_for_32_tokens_from_6_prompts(ours, prompts, greedy, their_logits):
+    for ids, result, logits in zip(prompts, greedy, their_logits):
+        # The logits at position p predict the token at p + 1: the prompt's last one predicts our first.
+        their_choice = logits[len(ids) - 1: -1].argmax(dim=-1).tolist()
+        assert len(result.token_ids) == 32 and len(set(their_choice)) > 3, "liveness: not a constant run"
+        assert result.token_ids == their_choice, ours.tokenizer.decode(ids)
+    assert greedy[0].text.startswith(" the capital of the country of France.")
 
 
 # Each chosen token's logprob, served quantized against the dequantized bfloat16 model: the int8 activations
@@ -124,13 +110,13 @@ def test_k_quants_served_quantized_give_the_dequantized_models_greedy_tokens(gem
         assert gap <= SERVED_LOGPROB_TOLERANCE, f"{text!r}: a chosen token's logprob moved {gap:.3f}"
 
 
-def test_the_tokenizer_encodes_and_decodes_as_hf_does(ours, hf_tokenizer):
+def test_the_tokenizer_encodes_and_decodes_as_hf_does(ours, hf_tok):
     fallback = 0
     for text in TEXTS:
         ids = ours.tokenizer.encode(text)
-        assert ids == hf_tokenizer.encode(text), text
-        assert ours.tokenizer.decode(ids) == hf_tokenizer.decode(ids, skip_special_tokens=True), text
-        fallback += sum(1 for i in ids if hf_tokenizer.convert_ids_to_tokens(i).startswith("<0x"))
+        assert ids == hf_tok.encode(text), text
+        assert ours.tokenizer.decode(ids) == hf_tok.decode(ids, skip_special_tokens=True), text
+        fallback += sum(1 for i in ids if hf_tok.convert_ids_to_tokens(i).startswith("<0x"))
     assert fallback >= 4, "liveness: some characters must go through the <0xNN> byte pieces"
 
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from engine import Engine, EngineConfig, SamplingParams
+from tests.hf_gguf import hf_model
 
 pytestmark = [pytest.mark.smollm2, pytest.mark.slow]
 
@@ -38,11 +39,7 @@ def prompts(ours) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def theirs(smollm2_gguf):
-    import transformers
-
-    model = transformers.AutoModelForCausalLM.from_pretrained(smollm2_gguf.parent, gguf_file=smollm2_gguf.name,
-                                                              dtype=torch.float32)
-    return model.eval()
+    return hf_model(smollm2_gguf)
 
 
 def full_logits(engine: Engine, ids: list[int]) -> torch.Tensor:

@@ -1,0 +1,63 @@
+"""HF transformers reading a GGUF file with its own reader (the gguf package's GGUFReader), the reference
+for our loading of the packaged models, with that reader's parse done once per file.
+
+transformers opens the file anew for the config, for the weights and for the tokenizer, and gguf's reader
+parses the metadata element by element each time: Gemma 3's 262,144-piece vocabulary took it 14 s a
+parse here, SmolLM2's 3.6 s. While transformers loads, its reader of the file is one reader, parsed once
+over a plain view of the file's memory map (a memmap's views cost several times a plain one's: 3 s for
+Gemma 3). transformers' own reading all the same: its mapping, dequantizers and tokenizer conversion.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import lru_cache
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+import transformers
+
+
+class PlainViewReader(gguf.GGUFReader):
+    @property  # type: ignore[override]  # a plain view where gguf declares its memmap
+    def data(self) -> np.ndarray:
+        return self._plain
+
+    @data.setter
+    def data(self, value: np.ndarray) -> None:
+        self._plain = value.view(np.ndarray)
+
+
+@lru_cache(maxsize=1)  # one file's parse held at a time: Gemma 3's is hundreds of MB
+def _parsed(path: Path) -> PlainViewReader:
+    return PlainViewReader(path)
+
+
+@contextmanager
+def parsed_once(path: Path) -> Iterator[None]:
+    real_reader = gguf.GGUFReader
+
+    def reader(opened, *args, **kwargs):
+        return _parsed(path) if Path(opened) == path and not args and not kwargs else real_reader(opened, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gguf, "GGUFReader", reader)
+        yield
+
+
+def hf_model(path: Path) -> transformers.PreTrainedModel:
+    """The file's model in float32, in eval mode, decoding every step (no EOS: as our ignore_eos)."""
+    with parsed_once(path):
+        model = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                                  dtype=torch.float32).eval()
+    model.generation_config.eos_token_id = None
+    return model
+
+
+def hf_tokenizer(path: Path):
+    with parsed_once(path):
+        return transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
