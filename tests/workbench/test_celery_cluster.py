@@ -1,6 +1,7 @@
 """The Celery transport with real worker processes over a real Redis: spreading, cancel to the right
-worker, a worker killed mid-stream, Redis stopped and restarted, no worker or every worker full, a
-task delivered twice still running once, and a worker's warm shutdown."""
+worker, no worker or every worker full, a task delivered twice still running once, and a worker's warm
+shutdown. A worker killed mid-stream and Redis stopped and started are test_faults.py's (twice each, with
+the chat's stored reply and every request checked against its solo run)."""
 
 from __future__ import annotations
 
@@ -8,26 +9,19 @@ import asyncio
 import json
 import re
 import signal
-import time
 from contextlib import contextmanager
 
 import pytest
 import redis
-import websockets
-from asgiref.sync import sync_to_async
-from channels.testing import WebsocketCommunicator
 from django.conf import settings
 from django.test import AsyncClient
 
 from engine import SamplingParams
-from tests.cluster import Cluster, RedisServer
+from tests.cluster import Cluster
 from tests.reference import greedy_solo
-from tests.waiting import async_wait_until
-from tests.workbench.test_chat import as_user
 from tests.workbench.test_websocket_api import (MAX_TOKENS_AFTER_CANCEL, connect, frames_so_far, frames_until_done,
                                                  wait_for)
 from workbench.celery import app as celery_app
-from workbench.chat.models import Conversation, Message
 from workbench.serving import bridge
 from workbench.serving.celery import wire
 from workbench.serving.celery.redis_layer import make_layer
@@ -174,77 +168,6 @@ async def test_a_cancel_reaches_the_worker_that_holds_the_request(api_user, cele
         await ws.disconnect()
 
 
-async def chat_reply_started(user, conversation) -> WebsocketCommunicator:
-    ws = WebsocketCommunicator(as_user(user), f"/ws/chat/{conversation.pk}")
-    assert (await ws.connect())[0]
-    await ws.send_to(text_data=json.dumps({"type": "send", "content": "x",
-                                           "params": {"max_tokens": 3000, "ignore_eos": True, "temperature": 0}}))
-    assert json.loads(await ws.receive_from(timeout=10))["type"] == "started"
-    return ws
-
-
-@pytest.mark.asyncio
-async def test_a_worker_killed_mid_stream(api_user, django_user_model, tmp_path):
-    cluster = Cluster(settings.REDIS_URL, tmp_path)
-    try:
-        cluster.start_workers(2)
-        with served_by(cluster) as transport:
-            carol = await sync_to_async(django_user_model.objects.create_user)("carol")
-            conversation = await sync_to_async(Conversation.objects.create)(owner=carol)
-            chat = await chat_reply_started(carol, conversation)
-            api = await connect(api_user[1])
-            for rid in ("a1", "a2", "a3"):
-                await api.send_to(text_data=generate(rid, "The list type", 1000))
-            assert await wait_for(lambda: all(holder(transport, f) for f in ("chat-", "-a1", "-a2", "-a3")))
-            victim_id = holder(transport, "chat-")
-            victim = next(p for p in cluster.workers if cluster.worker_id(p) == victim_id)
-            on_victim = {rid for rid in ("a1", "a2", "a3") if holder(transport, f"-{rid}") == victim_id}
-            survivors = {"a1", "a2", "a3"} - on_victim
-            assert survivors, "liveness: some requests run on the other worker"
-            partial = json.loads(await chat.receive_from(timeout=10))
-            assert partial["type"] == "delta"
-
-            cluster.kill(victim)
-            killed_at = time.monotonic()
-            frames = []
-            while True:
-                frame = json.loads(await chat.receive_from(timeout=15))
-                frames.append(frame)
-                if frame["type"] == "done":
-                    break
-            assert time.monotonic() - killed_at < 10, "the chat client waited too long for its error"
-            assert frames[-1]["finish_reason"] == "error" and "worker" in frames[-1]["error"]
-            streamed = partial["text"] + "".join(f["text"] for f in frames if f["type"] == "delta")
-            reply = await sync_to_async(Message.objects.get)(conversation=conversation, role="assistant")
-            assert reply.finish_reason == "error" and reply.error and reply.content == streamed and streamed
-
-            api_frames = await frames_until_done(api, {"a1", "a2", "a3"}, timeout=30)
-            for rid in on_victim:
-                assert [f["code"] for f in api_frames if f["type"] == "error" and f["request_id"] == rid] == \
-                    ["worker_lost"]
-            solo = greedy_solo("The list type", 1000)
-            for rid in survivors:
-                assert tokens_of(api_frames, rid) == solo, "a request on the other worker was disturbed"
-
-            # The web side goes on with the worker that is left, and nothing ever runs twice.
-            await api.send_to(text_data=generate("after", "A dictionary is", 16))
-            after = await frames_until_done(api, {"after"})
-            assert tokens_of(after, "after") == greedy_solo("A dictionary is", 16)
-            # No request was admitted twice, on any worker (a web side that resent lost requests, or a
-            # redelivery, would show here), also with a fresh worker in the cluster.
-            [fresh] = await asyncio.to_thread(cluster.start_workers, 1)
-            await async_wait_until(lambda: cluster.worker_id(fresh) in transport.workers(), timeout=30,
-                                   what="the web side seeing the fresh worker")
-            await api.send_to(text_data=generate("probe", "A dictionary is", 4))  # routed with it in the cluster
-            await frames_until_done(api, {"probe"})
-            admissions = cluster.admissions()
-            assert len(admissions) >= 5 and all(len(workers) == 1 for workers in admissions.values())
-            await chat.disconnect()
-            await api.disconnect()
-    finally:
-        cluster.stop()
-
-
 async def openai_completion(token: str):
     return await AsyncClient().post("/v1/completions", {"model": "demo", "prompt": "x", "max_tokens": 4, "seed": 0},
                                     content_type="application/json", headers={"Authorization": f"Bearer {token}"})
@@ -340,44 +263,6 @@ async def test_a_task_delivered_twice_runs_once(celery_cluster):
                 await tasks.receive(timeout=2)  # nothing from a second run
         assert tokens == greedy_solo("The list type", 8)
         assert celery_cluster.admissions()["twice-1"] == [tasks.worker.worker_id]
-
-
-def test_redis_stopped_and_restarted(tmp_path):
-    """Requests while Redis is down get a clear error, not a hang; once it is back, new requests succeed
-    with the same web process and worker (no restart)."""
-    redis_server = RedisServer().start()
-    cluster = Cluster(redis_server.url, tmp_path)
-    try:
-        cluster.start_workers(1)
-        address, token = cluster.start_daphne(tmp_path / "db.sqlite3")
-
-        async def ask(request_id: str, timeout: float = 20) -> dict:
-            async with websockets.connect(f"ws://{address}/ws/v1/generate",
-                                          additional_headers={"Authorization": f"Bearer {token}"}) as ws:
-                await ws.send(generate(request_id, "The list type", 8))
-                while True:
-                    frame = json.loads(await asyncio.wait_for(ws.recv(), timeout))
-                    if frame["type"] in ("done", "error"):
-                        return frame
-
-        assert asyncio.run(ask("before"))["type"] == "done"
-        redis_server.stop()
-        started = time.monotonic()
-        down = asyncio.run(ask("during"))
-        assert down["type"] == "error" and down["code"] in ("unavailable", "worker_lost")
-        assert time.monotonic() - started < 15
-        redis_server.start()
-        deadline, answer = time.monotonic() + 30, None
-        while time.monotonic() < deadline:
-            answer = asyncio.run(ask(f"after-{time.monotonic()}"))
-            if answer["type"] == "done":
-                break
-            time.sleep(0.5)
-        assert answer["type"] == "done" and answer["usage"]["completion_tokens"] == 8
-        assert cluster.daphne.poll() is None and all(p.poll() is None for p in cluster.workers)
-    finally:
-        cluster.stop()
-        redis_server.stop()
 
 
 @pytest.mark.asyncio

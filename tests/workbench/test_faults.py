@@ -253,10 +253,14 @@ def _chat_holder(stack: Stack) -> str | None:
 # -- 2. Redis stopped and started ---------------------------------------------------------------
 
 def test_redis_stopped_and_started_twice(stack):
+    alive = [p for p in stack.cluster.workers if p.poll() is None]
     for round_ in range(2):
         asyncio.run(_redis_away(stack, round_))
         serves_again(stack, f"redis{round_}", timeout=40)
         stack.nothing_twice()
+    # The same web process and workers serve again: none restarted, none started.
+    assert stack.cluster.daphne.poll() is None and all(p.poll() is None for p in alive)
+    assert [p for p in stack.cluster.workers if p.poll() is None] == alive
 
 
 async def _redis_away(stack: Stack, round_: int) -> None:
