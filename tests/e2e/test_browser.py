@@ -8,8 +8,15 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
+
 from tests.e2e.conftest import new_page, sign_up, signed_up_in_a_new_conversation
 from tests.users import unique_name
+
+# For what the page and the web side alone do (rendering, the composer, managing conversations): the
+# Celery half of daphne_server would repeat it at several seconds a test. Streaming, stopping, a busy
+# conversation and the delta rendering run on both transports.
+web_side_only = pytest.mark.parametrize("daphne_server", ["inprocess"], indirect=True)
 
 
 def test_sign_up_chat_stream_stop_reload_and_privacy(browser, daphne_server):
@@ -72,6 +79,7 @@ def downloaded(page, selector: str) -> str:
     return open(info.value.path(), encoding="utf-8").read()
 
 
+@web_side_only
 def test_settings_system_prompt_title_export_rename_defaults_search_and_delete(browser, daphne_server):
     """Settings and a system prompt saved as they change and still there after a reload, the system
     prompt reaching the chat template (the engine was given its tokens), the title made from the first
@@ -187,6 +195,7 @@ def test_settings_system_prompt_title_export_rename_defaults_search_and_delete(b
     assert page.goto(conversation_url).status == 404
 
 
+@web_side_only
 def test_model_output_cannot_run_script(browser, daphne_server):
     base = f"http://{daphne_server[0]}"
     page = signed_up_in_a_new_conversation(browser, base, unique_name("mallory"))
@@ -270,6 +279,7 @@ def test_a_fast_reply_is_rendered_once_per_painted_frame_not_once_per_delta(brow
     assert page.locator("article.assistant .content").inner_text() == stored, "the whole reply was rendered at the end"
 
 
+@web_side_only
 def test_the_composer_keys_and_a_refused_send_keeping_its_text(browser, daphne_server):
     """Enter sends, Shift+Enter is a newline, an IME's Enter and Enter during a reply send nothing, Esc
     stops a streaming reply as the Stop button does, and a send while the socket is closed leaves the
