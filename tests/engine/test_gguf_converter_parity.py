@@ -18,7 +18,6 @@ import json
 import random
 import re
 import shutil
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import gguf
@@ -32,7 +31,7 @@ from engine.loading.loader import load_model, load_tokenizer
 from engine.loading.sentencepiece_vocab import SPACE
 from tests.conftest import build_tiny_checkpoint
 from tests.engine.test_tokenizer_parity import TEXTS
-from tests.llama_cpp_converter import ConverterUnavailable, convert, converter_script
+from tests.llama_cpp_converter import ConverterUnavailable, convert_all, converter_script
 
 pytestmark = pytest.mark.slow
 
@@ -119,8 +118,8 @@ def tokenizer_model(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory, tokenizer_model) -> dict[str, tuple[Path, Path]]:
-    """case -> (HF directory, the GGUF llama.cpp's converter wrote from it). All are converted at
-    once, two at a time: each conversion is a python start-up (seconds) more than the work."""
+    """case -> (HF directory, the GGUF llama.cpp's converter wrote from it). All are converted in one
+    python: its start-up (seconds) is more than the five conversions' work."""
     try:
         converter_script()
     except ConverterUnavailable as exc:
@@ -132,8 +131,7 @@ def converted(tmp_path_factory, tokenizer_model) -> dict[str, tuple[Path, Path]]
                                        **{"vocab_size": VOCAB_SIZE, **SPECIAL_IDS, **overrides})
         give_tokenizer(hf_dir, tokenizer_model)
         dirs[case] = hf_dir
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        files = dict(zip(dirs, pool.map(lambda d: convert(d, d.with_suffix(".gguf")), dirs.values())))
+    files = dict(zip(dirs, convert_all([(d, d.with_suffix(".gguf")) for d in dirs.values()])))
     return {case: (dirs[case], files[case]) for case in dirs}
 
 
