@@ -90,7 +90,7 @@ def demo_dir() -> Path:
 
 
 # Where set, a folder of built checkpoints shared by processes: tests/mutation sets it for its scratch
-# runs, each a fresh interpreter running one or two tests, where importing transformers to build the
+# runs, each a process of its own running one or two tests, where importing transformers to build the
 # model costs more than the test itself. A checkpoint is a pure function of its arguments.
 CHECKPOINT_CACHE = os.environ.get("WORKBENCH_TEST_CHECKPOINT_CACHE")
 

@@ -2,9 +2,10 @@
 the type check report its error.
 
 A test mutant is applied to a scratch copy of engine/ and tests/, and the named tests run there in a
-fresh interpreter. In that copy every file a mutant edits is first reformatted (rewritten from its
-syntax tree by ast.unparse: other line breaks, quotes and parentheses, no comments), so each run shows
-that the mutants find their code by its syntax, not its layout. A control run of the same tests on an
+child forked from a Python that has imported the heavy third-party modules but none of the project's
+(tests/mutation/preloaded.py). In that copy every file a mutant edits is first reformatted (rewritten
+from its syntax tree by ast.unparse: other line breaks, quotes and parentheses, no comments), so each run
+shows that the mutants find their code by its syntax, not its layout. A control run of the same tests on an
 unmutated copy, reformatted alike, must pass, so a failure under a mutant means the mechanism was
 missed, not that the scratch setup is broken. A type mutant is
 applied to a copy of what `make typecheck` reads, where mypy runs as that target runs it; it must
@@ -20,12 +21,14 @@ import shutil
 import subprocess
 import sys
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.mutation import anchors
 from tests.mutation.mutants import MUTANTS, TEST_MUTANTS, TYPE_MUTANTS, Mutant
+from tests.mutation.preloaded import NOT_THE_COPY, PreloadedPython
 
 ROOT = Path(__file__).resolve().parents[2]
 # [tool.mypy]'s files; workbench/ is also where the django-stubs plugin finds the settings it loads.
@@ -104,32 +107,29 @@ def test_an_anchor_that_is_not_unique_or_is_gone_is_refused():
     assert anchors.replace(source, "f", "return x + 1", "return x") == "def f(x):\n    y = x + 1\n    return x\n"
 
 
-# One interpreter per run (starting one and importing torch costs seconds): it checks that the engine it
-# imports is the copy's, then runs pytest.
-NOT_THE_COPY = "the engine imported is not the scratch copy's:"
-RUN_IN_COPY = ("import sys, engine\n"
-               "if not engine.__file__.startswith(sys.argv[1]):\n"
-               f"    sys.exit({NOT_THE_COPY!r} + engine.__file__)\n"
-               "import pytest\n"
-               "sys.exit(pytest.main(sys.argv[2:]))\n")
-
-
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory) -> Path:
     """The module's runs share the tiny checkpoints they build (tests/conftest.py, CHECKPOINT_CACHE)."""
     return tmp_path_factory.mktemp("checkpoints")
 
 
-def run_tests(copy: Path, tests: tuple[str, ...], checkpoints: Path, *, first_failure: bool = False
-              ) -> subprocess.CompletedProcess:
+@pytest.fixture(scope="module")
+def preloaded(tmp_path_factory) -> Iterator[PreloadedPython]:
+    """The module's runs fork from one Python that imported torch, Django and pytest once."""
+    server = PreloadedPython(tmp_path_factory.mktemp("preloaded"))
+    yield server
+    server.close()
+
+
+def run_tests(preloaded: PreloadedPython, copy: Path, tests: tuple[str, ...], checkpoints: Path, *,
+              first_failure: bool = False) -> subprocess.CompletedProcess:
     """`first_failure`: stop at the first failing test (a mutant is caught by one; its named test's other
     variants would only repeat the verdict at several seconds each)."""
     env = {**os.environ, "PYTHONPATH": str(copy), "WORKBENCH_TEST_CHECKPOINT_CACHE": str(checkpoints)}
     # The named tests on the HF checkpoint only: their GGUF variants run the same mechanism on other
     # weights, and would double the time of every mutant for no other mechanism tested.
-    done = subprocess.run([sys.executable, "-c", RUN_IN_COPY, str(copy), "-q", "-p", "no:cacheprovider",
-                           "-p", "no:randomly", *(["-x"] if first_failure else []), "-k", "not gguf", *tests],
-                          cwd=copy, env=env, capture_output=True, text=True, timeout=600)
+    done = preloaded.run(copy, ["-q", "-p", "no:cacheprovider", "-p", "no:randomly",
+                                *(["-x"] if first_failure else []), "-k", "not gguf", *tests], env, timeout=600)
     assert NOT_THE_COPY not in done.stderr, done.stderr[-3000:]
     return done
 
@@ -141,17 +141,17 @@ def run_type_check(copy: Path) -> subprocess.CompletedProcess:
                           timeout=900)
 
 
-def test_unmutated_copy_passes_every_named_test(tmp_path, checkpoints):
+def test_unmutated_copy_passes_every_named_test(tmp_path, checkpoints, preloaded):
     tests = tuple(sorted({t for mutant in TEST_MUTANTS for t in mutant.tests}))
-    done = run_tests(scratch_copy(tmp_path), tests, checkpoints)
+    done = run_tests(preloaded, scratch_copy(tmp_path), tests, checkpoints)
     assert done.returncode == 0, done.stdout[-3000:]
 
 
 @pytest.mark.parametrize("mutant", TEST_MUTANTS, ids=[m.name for m in TEST_MUTANTS])
-def test_mutant_is_caught_by_its_named_tests(tmp_path, checkpoints, mutant: Mutant):
+def test_mutant_is_caught_by_its_named_tests(tmp_path, checkpoints, preloaded, mutant: Mutant):
     copy = scratch_copy(tmp_path)
     mutate(copy, mutant)
-    done = run_tests(copy, mutant.tests, checkpoints, first_failure=True)
+    done = run_tests(preloaded, copy, mutant.tests, checkpoints, first_failure=True)
     caught = re.findall(r"^FAILED (\S+)", done.stdout, flags=re.MULTILINE)
     print(f"\nmutant '{mutant.name}' caught by: {', '.join(caught) or 'NOTHING'}")
     assert done.returncode != 0 and caught, f"mutant '{mutant.name}' survived:\n{done.stdout[-3000:]}"
