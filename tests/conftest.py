@@ -33,7 +33,7 @@ MISSING_GGUF = importlib.util.find_spec("gguf") is None
 if MISSING_GGUF:
     collect_ignore += ["engine/test_gguf_loader.py", "engine/test_gguf_quantized.py", "engine/test_gguf_converter_parity.py",
                        "engine/test_quantized_linear.py", "engine/test_transcode.py", "engine/test_gemma3.py",
-                       "engine/test_cuda_int4.py"]
+                       "engine/test_cuda_int4.py", "engine/test_gguf_file.py", "engine/test_smollm2.py"]
 
 # The structured-output tests need the grammar engine and a JSON Schema validator; the GPU image has neither.
 MISSING_STRUCTURED = [name for name in ("llguidance", "jsonschema") if importlib.util.find_spec(name) is None]
