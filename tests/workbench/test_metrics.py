@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import pytest
+from django.conf import settings
 from django.test import AsyncClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.waiting import async_wait_until
 from tests.workbench.test_websocket_api import connect, frames_until_done
 from workbench.serving import bridge
-
 
 
 async def scrape() -> dict[tuple[str, tuple], float]:
@@ -23,9 +24,28 @@ async def scrape() -> dict[tuple[str, tuple], float]:
             for family in text_string_to_metric_families(response.content.decode()) for sample in family.samples}
 
 
+COUNTED = ("workbench_generation_tokens_total", "workbench_prompt_tokens_total", "workbench_requests_finished_total",
+           "workbench_time_to_first_token_seconds_count", "workbench_inter_token_latency_seconds_count")
+
+
 def total(samples: dict, name: str, **labels) -> float:
     return sum(value for (sample, sample_labels), value in samples.items()
                if sample == name and all(dict(sample_labels).get(k) == v for k, v in labels.items()))
+
+
+async def settled_scrape(timeout: float = 30) -> dict[tuple[str, tuple], float]:
+    """A scrape that an earlier test's requests no longer change: none running or waiting, and the
+    counters this module checks the same over more than a heartbeat (a worker's numbers reach the web side with its next heartbeat, so
+    a request that just ended elsewhere on a shared server can still add to the counters)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        first = await scrape()
+        if not total(first, "workbench_requests_running") and not total(first, "workbench_requests_waiting"):
+            await asyncio.sleep(1.5 * settings.WORKBENCH_HEARTBEAT_S)
+            if [total(await scrape(), name) for name in COUNTED] == [total(first, name) for name in COUNTED]:
+                return first
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"the metrics did not settle in {timeout} s")
 
 
 @pytest.mark.asyncio
@@ -36,7 +56,7 @@ async def test_a_request_is_counted_once_where_it_ran(api_user, serving_transpor
     workers = len(request.getfixturevalue("celery_cluster").workers) if serving_transport == "celery" else 1
     await async_wait_until(lambda: len(bridge.transport().metrics_by_worker()) == workers, timeout=30,
                            what=f"the metrics of all {workers} workers on the web side")
-    before = await scrape()
+    before = await settled_scrape()
     workers = {dict(labels)["worker"] for name, labels in before if name == "workbench_requests_running"}
     assert workers == set(bridge.transport().metrics_by_worker()), "every worker is in the scrape"
     ws = await connect(api_user[1])
