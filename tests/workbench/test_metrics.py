@@ -42,7 +42,8 @@ async def settled_scrape(timeout: float = 30) -> dict[tuple[str, tuple], float]:
         first = await scrape()
         if not total(first, "workbench_requests_running") and not total(first, "workbench_requests_waiting"):
             await asyncio.sleep(1.5 * settings.WORKBENCH_HEARTBEAT_S)
-            if [total(await scrape(), name) for name in COUNTED] == [total(first, name) for name in COUNTED]:
+            second = await scrape()
+            if all(total(second, name) == total(first, name) for name in COUNTED):
                 return first
         await asyncio.sleep(0.1)
     raise AssertionError(f"the metrics did not settle in {timeout} s")
