@@ -11,9 +11,9 @@ import pytest
 
 from tests.conftest import ADMIN_PASSWORD
 from tests.e2e.conftest import log_in, new_page, sign_up
+from tests.users import unique_name
 
-# The shared Celery Daphne's users are every page test's: test_browser.py already signs up "carol" there.
-USER = "dash-carol"
+USER = unique_name("dash-carol")  # on the Daphne the session shares, a user no other test meets
 
 
 @pytest.fixture(scope="module")
