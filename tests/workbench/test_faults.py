@@ -27,6 +27,7 @@ import websockets
 
 from tests.cluster import Cluster, RedisServer, operator_session
 from tests.reference import greedy_solo
+from tests.waiting import async_wait_until
 from workbench.serving.celery.presence import WORKER_KEY, Heartbeat
 
 POISON = "poisoned row"  # tests/fault_worker.py's forward raises for a batch holding a prompt with this
@@ -191,15 +192,6 @@ async def chat_until_done(ws, timeout: float = 60) -> tuple[str, dict]:
             return text, frame
 
 
-async def wait_until(predicate, timeout: float = 15) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if await asyncio.to_thread(predicate):
-            return True
-        await asyncio.sleep(0.05)
-    return False
-
-
 # -- 1. a worker SIGKILLed mid-stream, and a new one started --------------------------------------
 
 def test_a_worker_killed_mid_stream_twice(stack):
@@ -221,7 +213,8 @@ async def _kill_a_worker(stack: Stack, round_: int) -> None:
             await api.send(generate(rid, prompt))
         first = json.loads(await asyncio.wait_for(chat.recv(), 30))
         assert first["type"] == "delta", first
-        assert await wait_until(lambda: _chat_holder(stack) and all(stack.holder(rid) for rid in requests))
+        await async_wait_until(lambda: _chat_holder(stack) and all(stack.holder(rid) for rid in requests), 15,
+                               "a worker to hold the chat and every request")
         victim_id = _chat_holder(stack)
         on_victim = {rid for rid in requests if stack.holder(rid) == victim_id}
         victim = next(p for p in stack.cluster.workers if p.poll() is None and stack.cluster.worker_id(p) == victim_id)
@@ -306,7 +299,7 @@ async def _poisoned_row(stack: Stack, round_: int) -> None:
     async with stack.with_session(f"/ws/chat/{conversation}") as chat, stack.api() as api:
         for rid, prompt in requests.items():
             await api.send(generate(rid, prompt))
-        assert await wait_until(lambda: all(stack.holder(rid) for rid in requests))
+        await async_wait_until(lambda: all(stack.holder(rid) for rid in requests), 15, "a worker to hold every request")
         await api.send(generate(poison, f"Here is a {POISON} for you"))  # while the others decode
         await chat_send(chat, f"and a {POISON} in a chat", 16)
         got = await answers(api, [*requests, poison])
@@ -328,8 +321,8 @@ def test_the_kill_switch_flipped_mid_burst_twice(stack):
         asyncio.run(_kill_switch(stack, round_))
         bursts_rearmed = stack.metric("device_loop_bursts")
         serves_again(stack, f"switch{round_}")
-        assert asyncio.run(wait_until(lambda: stack.metric("device_loop_bursts") > bursts_rearmed, timeout=5)), \
-            "re-armed, the loop bursts again"  # (the heartbeat shows it within a beat)
+        asyncio.run(async_wait_until(lambda: stack.metric("device_loop_bursts") > bursts_rearmed, 5,
+                                     "re-armed, the loop bursts again"))  # (the heartbeat shows it within a beat)
         stack.nothing_twice()
 
 
@@ -347,8 +340,8 @@ async def _kill_switch(stack: Stack, round_: int) -> None:
     async with stack.with_session("/ws/ops/dashboard") as dashboard, stack.api() as api:
         for rid, prompt in requests.items():
             await api.send(generate(rid, prompt))
-        assert await wait_until(lambda: stack.metric("device_loop_bursts") > bursts_before), \
-            "liveness: the device loop bursts (tokens are parked) before the switch"
+        await async_wait_until(lambda: stack.metric("device_loop_bursts") > bursts_before, 15,
+                               "liveness: the device loop bursts (tokens are parked) before the switch")
         killed = await _set_flag(dashboard, True)
         assert killed["type"] == "flag_result" and len(killed["answers"]) == 2, killed
         assert all(a["in_force"]["ARC_DEVICE_LOOP_KILLED"] for a in killed["answers"].values()), killed
@@ -367,8 +360,8 @@ def test_a_preemption_storm_twice(stack):
         preempted = stack.metric("preemptions")
         requests = {f"storm{round_}-{i}": prompt for i, prompt in enumerate(PROMPTS[:8])}
         assert_solo(stack, requests, asyncio.run(ask(stack, requests, timeout=120)))
-        assert asyncio.run(wait_until(lambda: stack.metric("preemptions") > preempted, timeout=5)), \
-            f"liveness: with {KV_BLOCKS} blocks a worker, they preempt"
+        asyncio.run(async_wait_until(lambda: stack.metric("preemptions") > preempted, 5,
+                                     f"liveness: with {KV_BLOCKS} blocks a worker, they preempt"))
         stack.nothing_twice()
 
 
@@ -390,12 +383,12 @@ async def _slow_consumer(stack: Stack, round_: int) -> None:
     async with stack.api(sock=sock, max_queue=1) as slow, stack.api() as fast:
         # Top-20 logprobs make each delta frame ~1 KB: the reply outgrows every buffer on the way.
         await slow.send(generate(slow_id, PROMPTS[0], logprobs=20))
-        assert await wait_until(lambda: any(f"-{slow_id}." in rid for rid in stack.cluster.admissions())), \
-            "liveness: the slow one runs"
+        await async_wait_until(lambda: any(f"-{slow_id}." in rid for rid in stack.cluster.admissions()), 15,
+                               "liveness: the slow one runs")
         for rid, prompt in requests.items():
             await fast.send(generate(rid, prompt))
         assert_solo(stack, requests, await answers(fast, requests))  # unaffected by the one not reading
         # Bounded: its worker is done with it while nobody reads; it holds no engine slot.
-        assert await wait_until(lambda: stack.holder(slow_id) is None, timeout=30)
+        await async_wait_until(lambda: stack.holder(slow_id) is None, 30, "no worker to hold the slow one")
         got = await answers(slow, [slow_id])
         assert_solo(stack, {slow_id: PROMPTS[0]}, got)  # reading at last, it gets all of it, in order

@@ -60,6 +60,8 @@ async def test_two_requests_multiplex_on_one_socket_and_each_gets_its_own_tokens
 
 
 async def wait_for(predicate, timeout: float = 5.0) -> bool:
+    """Poll `predicate` on the event loop's own thread, unlike tests/waiting.py's async_wait_until: it
+    reads the in-process transport, which the consumer under test changes on this loop."""
     deadline = asyncio.get_running_loop().time() + timeout
     while asyncio.get_running_loop().time() < deadline:
         if predicate():
