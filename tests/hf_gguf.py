@@ -42,7 +42,9 @@ def parsed_once(path: Path) -> Iterator[None]:
     real_reader = gguf.GGUFReader
 
     def reader(opened, *args, **kwargs):
-        return _parsed(path) if Path(opened) == path and not args and not kwargs else real_reader(opened, *args, **kwargs)
+        if Path(opened) == path and not args and not kwargs:
+            return _parsed(path)
+        return real_reader(opened, *args, **kwargs)
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(gguf, "GGUFReader", reader)

@@ -64,11 +64,6 @@ def converter_script() -> Path:
     return script
 
 
-def convert(hf_dir: Path, out: Path, outtype: str = "f32") -> Path:
-    """Write `hf_dir` as the GGUF file `out` with llama.cpp's converter; its output in the error."""
-    return convert_all([(hf_dir, out)], outtype)[0]
-
-
 def convert_all(pairs: Sequence[tuple[Path, Path]], outtype: str = "f32") -> list[Path]:
     """Write each (HF directory, GGUF file) pair with llama.cpp's converter, all in one python; the
     error names the first directory that failed and holds its output."""

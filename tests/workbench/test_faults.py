@@ -389,6 +389,7 @@ async def _slow_consumer(stack: Stack, round_: int) -> None:
             await fast.send(generate(rid, prompt))
         assert_solo(stack, requests, await answers(fast, requests))  # unaffected by the one not reading
         # Bounded: its worker is done with it while nobody reads; it holds no engine slot.
-        await async_wait_until(lambda: stack.holder(slow_id) is None, 30, "its worker to let go of the reply nobody reads")
+        await async_wait_until(lambda: stack.holder(slow_id) is None, 30,
+                               "its worker to let go of the reply nobody reads")
         got = await answers(slow, [slow_id])
         assert_solo(stack, {slow_id: PROMPTS[0]}, got)  # reading at last, it gets all of it, in order

@@ -35,8 +35,9 @@ def total(samples: dict, name: str, **labels) -> float:
 
 async def settled_scrape(timeout: float = 30) -> dict[tuple[str, tuple], float]:
     """A scrape that an earlier test's requests no longer change: none running or waiting, and the
-    counters this module checks the same over more than a heartbeat (a worker's numbers reach the web side with its next heartbeat, so
-    a request that just ended elsewhere on a shared server can still add to the counters)."""
+    counters this module checks the same over more than a heartbeat (a worker's numbers reach the web
+    side with its next heartbeat, so a request that just ended elsewhere on a shared server can still add
+    to the counters)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         first = await scrape()
