@@ -25,7 +25,7 @@ def test_sign_up_chat_stream_stop_reload_and_privacy(browser, daphne_server):
     conversation_url = alice.url
 
     alice.click("details summary")  # the sampling controls
-    alice.fill("#max_tokens", "400")
+    alice.fill("#max_tokens", "")  # none: the reply runs to the model's length, long after the stop
     alice.fill("#temperature", "0")
     alice.fill("#input", "Tell me about lists")
     alice.click("#send")
@@ -219,9 +219,9 @@ def test_a_second_tab_is_told_the_conversation_is_busy_and_keeps_its_text(browse
     second = first.context.new_page()
     second.goto(first.url)
     first.click("details summary")
-    first.fill("#max_tokens", "400")
+    first.fill("#max_tokens", "")
     first.fill("#temperature", "0")
-    first.fill("#input", "Tell me about lists")  # greedy, this runs long (as in the test above)
+    first.fill("#input", "Tell me about lists")  # greedy, to the model's length (as in the test above)
     first.click("#send")
     first.locator("article.assistant[data-streaming]").wait_for()
     second.wait_for_function("document.querySelector('#send') && !document.querySelector('#send').disabled")
@@ -257,7 +257,7 @@ def test_a_fast_reply_is_rendered_once_per_painted_frame_not_once_per_delta(brow
         });
     }""")
     page.click("details summary")
-    page.fill("#max_tokens", "400")
+    page.fill("#max_tokens", "")  # to the model's length: still streaming while the frames are held
     page.fill("#temperature", "0")
     page.fill("#input", "Tell me about lists")
     page.click("#send")
@@ -305,8 +305,8 @@ def test_the_composer_keys_and_a_refused_send_keeping_its_text(browser, daphne_s
         "keydown", {key: "Enter", isComposing: true, bubbles: true, cancelable: true}))""")
     assert users.count() == 1 and page.input_value("#input") == "composing"
 
-    page.fill("#max_tokens", "400")
-    page.fill("#input", "Tell me about lists")  # greedy, this runs long (as in the Stop button test)
+    page.fill("#max_tokens", "")
+    page.fill("#input", "Tell me about lists")  # greedy, to the model's length (as in the Stop button test)
     page.press("#input", "Enter")
     page.wait_for_function("document.querySelector('article.assistant[data-streaming] .content')?.textContent.length > 0")
     page.fill("#input", "not while busy")

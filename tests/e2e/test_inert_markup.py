@@ -82,7 +82,7 @@ def test_the_dashboard_shows_a_hostile_request_id_as_text(browser, inprocess_dap
             async with websockets.connect(f"ws://{address}/ws/v1/generate",
                                           additional_headers={"Authorization": f"Bearer {token}"}) as ws:
                 await ws.send(json.dumps({"type": "generate", "request_id": MARKUP, "prompt": "The list type",
-                                          "params": {"max_tokens": 400, "ignore_eos": True, "seed": 0}}))
+                                          "params": {"max_tokens": None, "ignore_eos": True, "seed": 0}}))
                 while json.loads(await asyncio.wait_for(ws.recv(), 60))["type"] != "delta":
                     pass
                 running.set()

@@ -19,7 +19,7 @@ from tests.workbench.test_hostile_input import until_done
 pytestmark = pytest.mark.slow  # a real Daphne (shared by the session) and real clients
 
 SHORT = {"max_tokens": 2, "temperature": 0, "ignore_eos": True}
-LONG = {"max_tokens": 400, "temperature": 0, "ignore_eos": True}  # runs until canceled
+LONG = {"max_tokens": None, "temperature": 0, "ignore_eos": True}  # to the model's length: runs until canceled
 
 
 def connect(address: str, token: str):

@@ -181,8 +181,8 @@ def test_held_tokens_go_out_after_the_gap_while_the_request_makes_none(engine_th
 
     thread.engine.step = step_pausing_one_request
     try:
-        long = SamplingParams(max_tokens=400, temperature=0, ignore_eos=True)
-        thread.add("busy", "A dictionary is", long, busy)  # keeps the engine stepping
+        long = SamplingParams(max_tokens=None, temperature=0, ignore_eos=True)  # to the model's length
+        thread.add("busy", "A dictionary is", long, busy)  # keeps the engine stepping until canceled
         thread.add("paused", "The list type", SamplingParams(max_tokens=64, temperature=0, ignore_eos=True), paused)
         assert paused.done.wait(60)
         thread.cancel("busy")
