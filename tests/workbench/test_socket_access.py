@@ -26,7 +26,7 @@ from tests.workbench.test_security import running_requests
 from workbench.protocol.socket_access import SIGNED_OUT_CLOSE
 
 pytestmark = pytest.mark.slow  # the shared Daphne's start, when this module runs first
-LONG = {"max_tokens": 400, "ignore_eos": True, "temperature": 0}
+LONG = {"max_tokens": None, "ignore_eos": True, "temperature": 0}  # to the model's length: runs until stopped
 SHORT = {"max_tokens": 4, "ignore_eos": True, "temperature": 0}
 # The first socket of a fresh server may wait for the engine's start (the dashboard's before accept).
 OPEN_TIMEOUT = 90
