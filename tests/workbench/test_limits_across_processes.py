@@ -18,15 +18,12 @@ import pytest
 
 from tests.cluster import start_daphne
 from tests.workbench.test_hostile_input import until_done
-from tests.workbench.test_limits import SHORT, answer, cancel, complete, connect, generate
+from tests.workbench.test_limits import LONG, SHORT, answer, cancel, complete, connect, generate
 
 pytestmark = pytest.mark.slow  # two Daphnes of their own on the session's Celery workers
 
 LIMIT = 3
 LEASE_S = 2.0
-# Runs until canceled: as many tokens as the model's length leaves (~500 on the demo model), which
-# these workers take several seconds to decode; each test is done with it well before.
-LONGEST = {"max_tokens": None, "temperature": 0, "ignore_eos": True}
 REFUSAL = {"code": "rate_limited", "retry_after": 1,
            "message": f"you have {LIMIT} requests under way, the most one user may "
                       "(WORKBENCH_USER_CONCURRENT_REQUESTS); wait for one to end"}
@@ -98,7 +95,7 @@ def test_a_users_concurrent_limit_holds_exactly_across_two_web_processes(two_dap
         async with connect(first, first_token) as one, connect(second, second_token) as two:
             accepted = []
             for ws, request_id in ((one, "a1"), (two, "b1"), (one, "a2")):
-                await generate(ws, request_id, LONGEST)
+                await generate(ws, request_id, LONG)
                 accepted.append(await running(ws, request_id))
             refused = []
             for ws, request_id in ((two, "b2"), (one, "a3")):  # the N+1th, on either process
@@ -128,17 +125,17 @@ def test_a_web_process_that_dies_frees_its_slots_once_its_leases_expire(two_daph
     async def run():
         async with connect(first, first_token) as one:
             for request_id in ("k1", "k2"):
-                await generate(one, request_id, LONGEST)
+                await generate(one, request_id, LONG)
                 assert await running(one, request_id) == "running"
             async with connect(second, second_token) as two:
-                await generate(two, "d1", LONGEST)
+                await generate(two, "d1", LONG)
                 assert await running(two, "d1") == "running"
                 dying.send_signal(signal.SIGKILL)  # no release, no renewal from here on
                 dying.wait(timeout=10)
             await generate(one, "k3", SHORT)
             still_held = await answer(one, "k3")  # liveness: the dead process's lease still counts at first
             freed, after_s = await first_accepted(one, LEASE_S + 30)
-            await generate(one, "k4", LONGEST)  # the freed slot; k1 and k2 still hold theirs, renewed
+            await generate(one, "k4", LONG)  # the freed slot; k1 and k2 still hold theirs, renewed
             taken = await running(one, "k4")
             await generate(one, "k5", SHORT)
             over = await answer(one, "k5")
