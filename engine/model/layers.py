@@ -1,5 +1,10 @@
 """The small building blocks of a Llama decoder layer: RMSNorm, the gated MLP, and Linear/Embedding
-that skip their random initialisation on the meta device."""
+that skip their random initialisation on the meta device.
+
+Float projections on the CPU run on our dense kernel (engine/kernels/cpu/dense.py) wherever it is built:
+its rows are the same bits at every row count, on every CPU, where torch's F.linear changes its blocking
+(and on AMX its tiles) with the row count. Training (autograd through the weights), other devices, and a
+machine without the kernels take F.linear."""
 
 from __future__ import annotations
 
@@ -10,6 +15,17 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from engine.kernels import cpu as cpu_kernels
+
+
+def float_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear's result, batch-invariant where our dense kernel can compute it."""
+    if (x.device.type == "cpu" and weight.device.type == "cpu" and x.dtype in cpu_kernels.DENSE_DTYPES
+            and weight.dtype in cpu_kernels.DENSE_DTYPES and not (torch.is_grad_enabled() and weight.requires_grad)
+            and cpu_kernels.native_available()):
+        return cpu_kernels.dense_linear(x, weight, bias)
+    return F.linear(x, weight, bias)
+
 
 class Linear(nn.Linear):
     """nn.Linear that does not draw random weights on the meta device: the loader builds the model there
@@ -19,6 +35,9 @@ class Linear(nn.Linear):
     def reset_parameters(self) -> None:
         if not self.weight.is_meta:
             super().reset_parameters()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return float_linear(x, self.weight, self.bias)
 
 
 class Embedding(nn.Embedding):
@@ -80,7 +99,7 @@ def fuse_projections(*projections: nn.Module) -> Callable[[torch.Tensor], torch.
     linears = [p for p in projections if isinstance(p, nn.Linear)]
     if len(linears) == len(projections):
         weight, bias = fuse_linears(*linears)
-        return partial(F.linear, weight=weight, bias=bias)
+        return partial(float_linear, weight=weight, bias=bias)
     # Imported only here: they need the gguf package, which a float model (and the GPU image) lacks.
     from engine.model.cuda_int4 import CudaInt4Linear, fuse_cuda_int4
     from engine.model.quantized import QuantizedLinear, fuse_quantized

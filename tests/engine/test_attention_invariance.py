@@ -2,13 +2,12 @@
 
 Several prompts alone, all in one batch, and beside a long prompt fed in chunks of a small step budget
 (16 tokens), greedy with logprobs. The rows of a step meet in attention (the native op: each row over
-its own keys, in an order fixed by them) and in the linears (torch's CPU matmuls):
-- bfloat16: torch's bf16 F.linear gave every row the same bits at every row count here, so the whole
-  answer holds: tokens and logprobs bitwise the same in every company.
-- float32: torch's fp32 F.linear (MKL) does not (one row and several rows take different kernels, on a
-  2-core AVX2 EPYC), so a row's hidden state can differ in the last bits with its company before it
-  reaches attention. What the op guarantees is then checked inside the running engine: every row of
-  every attention call is bitwise what the op gives that row alone, over the same cache.
+its own keys, in an order fixed by them) and in the linears (the dense kernel, engine/kernels/cpu/dense.py,
+each row in a fixed order too), so in bfloat16 and float32 alike the whole answer holds: tokens and
+logprobs bitwise the same in every company. torch's F.linear would not promise it (MKL took different
+kernels for one row and several on a 2-core AVX2 EPYC; oneDNN's AMX tiles follow the row count on a Xeon).
+The op's own guarantee is also checked inside the running engine: every row of every attention call is
+bitwise what the op gives that row alone, over the same cache.
 """
 
 from __future__ import annotations
@@ -58,19 +57,21 @@ def run_beside_chunked_prompt(chunked: Engine) -> dict[str, tuple]:
             for rid, outs in outputs.items()}
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 @pytest.mark.parametrize("mode", MODES)
-def test_bf16_tokens_and_logprobs_alone_batched_or_beside_a_chunked_prompt(tiny_checkpoint, mode):
+def test_tokens_and_logprobs_alone_batched_or_beside_a_chunked_prompt(tiny_checkpoint, mode, dtype):
+    """An HF directory's float weights, served in either dtype: every projection on the dense kernel."""
     checkpoint = tiny_checkpoint("llama", seed=31)
-    solo = engine(checkpoint, "bfloat16", **MODES[mode])
+    solo = engine(checkpoint, dtype, **MODES[mode])
     names = [str(i) for i in range(len(PROMPTS))] + ["long"]
     alone = {}
     for name, prompt in zip(names, PROMPTS + [LONG]):
         [result] = solo.generate([prompt], GREEDY)
         alone[name] = (tuple(result.token_ids), tuple(result.logprobs))
-    batched = engine(checkpoint, "bfloat16", **MODES[mode]).generate(PROMPTS + [LONG], GREEDY)
+    batched = engine(checkpoint, dtype, **MODES[mode]).generate(PROMPTS + [LONG], GREEDY)
     for name, result in zip(names, batched):
         assert (tuple(result.token_ids), tuple(result.logprobs)) == alone[name], f"prompt {name} in one batch"
-    chunked = engine(checkpoint, "bfloat16", max_num_batched_tokens=16, max_prefill_beside_decodes=16, **MODES[mode])
+    chunked = engine(checkpoint, dtype, max_num_batched_tokens=16, max_prefill_beside_decodes=16, **MODES[mode])
     assert run_beside_chunked_prompt(chunked) == alone, "beside a chunked prompt"
     assert len({tokens for tokens, _ in alone.values()}) == len(alone), "liveness: the prompts' answers differ"
     if MODES[mode]:

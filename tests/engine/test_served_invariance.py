@@ -1,9 +1,11 @@
-"""The served CPU configuration is bit-invariant: SmolLM2 with its quantized weights in bfloat16 on our
-native kernels (what `make run` serves) gives a request the same greedy tokens and logprobs, bit for bit,
-alone, in one batch with eleven others, and while a long prompt is prefilled in chunks beside it.
+"""Every CPU configuration we serve is bit-invariant: SmolLM2 with its quantized weights in bfloat16 on our
+native kernels (what `make run` serves), and its weights dequantized, in bfloat16 and in float32, give a
+request the same greedy tokens and logprobs, bit for bit, alone, in one batch with eleven others, and while
+a long prompt is prefilled in chunks beside it. (An HF directory's float weights take the dequantized
+route: tests/engine/test_attention_invariance.py.)
 
-A row's logits must not depend on who else is online: the quantized matmuls reduce each row in a fixed
-order whatever the row count (engine/kernels/cpu/qgemm.py), and attention reads each row's own keys in block
+A row's logits must not depend on who else is online: the quantized and the dense float matmuls reduce
+each row in a fixed order whatever the row count (engine/kernels/cpu/qgemm.py, dense.py), and attention reads each row's own keys in block
 order whether they came from a decode, a whole prompt or a chunk (engine/kernels/cpu/paged_attention.py). Later
 runs of the same prompt also hit the prefix cache, whose blocks must hold the same bits as a fresh
 prefill's.
@@ -28,11 +30,16 @@ PARAMS = SamplingParams(max_tokens=10, temperature=0, logprobs=3, ignore_eos=Tru
 CHUNK = 16  # prompt tokens a step may feed while anyone decodes: the long prompt goes in many chunks
 
 
-@pytest.fixture(scope="module")
-def engine(smollm2_gguf):
+CONFIGURATIONS = {"quantized-bf16": ("quantized", "bfloat16"), "dequantized-bf16": ("dequantized", "bfloat16"),
+                  "dequantized-fp32": ("dequantized", "float32")}
+
+
+@pytest.fixture(scope="module", params=CONFIGURATIONS)
+def engine(request, smollm2_gguf):
     if not cpu.native_available():
         pytest.skip(f"the served configuration's kernels are not built here: {cpu.unavailable_reason()}")
-    return Engine(EngineConfig(model=str(smollm2_gguf), weights="quantized", dtype="bfloat16",
+    weights, dtype = CONFIGURATIONS[request.param]
+    return Engine(EngineConfig(model=str(smollm2_gguf), weights=weights, dtype=dtype,
                                max_prefill_beside_decodes=CHUNK, max_model_len=2048))
 
 

@@ -154,6 +154,21 @@ MUTANTS = (
         (f"{CHUNKED}::test_chunked_answer_equals_unchunked_after_a_cached_prefix",),
     ),
     Mutant(
+        # Not a leak guard but the property they stand on: a row's bits must not follow its company. Here
+        # a float projection takes another arithmetic once a call has more than 3 rows, as borrowed
+        # kernels (oneDNN, MKL) choose their blocking by the row count.
+        "a float projection's path chosen by the row count",
+        "engine/model/layers.py", "float_linear",
+        "return cpu_kernels.dense_linear(x, weight, bias)",
+        """
+        if x.reshape(-1, x.shape[-1]).shape[0] > 3:
+            return F.linear(x.double(), weight.double(), None if bias is None else bias.double()).to(x.dtype)
+        return cpu_kernels.dense_linear(x, weight, bias)
+        """,
+        ("tests/engine/test_attention_invariance.py::"
+         "test_tokens_and_logprobs_alone_batched_or_beside_a_chunked_prompt[host-decode-bfloat16]",),
+    ),
+    Mutant(
         "a SequenceState variant added without a funnel arm",
         "engine/sequence.py", "",
         "SequenceState = Union[Waiting, RunningPrompt, RunningCompletion, Swapped, Done, Error, FinishedAborted, "
