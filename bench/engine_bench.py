@@ -135,8 +135,8 @@ def _runners(args: argparse.Namespace, transformers: ModuleType) -> tuple[dict[s
     llama = llama_cpp_peer.load(path, torch.get_num_threads())
     if llama is not None:
         runners["llama.cpp"] = lambda prompts: llama.generate(prompts, args.max_tokens)
-        print(f"llama.cpp: llama-cpp-python {llama.version}, {llama.threads} threads; batch 1 is "
-              "Llama.generate, batch > 1 its batched API (one sequence id per stream, one context)")
+        print(f"llama.cpp: llama-cpp-python {llama.version}, {llama.threads} threads; its low-level API at every "
+              "batch size (one llama_decode a token for all streams, one sequence id per stream, one context)")
     closing: list[Closable] = [llama] if llama is not None else []
     if args.vllm_python:
         vllm = vllm_cpu_peer.load(_hf_directory(hf, path), args.vllm_python, torch.get_num_threads())

@@ -100,3 +100,20 @@ def test_float32_every_attention_row_is_its_alone_result_in_a_running_engine(tin
                      max_prefill_beside_decodes=16, **MODES[mode])
     run_beside_chunked_prompt(chunked)
     assert calls["mixed"] > 0 and calls["rows"] > 100, f"liveness: decodes beside chunks were checked: {calls}"
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_every_kernel_path_this_cpu_runs_gives_the_same_bits_alone_and_batched(tiny_checkpoint, monkeypatch, dtype):
+    """Each path forced in turn (WORKBENCH_CPU_KERNEL) for every native op of the step: the kernels write
+    one arithmetic for all paths, so the answers agree across paths as well as across companies."""
+    checkpoint = tiny_checkpoint("llama", seed=31)
+    answers = {}
+    for path in cpu_kernels.cpu_paths():
+        monkeypatch.setenv("WORKBENCH_CPU_KERNEL", path)
+        alone = [engine(checkpoint, dtype).generate([prompt], GREEDY)[0] for prompt in PROMPTS]
+        batched = engine(checkpoint, dtype).generate(PROMPTS, GREEDY)
+        answers[path] = [(tuple(r.token_ids), tuple(r.logprobs)) for r in alone]
+        assert [(tuple(r.token_ids), tuple(r.logprobs)) for r in batched] == answers[path], f"{path}: batched"
+    assert len(answers) >= 2, f"liveness: this CPU runs only {list(answers)}"
+    first = next(iter(answers.values()))
+    assert all(a == first for a in answers.values()), "the paths disagree"

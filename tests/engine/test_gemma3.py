@@ -83,15 +83,19 @@ def test_greedy_tokens_are_hfs_greedy_choice_for_32_tokens_from_6_prompts(ours, 
     assert greedy[0].text.startswith(" the capital of the country of France.")
 
 
-# Each chosen token's logprob, served quantized against the dequantized bfloat16 model: the int8 activations
-# of the quantized kernels and the fused route's fp32 residual (seen: at most 0.19).
+# Served quantized, a token's logprob moves against the dequantized bfloat16 model's (the int8 activations of
+# the quantized kernels and the fused route's fp32 residual; seen: at most 0.19). So where the dequantized
+# model's best two tokens are closer than that, either route may pick either: the served token must be the
+# dequantized model's best or within this of it, and nearly always its best.
 SERVED_LOGPROB_TOLERANCE = 0.35
 
 
-def test_k_quants_served_quantized_give_the_dequantized_models_greedy_tokens(gemma3_gguf):
+def test_k_quants_served_quantized_follow_the_dequantized_models_choices(gemma3_gguf):
     """As `make run` serves the file (quantized, bfloat16, each layer one fused native call): its Q4_K and
-    Q6_K projections stay quantized on the native kernels, and the greedy tokens are those of the same file dequantized to bfloat16, 32 tokens
-    from each of 6 prompts. (Against the fp32 model, bfloat16 itself parts at near-ties on two prompts.)"""
+    Q6_K projections stay quantized on the native kernels, and each of its greedy tokens (32 from each of 6
+    prompts) is the choice of the same file dequantized to bfloat16, read over the served tokens, or a near
+    tie there. Comparing two greedy runs token for token would test which side of a near tie each
+    arithmetic lands on, which changes with the machine's kernels."""
     from engine.kernels import cpu
     from engine.model.quantized import QuantizedLinear
 
@@ -101,13 +105,22 @@ def test_k_quants_served_quantized_give_the_dequantized_models_greedy_tokens(gem
     assert served.runner.loaded.model.fused is not None, "liveness: Gemma's block on the fused route"
     kinds = {module.qtype.name for module in served.runner.loaded.model.modules() if isinstance(module, QuantizedLinear)}
     assert {"Q4_K", "Q6_K"} <= kinds, f"liveness: the K-quants are served quantized ({kinds})"
-    dequantized = Engine(EngineConfig(model=str(gemma3_gguf), weights="dequantized", dtype="bfloat16"))
+    reference = Engine(EngineConfig(model=str(gemma3_gguf), weights="dequantized", dtype="bfloat16")).runner.loaded.model
     prompts = [served.runner.loaded.tokenizer.encode(p) for p in PROMPTS]
     params = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True, logprobs=1)
-    for text, mine, theirs in zip(PROMPTS, served.generate(prompts, params), dequantized.generate(prompts, params)):
-        assert mine.token_ids == theirs.token_ids, text
-        gap = max(abs(a.logprob - b.logprob) for a, b in zip(mine.logprobs, theirs.logprobs))
+    best_choices = 0
+    for text, ids, mine in zip(PROMPTS, prompts, served.generate(prompts, params)):
+        tokens = ids + mine.token_ids
+        with torch.no_grad():
+            logits = reference.logits(reference(torch.tensor([tokens]), torch.arange(len(tokens))[None]))[0]
+        theirs = logits[len(ids) - 1:-1].float().log_softmax(-1)  # [32, V]: the choice of each served token
+        chosen = theirs[torch.arange(len(mine.token_ids)), torch.tensor(mine.token_ids)]
+        short = float((theirs.max(-1).values - chosen).max())
+        assert short <= SERVED_LOGPROB_TOLERANCE, f"{text!r}: a served token is {short:.3f} short of the best"
+        gap = max(abs(a.logprob - b) for a, b in zip(mine.logprobs, chosen.tolist()))
         assert gap <= SERVED_LOGPROB_TOLERANCE, f"{text!r}: a chosen token's logprob moved {gap:.3f}"
+        best_choices += int((chosen == theirs.max(-1).values).sum())
+    assert best_choices >= 0.95 * 32 * len(PROMPTS), f"only {best_choices} served tokens are the reference's best"
 
 
 def test_the_tokenizer_encodes_and_decodes_as_hf_does(ours, hf_tok):
