@@ -120,9 +120,9 @@ class _Serving:
         """A streamed chunk's choice, its text as the endpoint carries it."""
         raise NotImplementedError
 
-    def opening_parts(self, n: int) -> list[dict[str, object]]:
-        """Each a chunk of its own before any choice's text."""
-        return []
+    def opening_part(self, index: int) -> dict[str, object] | None:
+        """A chunk of its own before choice `index`'s first part, or None."""
+        return None
 
     async def view(self, request: HttpRequest) -> HttpResponseBase:
         """Authenticate, check, then answer whole or streamed."""
@@ -215,10 +215,14 @@ class _Serving:
 
         # Leaving the group (the client went away mid-stream, or a choice failed) stops the sequences
         # still running.
+        opened: set[int] = set()
         async with group:
-            for opening in self.opening_parts(len(choices)):
-                yield chunk([opening])
             async for index, event in group:
+                # A choice opens with its first tokens, not before its prompt is prefilled (as vLLM does): a
+                # client's time to its first chunk is then its time to the first token.
+                if index not in opened and (opening := self.opening_part(index)) is not None:
+                    yield chunk([opening])
+                opened.add(index)
                 choices[index].last = event  # a stream sends each part as it comes: no whole text is kept
                 if event.error_code:
                     if event.text or event.logprobs:  # what came before the failure (a stream interval holds it back)
@@ -281,9 +285,8 @@ class ChatServing(_Serving):
     def part_body(self, text: str) -> dict[str, object]:
         return {"delta": {"content": text}}
 
-    def opening_parts(self, n: int) -> list[dict[str, object]]:
-        return [{"index": index, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
-                for index in range(n)]
+    def opening_part(self, index: int) -> dict[str, object] | None:
+        return {"index": index, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
 
 
 class CompletionServing(_Serving):
