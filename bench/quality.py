@@ -31,7 +31,7 @@ from engine.engine_config import EngineConfig
 from engine.loading.loader import LoadedModel, load_model, resolve_model_path
 from engine.model.attention_metadata import AttentionMetadata
 from engine.sampling_params import SamplingParams
-from engine.scheduler.kv_cache import PagedKVCache, blocks_needed
+from engine.scheduler.kv_cache import KVShape, PagedKVCache, blocks_needed
 
 ROOT = Path(__file__).resolve().parents[1]
 ROUTES = {  # name -> (weights, dtype, WORKBENCH_FUSED_LAYERS)
@@ -51,7 +51,7 @@ def window_nll(loaded: LoadedModel, ids: list[int]) -> tuple[float, int]:
     """Sum of -log p(token | earlier tokens of the window) over the window's tokens after its first."""
     model, config = loaded.model, loaded.config
     blocks = blocks_needed(len(ids), BLOCK)
-    cache = PagedKVCache(config, blocks, BLOCK, loaded.dtype, loaded.device)
+    cache = PagedKVCache(KVShape.of(config), blocks, BLOCK, loaded.dtype, loaded.device)
     metadata = AttentionMetadata.build(block_size=BLOCK, block_tables=[list(range(blocks))], cached_lens=[0],
                                        query_lens=[len(ids)], sliding_window=config.sliding_window,
                                        some_layers_windowed=config.mixes_windows, device=loaded.device,

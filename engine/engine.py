@@ -46,7 +46,7 @@ from engine.outputs import GenerationResult, RequestOutput, Usage, timings_of
 from engine.sampler import SampleRequest, TokenLogprob
 from engine.sampling_params import InvalidSamplingParams, SamplingParams
 from engine.scheduler import SchedulerLimits, make_scheduler
-from engine.scheduler.kv_cache import PagedKVCache, blocks_needed
+from engine.scheduler.kv_cache import KVShape, PagedKVCache, blocks_needed
 from engine.sequence import (Done, Error, FinishedAborted, FinishedIgnored, RunningCompletion, RunningPrompt,
                              Sequence, StopReason)
 from engine.step_data import NOTHING_RAN, RowOutput, RunnerOutput, ScheduledBatch
@@ -123,7 +123,7 @@ class Engine:
         # whole pool ends with "length", as at the model's length, instead of preempting itself forever.
         # The last token of a sequence is never fed, so the pool's slots hold sequences one token longer.
         self.length_limit = min(self.max_model_len, num_blocks * config.block_size + 1)
-        kv_cache = PagedKVCache(self.loaded.config, num_blocks, config.block_size, self.loaded.dtype, device)
+        kv_cache = PagedKVCache(KVShape.of(self.loaded.config), num_blocks, config.block_size, self.loaded.dtype, device)
         if config.kv_cache_mb is not None or config.num_kv_blocks is not None:
             sized_by = "as configured"
         elif free is not None:

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from engine.decode.host_copy import device_tensor
+from engine.kernels.host_copy import device_tensor
 from engine.loading.tokenizer import Tokenizer
 
 if TYPE_CHECKING:

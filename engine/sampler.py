@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.decode.host_copy import device_tensor
+from engine.kernels.host_copy import device_tensor
 from engine.grammar import Constraint
 from engine.sampling_params import SamplingParams
 

@@ -15,16 +15,17 @@ Why these settings (the full reasoning is in docs/OPERATIONS.md):
 
 from __future__ import annotations
 
-import logging
 import os
 
-from celery import Celery, signals
+from celery import Celery
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "workbench.settings")
 
 from django.conf import settings  # noqa: E402  (settings module chosen first)
 
-app = Celery("workbench", include=["workbench.serving.celery.tasks"])
+# Imported by name when a worker starts (before its setup signals), never by the web side: the worker's
+# task and its lifecycle live with the rest of the worker, in workbench/serving/celery/.
+app = Celery("workbench", include=["workbench.serving.celery.tasks", "workbench.serving.celery.worker_lifecycle"])
 app.conf.update(
     broker_url=settings.REDIS_URL,
     broker_connection_retry_on_startup=True,
@@ -40,43 +41,3 @@ app.conf.update(
     worker_hijack_root_logger=False,
     task_default_queue=f"{settings.WORKBENCH_QUEUE_PREFIX}.unrouted",
 )
-
-
-@signals.celeryd_after_setup.connect
-def _worker_identity(sender, instance, **kwargs) -> None:
-    from workbench.serving.celery import worker
-
-    pool = getattr(instance.pool_cls, "__module__", str(instance.pool_cls))
-    if not pool.endswith(("solo", "thread")):
-        raise SystemExit(f"the workbench worker needs --pool solo (one engine per process), not {pool}")
-    host = worker.prepare_host(instance.app)
-    queues = instance.app.amqp.queues
-    queues.select_add(host.queue)
-    queues.deselect(instance.app.conf.task_default_queue)  # only its own queue: the web side routes
-
-
-@signals.worker_ready.connect
-def _worker_engine(sender, **kwargs) -> None:
-    from workbench.serving.celery import worker
-
-    try:
-        worker.host().start()
-    except BaseException:
-        # Celery would log this and go on as a worker without an engine; exit, so whatever supervises
-        # the worker sees it fail (it never published a heartbeat, so nothing was routed to it).
-        logging.getLogger(__name__).critical("the worker's engine failed to start", exc_info=True)
-        os._exit(3)
-
-
-@signals.worker_shutting_down.connect
-def _worker_stops_taking(sig, how, exitcode, **kwargs) -> None:
-    from workbench.serving.celery import worker
-
-    worker.begin_drain()
-
-
-@signals.worker_shutdown.connect
-def _worker_drain(sender, **kwargs) -> None:
-    from workbench.serving.celery import worker
-
-    worker.stop_host()

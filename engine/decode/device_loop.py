@@ -35,7 +35,7 @@ from typing import Callable
 
 import torch
 
-from engine.decode.host_copy import device_tensor
+from engine.kernels.host_copy import device_tensor
 from engine.decode.leak_events import LeakEventLog
 from engine.decode.parked_queue import Foreign, ParkedQueue, Taken
 from engine.sequence import Sequence

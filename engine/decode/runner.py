@@ -19,7 +19,7 @@ import torch
 
 from engine.decode.device_loop import BurstForward, DeviceLoop
 from engine.decode.graphs import DecodeGraphs
-from engine.decode.host_copy import device_tensor
+from engine.kernels.host_copy import device_tensor
 from engine.loading.loader import LoadedModel
 from engine.model import AttentionMetadata
 from engine.sampler import SampleRequest, sample

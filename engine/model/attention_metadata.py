@@ -14,7 +14,7 @@ of the step goes through one op that reads each token's own keys through its seq
 so the metadata also carries every sequence's table and each token's sequence (`block_tables`,
 `token_sequence`).
 
-Everything is built from host lists with one device copy per tensor (engine/decode/host_copy.py); the
+Everything is built from host lists with one device copy per tensor (engine/kernels/host_copy.py); the
 per-layer code only slices and indexes with what is here, so no layer waits on the device.
 """
 
@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from engine.decode.host_copy import device_tensor
+from engine.kernels.host_copy import device_tensor
 
 
 @dataclass(frozen=True)

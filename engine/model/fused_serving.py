@@ -50,8 +50,8 @@ class FusedServing:
         packed = head.packed()
         assert packed is not None  # prepare() checked
         self.head = FusedHead(packed, int(head.qtype), head.out_features)
-        self.inv_freq = {sliding: model._inv_freq_on(sliding, torch.device("cpu")).float().contiguous()
-                         for sliding in model._rope_kinds}
+        self.inv_freq = {sliding: model.rope_frequencies(sliding, torch.device("cpu")).float().contiguous()
+                         for sliding in model.rope_kinds}
 
     def forward(self, model: "LlamaForCausalLM", input_ids: torch.Tensor, positions: torch.Tensor,
                 metadata: AttentionMetadata, kv_cache: "PagedKVCache") -> torch.Tensor:
@@ -61,7 +61,7 @@ class FusedServing:
             x = x * self.embedding_multiplier
         tables = {sliding: cpu_kernels.rope_tables(positions, freqs) for sliding, freqs in self.inv_freq.items()}
         for index, layer in enumerate(model.model.layers):
-            x = layer(x, *tables[model._layer_rope[index]], metadata, kv_cache.layer(index))
+            x = layer(x, *tables[model.layer_rope[index]], metadata, kv_cache.layer(index))
         return cpu_kernels.rms_norm(x, self.final_norm, self.eps)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

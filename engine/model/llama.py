@@ -22,7 +22,7 @@ from engine.model.config import ModelConfig
 from engine.model.layers import Embedding, GatedMLP, Linear, RMSNorm
 from engine.model.rope import rope_cos_sin, rope_inverse_frequencies
 
-if TYPE_CHECKING:  # kv_cache imports the model's config; a runtime import here would be circular
+if TYPE_CHECKING:  # handed in at run time: importing the scheduler would close a circle through loading
     from engine.scheduler.kv_cache import PagedKVCache
 
 
@@ -74,11 +74,12 @@ class LlamaForCausalLM(nn.Module):
         self.tie_weights()
         # Kept in fp32 and outside the module's buffers so that model.to(bfloat16) cannot round them;
         # keyed by (sliding, device): sliding-window layers may have a RoPE base of their own (Gemma 3).
-        self._layer_rope = tuple(config.rope_local_theta is not None and config.layer_window(i) is not None
-                                 for i in range(config.num_hidden_layers))
+        # Per layer, whether it takes the sliding layers' RoPE (rope_frequencies' `sliding`); the kinds present.
+        self.layer_rope = tuple(config.rope_local_theta is not None and config.layer_window(i) is not None
+                                for i in range(config.num_hidden_layers))
         self._inv_freq = {(sliding, torch.device("cpu")): rope_inverse_frequencies(config, sliding)
-                          for sliding in set(self._layer_rope)}
-        self._rope_kinds = tuple(sorted(set(self._layer_rope)))
+                          for sliding in set(self.layer_rope)}
+        self.rope_kinds = tuple(sorted(set(self.layer_rope)))
         self.fused: fused_serving.FusedServing | None = None
 
     def fuse_for_inference(self) -> None:
@@ -117,7 +118,8 @@ class LlamaForCausalLM(nn.Module):
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
-    def _inv_freq_on(self, sliding: bool, device: torch.device) -> torch.Tensor:
+    def rope_frequencies(self, sliding: bool, device: torch.device) -> torch.Tensor:
+        """The fp32 inverse frequencies of one kind of layer, [head_dim / 2], on `device` (copied once)."""
         if (sliding, device) not in self._inv_freq:
             self._inv_freq[sliding, device] = self._inv_freq[sliding, torch.device("cpu")].to(device)
         return self._inv_freq[sliding, device]
@@ -136,11 +138,11 @@ class LlamaForCausalLM(nn.Module):
         if self.config.embedding_multiplier is not None:
             # In the activation dtype, as HF rounds it (Gemma: sqrt(hidden_size)).
             x = x * torch.tensor(self.config.embedding_multiplier, dtype=x.dtype)
-        tables = {sliding: rope_cos_sin(self._inv_freq_on(sliding, x.device), positions, x.dtype)
-                  for sliding in self._rope_kinds}
+        tables = {sliding: rope_cos_sin(self.rope_frequencies(sliding, x.device), positions, x.dtype)
+                  for sliding in self.rope_kinds}
         for index, layer in enumerate(self.model.layers):
             cache = kv_cache.layer(index) if kv_cache is not None else None
-            x = layer(x, *tables[self._layer_rope[index]], metadata, cache)
+            x = layer(x, *tables[self.layer_rope[index]], metadata, cache)
         return self.model.norm(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -10,10 +10,33 @@ reference counts, and full blocks kept cached for reuse by a later prompt with t
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Protocol
+
 import torch
 
-from engine.model.config import ModelConfig
 from engine.scheduler.block_pool import BlockPool, OutOfBlocks
+
+
+class _ModelDimensions(Protocol):  # a ModelConfig, without importing the model from below it
+    @property
+    def num_hidden_layers(self) -> int: ...
+    @property
+    def num_key_value_heads(self) -> int: ...
+    @property
+    def head_dim(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class KVShape:
+    """What the cache's memory depends on, and nothing else of the model."""
+    layers: int
+    kv_heads: int
+    head_dim: int
+
+    @classmethod
+    def of(cls, config: _ModelDimensions) -> KVShape:
+        return cls(config.num_hidden_layers, config.num_key_value_heads, config.head_dim)
 
 
 class SwapBlockAllocator:
@@ -57,16 +80,16 @@ class PagedKVCache:
     head_dim]. The extra block, `pad_block`, is never allocated: padding rows of a captured decode
     graph write there, so they can never touch a sequence's keys and values."""
 
-    def __init__(self, config: ModelConfig, num_blocks: int, block_size: int,
+    def __init__(self, shape: KVShape, num_blocks: int, block_size: int,
                  dtype: torch.dtype, device: torch.device | str) -> None:
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size}")
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.pad_block = num_blocks
-        shape = (config.num_hidden_layers, (num_blocks + 1) * block_size, config.num_key_value_heads, config.head_dim)
-        self.keys = torch.zeros(shape, dtype=dtype, device=device)
-        self.values = torch.zeros(shape, dtype=dtype, device=device)
+        slots = (shape.layers, (num_blocks + 1) * block_size, shape.kv_heads, shape.head_dim)
+        self.keys = torch.zeros(slots, dtype=dtype, device=device)
+        self.values = torch.zeros(slots, dtype=dtype, device=device)
         self.pool = BlockPool(num_blocks)
 
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:

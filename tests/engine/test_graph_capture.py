@@ -24,7 +24,7 @@ from torch.utils._pytree import tree_leaves
 from engine import Engine, EngineConfig, SamplingParams
 from engine.decode.graphs import DecodeGraphs, GraphMode
 from engine.model import LlamaForCausalLM, ModelConfig
-from engine.scheduler.kv_cache import PagedKVCache
+from engine.scheduler.kv_cache import KVShape, PagedKVCache
 from engine.kernels.commit_token import commit_token
 from engine.kernels.fault_word import fault_word
 from engine.kernels.ring_argmax import ring_argmax
@@ -65,7 +65,7 @@ def meta_graphs() -> DecodeGraphs:
     with meta:
         model = LlamaForCausalLM(config).to(torch.bfloat16)
     model.fuse_for_inference()
-    cache = PagedKVCache(config, num_blocks=64, block_size=16, dtype=torch.bfloat16, device=meta)
+    cache = PagedKVCache(KVShape.of(config), num_blocks=64, block_size=16, dtype=torch.bfloat16, device=meta)
     return DecodeGraphs(model, cache, max_blocks=16, dtype=torch.bfloat16, device=meta, capture_stream=False)
 
 

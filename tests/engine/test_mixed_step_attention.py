@@ -19,7 +19,7 @@ import torch
 from engine.model import AttentionMetadata, LlamaForCausalLM, ModelConfig
 from engine.model import attention
 from engine.model.attention_metadata import decode_metadata
-from engine.scheduler.kv_cache import PagedKVCache
+from engine.scheduler.kv_cache import KVShape, PagedKVCache
 
 CONFIG = ModelConfig(model_type="llama", vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512)
@@ -94,7 +94,7 @@ def test_a_decodes_logits_do_not_depend_on_which_chunk_shares_its_step():
     gen = torch.Generator().manual_seed(4)
     decode_tokens = torch.randint(0, 300, (A_CACHED + 1,), generator=gen)
     long_tokens = torch.randint(0, 300, (CHUNK_AT + CHUNK,), generator=gen)
-    cache = PagedKVCache(CONFIG, num_blocks=NUM_BLOCKS, block_size=BLOCK, dtype=torch.float32, device="cpu")
+    cache = PagedKVCache(KVShape.of(CONFIG), num_blocks=NUM_BLOCKS, block_size=BLOCK, dtype=torch.float32, device="cpu")
 
     def step(tables: list[list[int]], cached: list[int], feeds: list[int], ids: torch.Tensor) -> torch.Tensor:
         md = AttentionMetadata.build(block_size=BLOCK, block_tables=tables, cached_lens=cached, query_lens=feeds)
@@ -120,7 +120,7 @@ def test_a_chunks_rows_equal_the_unchunked_prefills(sliding_window, attention_pa
     prompt = torch.randint(0, 300, (41,), generator=gen)
     other = torch.randint(0, 300, (A_CACHED + 1,), generator=gen)
     table = list(range(20, 31))  # 11 blocks, 44 slots
-    cache = PagedKVCache(config, num_blocks=40, block_size=BLOCK, dtype=torch.float32, device="cpu")
+    cache = PagedKVCache(KVShape.of(config), num_blocks=40, block_size=BLOCK, dtype=torch.float32, device="cpu")
 
     def step(tables: list[list[int]], cached: list[int], feeds: list[int], ids: torch.Tensor) -> torch.Tensor:
         md = AttentionMetadata.build(block_size=BLOCK, block_tables=tables, cached_lens=cached, query_lens=feeds,
@@ -168,7 +168,7 @@ def test_a_decode_beside_a_deep_chunk_attends_its_own_keys_only(monkeypatch):
     monkeypatch.setattr(attention, "native_attention", lambda device: False)
     torch.manual_seed(0)
     model = LlamaForCausalLM(CONFIG).eval()
-    cache = PagedKVCache(CONFIG, num_blocks=NUM_BLOCKS, block_size=BLOCK, dtype=torch.float32, device="cpu")
+    cache = PagedKVCache(KVShape.of(CONFIG), num_blocks=NUM_BLOCKS, block_size=BLOCK, dtype=torch.float32, device="cpu")
     recorder = RecordingAttention()
     monkeypatch.setattr(attention, "F", recorder)
     monkeypatch.setattr(attention.Attention, "_decode_attention_float32_math",

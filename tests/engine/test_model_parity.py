@@ -15,7 +15,7 @@ import transformers
 from engine import Engine, EngineConfig, SamplingParams
 from engine.loading.loader import load_model
 from engine.model import AttentionMetadata
-from engine.scheduler.kv_cache import PagedKVCache
+from engine.scheduler.kv_cache import KVShape, PagedKVCache
 
 RELATIVE_TOLERANCE = 1e-4
 
@@ -75,7 +75,7 @@ def test_paged_prefill_then_decode_logits_match_hf(checkpoint):
     model, config = loaded.model, loaded.config
     ids = torch.randint(0, 4096, (40,), generator=torch.Generator().manual_seed(2))
     expected = reference(ids[None]).logits[0]
-    cache = PagedKVCache(config, num_blocks=16, block_size=4, dtype=torch.float32, device="cpu")
+    cache = PagedKVCache(KVShape.of(config), num_blocks=16, block_size=4, dtype=torch.float32, device="cpu")
     table = [9, 2, 14, 0, 7, 3, 11, 5, 1, 12]  # deliberately not in order
 
     def step(start: int, count: int) -> torch.Tensor:

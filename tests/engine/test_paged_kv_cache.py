@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from engine.model import AttentionMetadata, LlamaForCausalLM, ModelConfig
-from engine.scheduler.kv_cache import SwapBlockAllocator, OutOfBlocks, PagedKVCache, blocks_needed
+from engine.scheduler.kv_cache import SwapBlockAllocator, OutOfBlocks, KVShape, PagedKVCache, blocks_needed
 
 CONFIG = ModelConfig(model_type="llama", vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=128)
@@ -43,7 +43,7 @@ def test_metadata_refuses_a_block_table_too_small_for_the_tokens():
 def test_sequences_in_one_mixed_batch_get_their_solo_logits():
     torch.manual_seed(0)
     model = LlamaForCausalLM(CONFIG).eval()
-    cache = PagedKVCache(CONFIG, num_blocks=24, block_size=4, dtype=torch.float32, device="cpu")
+    cache = PagedKVCache(KVShape.of(CONFIG), num_blocks=24, block_size=4, dtype=torch.float32, device="cpu")
     gen = torch.Generator().manual_seed(1)
     tokens = {name: torch.randint(0, 300, (n,), generator=gen) for name, n in (("a", 7), ("b", 21), ("c", 8))}
     tables = {"a": [5, 17], "b": [0, 9, 3, 20, 11, 2], "c": [14, 6]}  # interleaved block ids
