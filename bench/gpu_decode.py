@@ -12,6 +12,12 @@ with finish_reason "length", and its greedy tokens equal eager's. `Engine.step` 
 into errored sequences, so a broken mode would otherwise report a huge speed; it prints FAILED with its
 error instead, and the script exits non-zero. The engine's length limit is what the run uses (prompt
 plus new tokens), so captured graphs attend over that, not the model's 4,096 positions.
+
+Each mode runs on a fresh engine with prefix caching on: its first run (the warm-up) prefills every
+prompt whole, and its later runs find the prompts' full blocks cached and prefill only the rest, by
+another path (the masked one). A run is compared with eager's run of the same index, so both met the
+same cache state: tokens from a cached run against a fresh one's could differ by one rounding in the
+prefill, which flips an argmax of random bf16 weights within a hundred tokens.
 """
 
 from __future__ import annotations
@@ -73,23 +79,48 @@ def verdict(results, new_tokens: int, eager_tokens: list[list[int]] | None) -> s
     return None
 
 
-def measure(engine, prompts, params, repeats: int, eager_tokens,
-            sync=torch.cuda.synchronize) -> tuple[float | None, str | None, list]:
-    """(seconds per generate, None, tokens) or (None, why it failed, tokens)."""
-    results = engine.generate(prompts, params)  # warm-up: captures graphs, settles the allocator
-    failure = verdict(results, params.max_tokens, eager_tokens)
+def measure(engine, prompts, params, repeats: int, eager_runs: list[list[list[int]]] | None,
+            sync=torch.cuda.synchronize) -> tuple[float | None, str | None, list[list[list[int]]]]:
+    """(seconds per generate, None, runs) or (None, why it failed, runs). runs[0] is the warm-up (which
+    captures graphs and settles the allocator), then one per timed repeat: each run's greedy tokens per
+    prompt, checked against eager_runs[i] (eager's run i) where given."""
+    runs: list[list[list[int]]] = []
     times = []
-    for _ in range(repeats if failure is None else 0):
-        sync()
+    for run in range(1 + repeats):
+        if run:
+            sync()
         start = time.perf_counter()
         results = engine.generate(prompts, params)
-        sync()
-        times.append(time.perf_counter() - start)
-        failure = verdict(results, params.max_tokens, eager_tokens)
+        if run:
+            sync()
+            times.append(time.perf_counter() - start)
+        runs.append([list(r.token_ids) for r in results])
+        expected = eager_runs[run] if eager_runs is not None else None
+        failure = verdict(results, params.max_tokens, expected)
         if failure:
-            break
-    tokens = [list(r.token_ids) for r in results]
-    return (None, failure, tokens) if failure else (statistics.median(times), None, tokens)
+            return None, failure if run == 0 else f"run {run}: {failure}", runs
+    return statistics.median(times), None, runs
+
+
+def compare_modes(make_engine, modes: dict[str, dict], prompts, params, repeats: int, sync=torch.cuda.synchronize):
+    """Yields (mode, seconds per generate or None, why it failed or None) for each mode in order, the
+    first being eager: every other mode's runs are checked against eager's runs of the same index."""
+    eager_runs = None
+    for index, (name, flags) in enumerate(modes.items()):
+        engine = None
+        try:
+            if index and eager_runs is None:
+                raise RuntimeError("eager failed, so there are no greedy tokens to check this mode's against")
+            engine = make_engine(flags)
+            seconds, failure, runs = measure(engine, prompts, params, repeats, eager_runs, sync=sync)
+            if failure is None and engine.runner.graphs.refusal:
+                failure = f"capture refused: {engine.runner.graphs.refusal}"
+        except Exception as exc:  # a mode that raises is a failed mode, not the end of the run
+            seconds, failure, runs = None, f"{type(exc).__name__}: {exc}", []
+        if index == 0 and failure is None:
+            eager_runs = runs
+        del engine
+        yield name, seconds, failure
 
 
 def main() -> int:
@@ -115,21 +146,13 @@ def main() -> int:
         prompts = [torch.randint(0, 4096, (args.prompt_tokens,)).tolist() for _ in range(batch)]
         context = args.prompt_tokens + args.new_tokens // 2
         roof = roofline_tokens_per_s(parameters, batch, context, args.hbm_tbps * 1e12)
-        base = eager_tokens = None
-        for name, flags in modes.items():
-            engine = None
-            try:
-                if name != "eager" and eager_tokens is None:
-                    raise RuntimeError("eager failed, so there are no greedy tokens to check this mode's against")
-                engine = Engine(EngineConfig.from_env(model=str(folder), device="cuda", dtype="bfloat16",
-                                                      kv_cache_mb=4096, max_model_len=length, **flags))
-                seconds, failure, tokens = measure(engine, prompts, params, args.repeats, eager_tokens)
-                if failure is None and engine.runner.graphs.refusal:
-                    failure = f"capture refused: {engine.runner.graphs.refusal}"
-            except Exception as exc:  # a mode that raises is a failed mode, not the end of the run
-                seconds, failure, tokens = None, f"{type(exc).__name__}: {exc}", None
-            if name == "eager":
-                eager_tokens = tokens if failure is None else None
+        base = None
+
+        def make_engine(flags):
+            return Engine(EngineConfig.from_env(model=str(folder), device="cuda", dtype="bfloat16", kv_cache_mb=4096,
+                                                max_model_len=length, **flags))
+
+        for name, seconds, failure in compare_modes(make_engine, modes, prompts, params, args.repeats):
             if failure is not None:
                 failed += 1
                 print(f"{batch:>5} {name:>12}    FAILED: {failure}", flush=True)
@@ -137,7 +160,6 @@ def main() -> int:
                 rate = batch * args.new_tokens / seconds
                 base = base or rate
                 print(f"{batch:>5} {name:>12} {rate:>9.1f} {rate / roof:>8.1%} {rate / base:>8.2f}x", flush=True)
-            del engine
             torch.cuda.empty_cache()
     shutil.rmtree(folder)
     return 1 if failed else 0
