@@ -5,9 +5,9 @@
 # against its torch reference, CUDA graphs against eager, the engine on CUDA, the batched sampler against
 # the per-row one and its one wait; the Triton paged decode attention against the torch path; GGUF Q4
 # weights on torch's int4 kernel), which decode attention runs and which SDPA kernel the torch path takes,
-# the 1B decode benchmark, the int4 kernel against dequantize + F.linear by row count and, where the python
-# has the web packages (or .whl/ holds them: bench/gpu_webdeps.py), the serving benchmark on CUDA
-# (in-process).
+# the 1B decode benchmark (speeds and launches per step), the int4 kernel against dequantize + F.linear
+# by row count and, where the python has the web packages (or .whl/ holds them: bench/gpu_webdeps.py),
+# the serving benchmark on CUDA (in-process).
 # Uses the machine's own python3 with its CUDA torch and CuPy; needs nothing from the network. The GPU
 # tests call the CuPy wrappers directly, so without CuPy they fail; they do not fall back.
 # Prints one line per step: passed, failed (with the tail of its log) or skipped and why; the benchmarks'

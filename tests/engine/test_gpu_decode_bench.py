@@ -83,8 +83,8 @@ MODES = {"eager": dict(graphs=False), "graphs": dict(graphs=True), "graphs+loop"
 
 def test_each_modes_runs_are_compared_with_eagers_in_the_same_cache_state(bench):
     reported = list(bench.compare_modes(CacheStateEngine, MODES, PROMPTS, PARAMS, 2, sync=no_sync))
-    assert [(name, failure) for name, _, failure in reported] == [(name, None) for name in MODES]
-    assert all(seconds > 0 for _, seconds, _ in reported)
+    assert [(name, failure) for name, _, failure, _ in reported] == [(name, None) for name in MODES]
+    assert all(seconds > 0 for _, seconds, _, _ in reported)
 
 
 def test_a_mode_whose_cached_runs_differ_from_eagers_cached_runs_fails(bench):
@@ -92,5 +92,20 @@ def test_a_mode_whose_cached_runs_differ_from_eagers_cached_runs_fails(bench):
     reported = list(bench.compare_modes(lambda flags: CacheStateEngine(flags, drift=1), MODES, PROMPTS, PARAMS, 2,
                                         sync=no_sync))
     expected = "run 1: greedy tokens differ from eager's (sequence 0, first at token 0)"
-    assert [(name, failure) for name, _, failure in reported] == [("eager", None), ("graphs", expected),
+    assert [(name, failure) for name, _, failure, _ in reported] == [("eager", None), ("graphs", expected),
                                                                   ("graphs+loop", expected)]
+
+
+def test_a_probe_that_raises_leaves_the_speeds_standing(bench):
+    answers = iter([12.5, RuntimeError("no CUPTI"), 7.0])
+
+    def probe(engine):
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    reported = list(bench.compare_modes(CacheStateEngine, MODES, PROMPTS, PARAMS, 1, sync=no_sync, probe=probe))
+    assert [(name, failure, probed) for name, _, failure, probed in reported] == [
+        ("eager", None, 12.5), ("graphs", None, "RuntimeError: no CUPTI"), ("graphs+loop", None, 7.0)]
+    assert all(seconds > 0 for _, seconds, _, _ in reported)
