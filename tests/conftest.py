@@ -207,6 +207,31 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session")
+def native_cpu_kernels() -> None:
+    """Skips where the native CPU kernels cannot be built. Asked for by the tests that need them rather
+    than at a module's import, so that collecting (`pytest --collect-only -m gpu` on the GPU machine)
+    builds nothing: the first test that runs builds them (tests/test_collection_builds_no_kernels.py).
+    Session-scoped, so it is set up, or skips, before any module's fixtures that would use them."""
+    from engine.kernels import cpu
+
+    if not cpu.native_available():
+        pytest.skip(f"native CPU kernels unavailable: {cpu.unavailable_reason()}")
+
+
+@pytest.fixture
+def path_on_this_cpu(request, native_cpu_kernels) -> None:
+    """Skips a test parametrized with a native kernel `path` this CPU cannot run ("avx512" on an AVX2-only
+    one). The kernel tests list the SIMD paths by name, since asking the library which this CPU runs
+    while collecting would build it."""
+    from engine.kernels import cpu
+
+    callspec = getattr(request.node, "callspec", None)
+    path = callspec.params.get("path") if callspec is not None else None
+    if path not in (None, "auto") and path not in cpu.cpu_paths():
+        pytest.skip(f"this CPU runs the paths {cpu.cpu_paths()}, not {path!r}")
+
+
+@pytest.fixture(scope="session")
 def celery_cluster(tmp_path_factory):
     """Two real Celery GPU workers on the machine's Redis, under a queue prefix of their own."""
     from django.conf import settings

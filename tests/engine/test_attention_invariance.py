@@ -19,9 +19,8 @@ from engine.kernels import cpu as cpu_kernels
 from engine import Engine, EngineConfig, SamplingParams
 from engine.model import attention
 
-if not attention.native_attention(torch.device("cpu")):
-    pytest.skip("native CPU kernels unavailable: the torch attention path promises no bit invariance",
-                allow_module_level=True)
+# The native CPU kernels: the torch attention path promises no bit invariance.
+pytestmark = pytest.mark.usefixtures("native_cpu_kernels")
 
 PROMPTS = [[11, 12, 13], [(5 * i) % 4000 + 7 for i in range(9)], [300 + i for i in range(20)], [42]]
 LONG = [(7 * i) % 3000 + 5 for i in range(70)]  # fed in chunks beside the others' decodes

@@ -10,11 +10,9 @@ import pytest
 pytest.importorskip("gguf", reason="gguf (the ggml block formats) is not installed")
 
 from engine import Engine, EngineConfig, SamplingParams  # noqa: E402
-from engine.kernels import cpu  # noqa: E402
 from engine.loading.loader import load_model  # noqa: E402
 
-if not cpu.native_available():
-    pytest.skip(f"native CPU kernels unavailable: {cpu.unavailable_reason()}", allow_module_level=True)
+pytestmark = pytest.mark.usefixtures("native_cpu_kernels")
 
 SERVED = {"weights": "quantized", "dtype": "bfloat16"}
 PROMPTS = ["def main():", "The quick brown fox", "import os\nimport sys\n", "é ü 漢字 🙂", "for i in range(10):"]

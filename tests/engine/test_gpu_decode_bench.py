@@ -1,11 +1,14 @@
 """bench/gpu_decode.py measures only modes that worked: on the CPU, with a tiny model, a mode whose
 forward fails (Engine.step errors its sequences) or whose greedy tokens differ from eager's is reported
-as failed with the reason, never as a speed."""
+as failed with the reason, never as a speed. And it compares like with like: with a stand-in engine
+whose tokens depend on the prefix cache's state, each mode's runs are checked against eager's runs in
+the same state."""
 
 from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -35,8 +38,8 @@ def no_sync():
 
 def test_a_mode_that_decodes_like_eager_is_measured(bench, engine):
     eager = [list(r.token_ids) for r in engine.generate(PROMPTS, PARAMS)]
-    seconds, failure, tokens = bench.measure(engine, PROMPTS, PARAMS, 1, eager, sync=no_sync)
-    assert failure is None and seconds > 0 and tokens == eager
+    seconds, failure, runs = bench.measure(engine, PROMPTS, PARAMS, 1, [eager, eager], sync=no_sync)
+    assert failure is None and seconds > 0 and runs == [eager, eager]
 
 
 def test_a_mode_whose_forward_fails_reports_why_instead_of_a_speed(bench, engine, monkeypatch):
@@ -52,5 +55,57 @@ def test_a_mode_whose_forward_fails_reports_why_instead_of_a_speed(bench, engine
 def test_a_mode_whose_greedy_tokens_differ_from_eagers_fails(bench, engine):
     eager = [list(r.token_ids) for r in engine.generate(PROMPTS, PARAMS)]
     eager[1][3] += 1
-    seconds, failure, _ = bench.measure(engine, PROMPTS, PARAMS, 3, eager, sync=no_sync)
+    seconds, failure, _ = bench.measure(engine, PROMPTS, PARAMS, 3, [eager] * 4, sync=no_sync)
     assert seconds is None and failure == "greedy tokens differ from eager's (sequence 1, first at token 3)"
+
+
+class CacheStateEngine:
+    """Stands in for a fresh Engine with prefix caching on: a prompt's first run (prefilled whole) gives
+    other greedy tokens than its later runs (full blocks cached, the rest prefilled by the masked path),
+    as one rounding's difference can on a GPU. `drift` changes a mode's cached-run tokens."""
+
+    def __init__(self, flags, drift=0):
+        self.seen: set[str] = set()
+        self.drift = drift if flags.get("graphs") else 0
+        self.runner = SimpleNamespace(graphs=SimpleNamespace(refusal=None))
+
+    def generate(self, prompts, params):
+        results = []
+        for prompt in map(str, prompts):
+            token = 2 + self.drift if prompt in self.seen else 1
+            self.seen.add(prompt)
+            results.append(SimpleNamespace(token_ids=[token] * params.max_tokens, finish_reason="length"))
+        return results
+
+
+MODES = {"eager": dict(graphs=False), "graphs": dict(graphs=True), "graphs+loop": dict(graphs=True, device_loop=True)}
+
+
+def test_each_modes_runs_are_compared_with_eagers_in_the_same_cache_state(bench):
+    reported = list(bench.compare_modes(CacheStateEngine, MODES, PROMPTS, PARAMS, 2, sync=no_sync))
+    assert [(name, failure) for name, _, failure, _ in reported] == [(name, None) for name in MODES]
+    assert all(seconds > 0 for _, seconds, _, _ in reported)
+
+
+def test_a_mode_whose_cached_runs_differ_from_eagers_cached_runs_fails(bench):
+    """The liveness control: the later runs are compared too, not only the fresh one."""
+    reported = list(bench.compare_modes(lambda flags: CacheStateEngine(flags, drift=1), MODES, PROMPTS, PARAMS, 2,
+                                        sync=no_sync))
+    expected = "run 1: greedy tokens differ from eager's (sequence 0, first at token 0)"
+    assert [(name, failure) for name, _, failure, _ in reported] == [("eager", None), ("graphs", expected),
+                                                                  ("graphs+loop", expected)]
+
+
+def test_a_probe_that_raises_leaves_the_speeds_standing(bench):
+    answers = iter([12.5, RuntimeError("no CUPTI"), 7.0])
+
+    def probe(engine):
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    reported = list(bench.compare_modes(CacheStateEngine, MODES, PROMPTS, PARAMS, 1, sync=no_sync, probe=probe))
+    assert [(name, failure, probed) for name, _, failure, probed in reported] == [
+        ("eager", None, 12.5), ("graphs", None, "RuntimeError: no CUPTI"), ("graphs+loop", None, 7.0)]
+    assert all(seconds > 0 for _, seconds, _, _ in reported)

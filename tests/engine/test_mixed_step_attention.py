@@ -44,8 +44,7 @@ def qkv(tokens: int, dtype: torch.dtype, seed: int) -> tuple[torch.Tensor, ...]:
     return tuple(torch.randn(tokens, h, dim, generator=gen).to(dtype) for h in (heads, kv_heads, kv_heads))
 
 
-PATHS = ["torch", pytest.param("native", marks=pytest.mark.skipif(
-    not attention.native_attention(torch.device("cpu")), reason="native CPU kernels unavailable"))]
+PATHS = ["torch", "native"]
 
 
 @pytest.fixture
@@ -53,6 +52,8 @@ def attention_path(request, monkeypatch) -> str:
     """"torch": the decode/prefill split (SDPA, the float32-math decode); "native": the one CPU op."""
     if request.param == "torch":
         monkeypatch.setattr(attention, "native_attention", lambda device: False)
+    else:
+        request.getfixturevalue("native_cpu_kernels")
     return request.param
 
 

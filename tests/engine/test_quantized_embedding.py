@@ -9,12 +9,11 @@ import torch
 
 pytest.importorskip("gguf", reason="gguf (the ggml block formats) is not installed")
 
-from engine.kernels import cpu  # noqa: E402
 from engine.loading.loader import load_model  # noqa: E402
 from engine.model.quantized import QuantizedLinear  # noqa: E402
 from engine.model.quantized_embedding import QuantizedEmbedding  # noqa: E402
 
-needs_kernels = pytest.mark.skipif(not cpu.native_available(), reason="the quantized head needs the native kernels")
+needs_kernels = pytest.mark.usefixtures("native_cpu_kernels")  # the quantized head needs them
 
 
 @pytest.mark.parametrize("table_qtype", ["Q4_0", "Q4_1", "Q8_0"])

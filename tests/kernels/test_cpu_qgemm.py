@@ -20,8 +20,7 @@ gguf = pytest.importorskip("gguf", reason="gguf (the ggml block formats) is not 
 
 from engine.kernels import cpu  # noqa: E402
 
-if not cpu.native_available():
-    pytest.skip(f"native CPU kernels unavailable: {cpu.unavailable_reason()}", allow_module_level=True)
+pytestmark = pytest.mark.usefixtures("native_cpu_kernels", "path_on_this_cpu")
 
 from engine.model.quantized import dequantize_rows  # noqa: E402
 
@@ -34,8 +33,7 @@ OFFSET = {Q.Q4_1: (2, np.float16), Q.Q4_K: (4, np.float32), Q.Q5_K: (4, np.float
 QUANT_BYTES = {Q.Q4_0: 16, Q.Q4_1: 16, Q.Q8_0: 32, Q.Q4_K: 16, Q.Q5_K: 32, Q.Q6_K: 32}
 # Each type's largest quant magnitude as a byte: nibbles of 15, Q8_0's -128, Q5_K's 31, Q6_K's -32.
 EXTREME = {Q.Q4_0: 0xFF, Q.Q4_1: 0xFF, Q.Q8_0: 0x80, Q.Q4_K: 0xFF, Q.Q5_K: 31, Q.Q6_K: 0xE0}
-SIMD = [p for p in cpu.cpu_paths() if p != "scalar"]
-NO_AVX512 = f"this CPU has no AVX-512 VNNI (it runs {cpu.cpu_paths()}): that path is compiled, not run"
+SIMD = ["avx2", "avx512"]  # by name: only the built library knows which this CPU runs (path_on_this_cpu)
 
 
 def random_blocks(qtype: Q, n: int, k: int, seed: int) -> np.ndarray:
@@ -133,7 +131,7 @@ def test_extreme_blocks_do_not_saturate(qtype: Q) -> None:
     q, d, s = cpu.quantize_q8_1(x)
     assert q.abs().max() == 127
     ref, bound = reference(raw, qtype, q, d)
-    for path in ["scalar", *SIMD]:
+    for path in cpu.cpu_paths():
         y = cpu.qgemm(q, d, s, cpu.pack(raw, qtype, k), qtype, n, path=path)
         assert (np.abs(y.double().numpy() - ref) <= bound).all(), path
 
@@ -156,7 +154,7 @@ def test_fp16_scales_of_every_kind_widen_exactly(qtype: Q) -> None:
     x = activations(3, k, seed=10)
     q, d, s = cpu.quantize_q8_1(x)
     ref, bound = reference(raw, qtype, q, d)
-    outputs = [cpu.qgemm(q, d, s, cpu.pack(raw, qtype, k), qtype, n, path=path) for path in ["scalar", *SIMD]]
+    outputs = [cpu.qgemm(q, d, s, cpu.pack(raw, qtype, k), qtype, n, path=path) for path in cpu.cpu_paths()]
     assert (np.abs(outputs[0].double().numpy() - ref) <= bound).all()
     assert all(torch.equal(outputs[0], other) for other in outputs[1:])
 
@@ -209,8 +207,9 @@ def test_simd_path_is_the_same_bits_as_the_scalar_path(qtype: Q, path: str, m: i
         assert torch.equal(cpu.qgemm(*qs, packed, qtype, n, out_dtype, path=path), want)
 
 
-@pytest.mark.skipif("avx512" not in cpu.cpu_paths(), reason=NO_AVX512)
 def test_avx512_path_is_available_where_the_cpu_has_it() -> None:
+    if "avx512" not in cpu.cpu_paths():
+        pytest.skip(f"this CPU has no AVX-512 VNNI (it runs {cpu.cpu_paths()}): that path is compiled, not run")
     assert "avx512" in SIMD  # the comparison above then ran it too
 
 

@@ -50,14 +50,17 @@ TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 2e-2}
 
 
 def torch_decode_path(q, cache, tables, positions, block_size, window):
-    """The torch path's decode attention for these decodes (the CPU's float32-math variant of it)."""
+    """The torch path's decode attention for these decodes, on the query's device: the float32-math variant on
+    the CPU, SDPA over the gathered blocks on CUDA. Its metadata is built there too: index_select refuses a
+    host block table into a CUDA cache."""
     heads, kv_heads, dim = q.shape[1], cache[0].shape[1], q.shape[2]
     config = ModelConfig(model_type="llama", vocab_size=16, hidden_size=heads * dim, intermediate_size=16,
                          num_hidden_layers=1, num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=dim,
                          max_position_embeddings=16384, sliding_window=window)
     attention = Attention(config)
     metadata = AttentionMetadata.build(block_size=block_size, block_tables=tables, cached_lens=positions,
-                                       query_lens=[1] * len(tables), sliding_window=window, dtype=q.dtype)
+                                       query_lens=[1] * len(tables), sliding_window=window, device=q.device,
+                                       dtype=q.dtype)
     assert metadata.decodes is not None
     return attention._decode(q, cache, metadata.decodes, block_size)
 
@@ -131,6 +134,16 @@ def test_on_cuda_against_the_torch_path(dtype):
           tolerance=tolerance)
     check(triton_paged_decode, [30, 200, 333], 8, 2, dim=128, dtype=dtype, window=128, seed=12, device="cuda",
           tolerance=tolerance)
+
+
+def test_the_reference_is_built_on_the_querys_device():
+    """The reference needs no kernel, so it runs here on any machine. The meta device stands in for CUDA:
+    like it, it is not where AttentionMetadata.build puts its tensors by default, and the decode takes the
+    SDPA branch there, not the CPU's float32-math one."""
+    q, cache, tables, positions = random_case([5, 40], 8, 2, 32, 16, torch.float32, seed=1)
+    q, cache = q.to("meta"), tuple(c.to("meta") for c in cache)
+    out = torch_decode_path(q, cache, tables, positions, 16, None)
+    assert out.device == q.device and out.shape == q.shape
 
 
 def test_queries_as_a_strided_view(kernel):
