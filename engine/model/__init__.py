@@ -1,4 +1,5 @@
-"""Model architectures: the Llama family (llama, mistral, qwen2) as plain torch modules."""
+"""Model architectures as plain torch modules: the Llama block (llama, mistral, qwen2, qwen3, phi3) and
+Gemma 3's, told apart by their config (engine/model/config.py, SUPPORTED_MODEL_TYPES)."""
 
 from engine.model.attention_metadata import AttentionMetadata
 from engine.model.config import ConfigError, ModelConfig

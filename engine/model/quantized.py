@@ -138,7 +138,7 @@ class QuantizedLinear(nn.Module):
                              f"the tensor has shape {shape}")
         if bias is not None and tuple(bias.shape) != (shape[0],):
             raise ValueError(f"bias of shape {tuple(bias.shape)} for {shape[0]} output features")
-        # A copy: GGUFReader's data is a read-only view of the mapped file.
+        # A copy: the loader's rows are a read-only view of the mapped file.
         return cls(torch.from_numpy(np.array(raw, dtype=np.uint8, copy=True)), qtype, in_features,
                    None if bias is None else bias.detach().clone())
 
