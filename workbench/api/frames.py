@@ -57,11 +57,12 @@ def cancelled_request_id(frame: dict[str, object], running: Collection[str]) -> 
     return request_id
 
 
-def generation(frame: dict[str, object], tokenizer: Tokenizer,
-               request_id: str) -> tuple[str | list[int], SamplingParams, int | None]:
+def generation(frame: dict[str, object], tokenizer: Tokenizer, request_id: str,
+               vocabulary: int | None = None) -> tuple[str | list[int], SamplingParams, int | None]:
     """The prompt (text or token ids; messages rendered by `tokenizer`), the params and the number of
     choices (`params.n`; None when not sent, a request of one choice whose frames carry no `choice`) of
-    a generate frame."""
+    a generate frame. `vocabulary`: the model's (workbench/serving/model_facts.py), which every token id
+    the frame names must fit; None checks no range (the engine still does)."""
     if ("prompt" in frame) == ("messages" in frame):
         raise FrameError("invalid_request", "send exactly one of prompt or messages", request_id)
     try:
@@ -71,7 +72,10 @@ def generation(frame: dict[str, object], tokenizer: Tokenizer,
         if isinstance(values, dict) and "n" in values:  # the choices are the request's, not a sequence's params
             n = choice_streams.choice_count(values["n"])
             values = {key: value for key, value in values.items() if key != "n"}
-        return prompt, request_input.sampling_params(values, logprobs_allowed=True), n
+        params = request_input.sampling_params(values, logprobs_allowed=True)
+        if vocabulary is not None:
+            request_input.fit_vocabulary(prompt, params, vocabulary)
+        return prompt, params, n
     except request_input.InvalidInput as exc:
         raise FrameError(exc.code, exc.message, request_id) from None
 

@@ -25,9 +25,9 @@ from django.views.decorators.csrf import csrf_exempt
 
 from engine.loading.tokenizer import Tokenizer
 from workbench.api.http_api import ApiError, authenticate, check_model, json_body, refuse_unless_off, tokenizer_of
-from workbench.chat.fitting import model_length
 from workbench.protocol import request_input
 from workbench.serving import bridge, served_models
+from workbench.serving.model_facts import model_length
 
 TOKENIZE_FIELDS = {"model", "prompt", "messages", "add_special_tokens", "add_generation_prompt"}
 DETOKENIZE_FIELDS = {"model", "tokens"}

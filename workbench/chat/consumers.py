@@ -137,6 +137,10 @@ class ChatConsumer(JsonSocketConsumer):
         text, params = frames.turn_request(kind, content)
         edited = frames.edited_message(content) if kind == "edit" else None
         model = model_of(content, await served_models.served_from_loop())
+        try:
+            frames.fit_vocabulary(params, served_models.vocabulary_of(model))
+        except served_models.TokenizerUnreadable as exc:
+            raise FrameError("unavailable", exc.message) from None
         user = self.scope["user"]
         assert user is not None  # connect refused a socket without one
         # Admitted before the turn is taken: a refused one stores nothing.

@@ -1,0 +1,82 @@
+"""A deployment strangers can reach: the hostile battery, through the session's shared in-process Daphne
+(real HTTP and websocket clients), one case per way in that a stranger, or a user's stolen credential,
+could use against it. Each case has its liveness control: the same way in, used as intended, works.
+
+docs/PROTOCOL.md and docs/OPERATIONS.md ("A deployment strangers can reach") say what each refusal is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+import websockets
+
+from tests.workbench.test_hostile_input import http, open_socket, until_done
+from tests.workbench.test_socket_access import Frames, chat_socket
+
+pytestmark = pytest.mark.slow  # the shared Daphne's start, when this module runs first
+# The demo model's vocabulary is 4096 ids (0 to 4095).
+PAST_THE_VOCABULARY = 4_000_000_000
+LAST_ID = 4095
+
+
+def post(address: str, path: str, body: dict, token: str) -> tuple[int, dict]:
+    return http(address, "POST", path, json.dumps(body).encode(), Content_Type="application/json",
+                Authorization=f"Bearer {token}")
+
+
+def test_token_ids_past_the_vocabulary_are_refused_at_the_door_on_every_route(inprocess_daphne, make_user):
+    """With min_tokens the sampler masks the stop tokens, indexing the logits with them: an id past the
+    vocabulary failed the forward (engine_error; on CUDA a device-side assert). Every way in refuses it
+    before the engine, naming the field; an id at the vocabulary's end is served on each."""
+    address, token = inprocess_daphne.address, inprocess_daphne.token
+    sampled = {"max_tokens": 4, "min_tokens": 2, "seed": 5}
+    for path, body in (("/v1/completions", {"prompt": "Hi"}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]})):
+        status, answer = post(address, path, {**body, **sampled, "stop_token_ids": [PAST_THE_VOCABULARY]}, token)
+        assert status == 400, (path, status, answer)
+        assert answer["error"]["code"] == "invalid_params" and answer["error"]["param"] == "stop_token_ids", answer
+        assert str(PAST_THE_VOCABULARY) in answer["error"]["message"], answer
+        status, answer = post(address, path, {**body, **sampled, "stop_token_ids": [LAST_ID]}, token)
+        assert status == 200 and answer["usage"]["completion_tokens"] >= 2, (path, status, answer)
+    status, answer = post(address, "/v1/completions", {"prompt": [1, 4096], **sampled}, token)
+    assert status == 400 and answer["error"]["param"] == "prompt", answer
+    assert answer["error"]["code"] == "invalid_request" and "4096" in answer["error"]["message"], answer
+
+    async def websocket_api() -> list[dict]:
+        async with await open_socket(address, token) as ws:
+            ended = []
+            for request_id, prompt, stop in (("oov-stop", "Hi", PAST_THE_VOCABULARY), ("oov-prompt", [1, 4096], LAST_ID),
+                                             ("fits", [1, LAST_ID], LAST_ID)):
+                await ws.send(json.dumps({"type": "generate", "request_id": request_id, "prompt": prompt,
+                                          "params": {**sampled, "stop_token_ids": [stop]}}))
+                ended.append(await until_done(ws, request_id))
+            return ended
+
+    # Refused at the door: an error and nothing before it (the engine's refusal would follow `accepted`).
+    [stop_refused], [prompt_refused], served_frames = asyncio.run(websocket_api())
+    served = served_frames[-1]
+    assert stop_refused["type"] == "error" and stop_refused["code"] == "invalid_params", stop_refused
+    assert stop_refused["message"].startswith("stop_token_ids:"), stop_refused
+    assert prompt_refused["type"] == "error" and prompt_refused["code"] == "invalid_request", prompt_refused
+    assert "4096" in prompt_refused["message"], prompt_refused
+    assert served["type"] == "done", served
+
+    user = make_user(address, "oov-chat")
+    conversation = user.new_conversation()
+
+    async def chat() -> tuple[dict, dict]:
+        async with chat_socket(user, conversation) as ws:
+            frames = Frames(ws)
+            await frames.send({"type": "send", "content": "Hi",
+                               "params": {**sampled, "stop_token_ids": [PAST_THE_VOCABULARY]}})
+            refused = await frames.until(lambda f: f["type"] in ("error", "done"))
+            await frames.send({"type": "send", "content": "Hi", "params": {**sampled, "stop_token_ids": [LAST_ID]}})
+            return refused, await frames.until(lambda f: f["type"] in ("error", "done"))
+
+    refused, answered = asyncio.run(chat())
+    assert refused["type"] == "error" and refused["code"] == "invalid_params", refused
+    assert refused["message"].startswith("stop_token_ids:"), refused
+    assert answered["type"] == "done" and answered["finish_reason"] in ("length", "stop"), answered
