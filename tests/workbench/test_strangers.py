@@ -80,3 +80,28 @@ def test_token_ids_past_the_vocabulary_are_refused_at_the_door_on_every_route(in
     assert refused["type"] == "error" and refused["code"] == "invalid_params", refused
     assert refused["message"].startswith("stop_token_ids:"), refused
     assert answered["type"] == "done" and answered["finish_reason"] in ("length", "stop"), answered
+
+
+def test_an_integer_of_five_thousand_digits_is_a_clear_refusal_on_http_and_on_sockets(inprocess_daphne):
+    """Python's int() refuses more than 4300 digits with a ValueError, which is no JSONDecodeError: it
+    was a 500 with a traceback over HTTP and internal_error on a socket. Now a 400 and an `error` frame
+    that say what is wrong; the socket goes on (its next request is served)."""
+    address, token = inprocess_daphne.address, inprocess_daphne.token
+    huge = "1" * 5000
+    raw = f'{{"prompt": "Hi", "max_tokens": {huge}, "seed": 1}}'.encode()
+    status, answer = http(address, "POST", "/v1/completions", raw, Content_Type="application/json",
+                          Authorization=f"Bearer {token}")
+    assert status == 400 and "4300 digits" in answer["error"]["message"], (status, answer)
+
+    async def socket() -> tuple[dict, list[dict]]:
+        async with await open_socket(address, token) as ws:
+            await ws.send(f'{{"type": "generate", "request_id": "huge", "prompt": "Hi", "params": {{"seed": {huge}}}}}')
+            refused = json.loads(await asyncio.wait_for(ws.recv(), 30))
+            await ws.send(json.dumps({"type": "generate", "request_id": "after", "prompt": "Hi",
+                                      "params": {"max_tokens": 2, "seed": 1}}))
+            return refused, await until_done(ws, "after")
+
+    refused, after = asyncio.run(socket())
+    assert refused["type"] == "error" and refused["code"] == "invalid_json", refused
+    assert "4300 digits" in refused["message"], refused
+    assert after[-1]["type"] == "done", after
