@@ -105,3 +105,26 @@ def test_an_integer_of_five_thousand_digits_is_a_clear_refusal_on_http_and_on_so
     assert refused["type"] == "error" and refused["code"] == "invalid_json", refused
     assert "4300 digits" in refused["message"], refused
     assert after[-1]["type"] == "done", after
+
+
+def test_a_request_id_with_a_line_break_is_refused_before_it_reaches_a_log(inprocess_daphne):
+    """The request_id becomes part of the engine's request id, which Celery workers log ("admitted ...");
+    a newline in it would let a client forge log lines. Only printable ids are taken; one with a space
+    (printable) is served."""
+    address, token = inprocess_daphne.address, inprocess_daphne.token
+
+    async def run() -> list[list[dict]]:
+        async with await open_socket(address, token) as ws:
+            ended = []
+            for request_id in ("r1\nINFO admitted forged", "r2\u202e", "r3 with spaces"):
+                await ws.send(json.dumps({"type": "generate", "request_id": request_id, "prompt": "Hi",
+                                          "params": {"max_tokens": 2, "seed": 1}}))
+                ended.append(await until_done(ws, request_id))
+            return ended
+
+    newline, override, spaced = asyncio.run(run())
+    for refused in (newline, override):
+        assert [f["type"] for f in refused] == ["error"] and refused[0]["code"] == "invalid_request", refused
+        assert "printable" in refused[0]["message"], refused
+    assert [f["type"] for f in spaced][0] == "accepted" and spaced[-1]["type"] == "done", spaced
+

@@ -37,8 +37,12 @@ def kind(frame: dict[str, object]) -> Kind:
 def new_request_id(frame: dict[str, object], running: Collection[str]) -> str:
     """The request_id of a generate frame, free on a socket already running the requests `running`."""
     request_id = frame.get("request_id")
-    if not isinstance(request_id, str) or not 0 < len(request_id) <= MAX_REQUEST_ID_CHARS:
-        raise FrameError("invalid_request", f"request_id must be a string of 1-{MAX_REQUEST_ID_CHARS} characters",
+    # Printable only: the id travels into the engine's request id, which the workers log, and a newline
+    # or a terminal's control character there would let a client write log lines of its own.
+    if not isinstance(request_id, str) or not 0 < len(request_id) <= MAX_REQUEST_ID_CHARS \
+            or not request_id.isprintable():
+        raise FrameError("invalid_request", f"request_id must be a string of 1-{MAX_REQUEST_ID_CHARS} printable "
+                                            "characters (no control characters, line breaks or format characters)",
                          request_id_of(frame))
     if request_id in running:
         raise FrameError("duplicate_request_id", f"request {request_id!r} is still running on this socket", request_id)
