@@ -13,7 +13,7 @@ import json
 import pytest
 import websockets
 
-from tests.workbench.test_hostile_input import http, open_socket, until_done
+from tests.workbench.test_hostile_input import handshake_status, http, open_socket, until_done
 from tests.workbench.test_socket_access import Frames, chat_socket
 
 pytestmark = pytest.mark.slow  # the shared Daphne's start, when this module runs first
@@ -128,3 +128,21 @@ def test_a_request_id_with_a_line_break_is_refused_before_it_reaches_a_log(inpro
         assert "printable" in refused[0]["message"], refused
     assert [f["type"] for f in spaced][0] == "accepted" and spaced[-1]["type"] == "done", spaced
 
+
+def test_an_api_token_does_not_open_the_chat_socket(inprocess_daphne, make_user):
+    """An API token is for the APIs: on the chat socket it would read its owner's conversations (resume)
+    and add turns to them. Refused at the handshake, even the owner's own token beside the owner's
+    session; the session alone opens it."""
+    address = inprocess_daphne.address
+    owner = make_user(address, "token-chat")
+    conversation = owner.new_conversation()
+    _, token = owner.new_token("laptop")
+    origin = f"Origin: http://{address}\r\n"
+    path = f"/ws/chat/{conversation}"
+    assert handshake_status(address, path, f"Authorization: Bearer {token}\r\n".encode()) == b"403"
+    assert handshake_status(address, path, f"Authorization: Bearer {token}\r\n{origin}".encode()) == b"403"
+    both = f"Authorization: Bearer {token}\r\nCookie: {owner.cookie()}\r\n{origin}"
+    assert handshake_status(address, path, both.encode()) == b"403"
+    assert handshake_status(address, path, f"Cookie: {owner.cookie()}\r\n{origin}".encode()) == b"101"
+    assert handshake_status(address, "/ws/v1/generate", f"Authorization: Bearer {token}\r\n".encode()) == b"101", \
+        "liveness: the token opens the API's socket"
