@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
 
 import pytest
 import websockets
@@ -146,3 +147,32 @@ def test_an_api_token_does_not_open_the_chat_socket(inprocess_daphne, make_user)
     assert handshake_status(address, path, f"Cookie: {owner.cookie()}\r\n{origin}".encode()) == b"101"
     assert handshake_status(address, "/ws/v1/generate", f"Authorization: Bearer {token}\r\n".encode()) == b"101", \
         "liveness: the token opens the API's socket"
+
+
+def test_a_password_change_closes_the_sessions_open_sockets_at_their_next_frame(inprocess_daphne, make_user):
+    """A stolen session must not outlive the password change that answers the theft: Django signs the
+    session out at its next page request (its session auth hash no longer matches); an open socket is
+    refused at its next frame the same way, `password_changed`, closed as a sign-out (4440). The
+    password is changed in the database the server reads, as an admin's save elsewhere changes it."""
+    from django.contrib.auth.hashers import make_password
+
+    address, db_path = inprocess_daphne.address, inprocess_daphne.db_path
+    user = make_user(address, "password-changer")
+    conversation = user.new_conversation()
+    new_hash = make_password("another-pass-42!")
+
+    async def run() -> tuple[dict, list[str], int | None]:
+        async with chat_socket(user, conversation) as ws:
+            frames = Frames(ws)
+            await frames.send({"type": "resume", "from_offset": 0})
+            before = await frames.until(lambda f: f["type"] in ("done", "error"))
+            with sqlite3.connect(db_path) as db:
+                db.execute("UPDATE auth_user SET password = ? WHERE username = ?", (new_hash, user.username))
+            db.close()
+            await frames.send({"type": "resume", "from_offset": 0})
+            close_code = await frames.until_closed()
+            return before, frames.errors(), close_code
+
+    before, errors, close_code = asyncio.run(run())
+    assert before == {"type": "done", "content": None}, "liveness: the socket answered before the change"
+    assert errors == ["password_changed"] and close_code == 4440, (errors, close_code)
