@@ -48,7 +48,8 @@ LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "conversations"
 LOGOUT_REDIRECT_URL = "login"
 
-MIDDLEWARE = [
+# With DEBUG on, requests from beyond this machine are refused first (workbench/debug_guard.py).
+MIDDLEWARE = (["workbench.debug_guard.LoopbackClientsOnly"] if DEBUG else []) + [
     "django.middleware.security.SecurityMiddleware",
     # Daphne serves no static files; WhiteNoise lets the app serve its own assets (no CDN, works offline).
     "whitenoise.middleware.WhiteNoiseMiddleware",

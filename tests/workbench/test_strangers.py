@@ -9,11 +9,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import socket
 import sqlite3
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
 
 import pytest
 import websockets
 
+from tests.cluster import ROOT, free_port
 from tests.workbench.test_hostile_input import handshake_status, http, open_socket, until_done
 from tests.workbench.test_socket_access import Frames, chat_socket
 
@@ -176,3 +184,71 @@ def test_a_password_change_closes_the_sessions_open_sockets_at_their_next_frame(
     before, errors, close_code = asyncio.run(run())
     assert before == {"type": "done", "content": None}, "liveness: the socket answered before the change"
     assert errors == ["password_changed"] and close_code == 4440, (errors, close_code)
+
+
+def start_debugging_server(tmp_path, bind: str) -> tuple[subprocess.Popen, int, bool]:
+    """`python -m workbench.serve -b BIND` with WORKBENCH_DEBUG=1: (the process, its port, whether it
+    listens; False: it exited, its stderr saying why)."""
+    port = free_port()
+    env = {**os.environ, "WORKBENCH_DEBUG": "1", "WORKBENCH_DB_PATH": str(tmp_path / f"{bind}.sqlite3")}
+    server = subprocess.Popen([sys.executable, "-m", "workbench.serve", "-b", bind, "-p", str(port)], env=env, cwd=ROOT,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and server.poll() is None:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return server, port, True
+        except OSError:
+            time.sleep(0.2)
+    return server, port, False
+
+
+def page_for_host(port: int, host: str) -> tuple[int, str]:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/no-such-page", headers={"Host": host})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_debug_is_refused_where_strangers_reach_the_server_whatever_their_host_header(tmp_path):
+    """The Host header is the client's to write: a server with WORKBENCH_DEBUG=1 bound to 0.0.0.0 (and
+    answering only "localhost") gave anyone who sent `Host: localhost` Django's debug pages. It now
+    refuses to start, naming the bind; bound to 127.0.0.1 it starts and debugs (the control)."""
+    server, port, listening = start_debugging_server(tmp_path, "0.0.0.0")
+    try:
+        if listening:
+            status, page = page_for_host(port, "localhost")
+            pytest.fail(f"a debugging server bound to 0.0.0.0 started and answered Host: localhost with {status}"
+                        f"{' and a debug page' if 'DEBUG = True' in page else ''}")
+        stderr = server.communicate(timeout=30)[1]
+    finally:
+        server.kill()
+        server.wait()
+    assert server.returncode != 0, stderr
+    assert "WORKBENCH_DEBUG is on while the server listens on tcp:port=" in stderr, stderr[-2000:]
+
+    server, port, listening = start_debugging_server(tmp_path, "127.0.0.1")
+    try:
+        assert listening, server.communicate(timeout=30)[1][-2000:]
+        status, page = page_for_host(port, "localhost")
+        assert status == 404 and "DEBUG = True" in page, "liveness: on loopback the debug pages are served"
+    finally:
+        server.kill()
+        server.wait()
+
+
+@pytest.mark.django_db
+def test_with_debug_on_a_client_beyond_loopback_is_refused_whatever_its_host_header(client):
+    """For a server started without workbench.serve (plain daphne, runserver 0.0.0.0:8000), whose bind
+    nothing checked: with DEBUG on, each request's own address (the connection's) must be loopback."""
+    from django.conf import settings
+    from django.test import Client, override_settings
+
+    guarded = ["workbench.debug_guard.LoopbackClientsOnly", *settings.MIDDLEWARE]
+    with override_settings(DEBUG=True, MIDDLEWARE=guarded):
+        stranger = Client(REMOTE_ADDR="203.0.113.7").get("/no-such-page", HTTP_HOST="localhost")
+        here = Client().get("/no-such-page", HTTP_HOST="localhost")  # the test client's address is 127.0.0.1
+    assert stranger.status_code == 403 and b"DEBUG = True" not in stranger.content
+    assert here.status_code == 404 and b"DEBUG = True" in here.content, "liveness: this machine is answered"
