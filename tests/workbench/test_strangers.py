@@ -252,3 +252,35 @@ def test_with_debug_on_a_client_beyond_loopback_is_refused_whatever_its_host_hea
         here = Client().get("/no-such-page", HTTP_HOST="localhost")  # the test client's address is 127.0.0.1
     assert stranger.status_code == 403 and b"DEBUG = True" not in stranger.content
     assert here.status_code == 404 and b"DEBUG = True" in here.content, "liveness: this machine is answered"
+
+
+@pytest.mark.django_db
+def test_the_token_admin_cannot_hand_a_token_to_someone_else_or_bring_a_revoked_one_back(django_user_model):
+    """In-process (the admin's forms): staff may rename and revoke tokens, never change whose a token is
+    or clear its revocation."""
+    from django.test import Client
+    from django.utils import timezone
+
+    from workbench.api.models import ApiToken
+
+    staff = django_user_model.objects.create_superuser("token-admin", password="pw-token-admin-1")
+    owner = django_user_model.objects.create_user("token-owner", password="pw-token-owner-1")
+    thief = django_user_model.objects.create_user("token-thief", password="pw-token-thief-1")
+    token, plaintext = ApiToken.issue(owner, "laptop")
+    token.revoke()
+    revoked_at = ApiToken.objects.get(pk=token.pk).revoked_at
+    admin = Client()
+    admin.force_login(staff)
+    answer = admin.post(f"/admin/api/apitoken/{token.pk}/change/", {
+        "name": "renamed", "user": thief.pk, "revoked_at_0": "", "revoked_at_1": "",
+        "created_at_0": timezone.now().date().isoformat(), "created_at_1": "00:00:00"})
+    assert answer.status_code == 302, answer.content.decode()[:2000]
+    saved = ApiToken.objects.get(pk=token.pk)
+    assert saved.name == "renamed", "liveness: the form saved what it may change"
+    assert saved.user == owner and saved.revoked_at == revoked_at
+    assert ApiToken.user_for(plaintext) is None
+    assert admin.get("/admin/api/apitoken/add/").status_code == 403
+
+    live, _ = ApiToken.issue(owner, "desktop")
+    admin.post("/admin/api/apitoken/", {"action": "revoke", "_selected_action": [live.pk]})
+    assert ApiToken.objects.get(pk=live.pk).revoked_at is not None, "staff revoke with the list's action"
