@@ -40,10 +40,23 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "channels",
+    "workbench.accounts",
     "workbench.api",
     "workbench.chat",
     "workbench.ops",
 ]
+# Who may make an account (workbench/accounts/signup.py): "open" (anyone who reaches the page), "invite"
+# (with a code an operator made in the admin) or "closed" (operators make them). "invite" by default: a
+# server on a shared network is reached by strangers, and an account is what every limit is counted by.
+WORKBENCH_SIGNUP = env_str("WORKBENCH_SIGNUP", "invite", choices=("open", "invite", "closed"))
+AUTH_PASSWORD_VALIDATORS = [{"NAME": f"django.contrib.auth.password_validation.{name}"} for name in (
+    "UserAttributeSimilarityValidator", "MinimumLengthValidator", "CommonPasswordValidator", "NumericPasswordValidator")]
+# Throttles (workbench/accounts/throttle.py; 0 turns one off): failed sign-ins per account and per client
+# address, and sign-up attempts per client address, each in a window of THROTTLE_WINDOW_S.
+WORKBENCH_LOGIN_FAILURES_PER_ACCOUNT = env_int("WORKBENCH_LOGIN_FAILURES_PER_ACCOUNT", 10, minimum=0, unit="failures")
+WORKBENCH_LOGIN_FAILURES_PER_ADDRESS = env_int("WORKBENCH_LOGIN_FAILURES_PER_ADDRESS", 50, minimum=0, unit="failures")
+WORKBENCH_SIGNUPS_PER_ADDRESS = env_int("WORKBENCH_SIGNUPS_PER_ADDRESS", 10, minimum=0, unit="attempts")
+WORKBENCH_THROTTLE_WINDOW_S = env_float("WORKBENCH_THROTTLE_WINDOW_S", 900.0, positive=True, unit="seconds")
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "conversations"
 LOGOUT_REDIRECT_URL = "login"
@@ -89,6 +102,11 @@ CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}
 # Every worker's Celery queue is <prefix>.<worker id>; several deployments can share one Redis.
 WORKBENCH_QUEUE_PREFIX = env_str("WORKBENCH_QUEUE_PREFIX", "workbench", pattern=r"[A-Za-z0-9_-]{1,32}",
                                  expected="1-32 letters, digits, '-' or '_'")
+# The throttles' counts (workbench/accounts/throttle.py): in Redis with the Celery transport, where several
+# web processes must count together; in this process's memory otherwise (it is the only web process).
+CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL,
+                      "KEY_PREFIX": WORKBENCH_QUEUE_PREFIX} if WORKBENCH_TRANSPORT == "celery" else
+          {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 # Requests (running + waiting) one worker accepts before the web side answers "overloaded".
 WORKBENCH_WORKER_CAPACITY = env_int("WORKBENCH_WORKER_CAPACITY", 256, minimum=1, unit="requests")
 # A worker publishes its heartbeat every HEARTBEAT_S; one silent for WORKER_LOST_S is lost, and its

@@ -21,7 +21,8 @@ def limited_daphne(tmp_path_factory):
     yields (address, {username: API token}) for LIMITED_USERS."""
     from tests.cluster import issue_tokens, start_daphne
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WORKBENCH_") or k == "WORKBENCH_SECRET_KEY"}
+    kept = ("WORKBENCH_SECRET_KEY", "WORKBENCH_SIGNUP", "WORKBENCH_SIGNUPS_PER_ADDRESS")  # tests/settings.py's
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WORKBENCH_") or k in kept}
     env = {**env, "WORKBENCH_TRANSPORT": "inprocess", **{k: str(v) for k, v in LIMITS.items()}}
     db_path = tmp_path_factory.mktemp("limited") / "db.sqlite3"
     process, address, _ = start_daphne(env, db_path)

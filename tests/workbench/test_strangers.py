@@ -23,7 +23,9 @@ import websockets
 
 from tests.cluster import ROOT, free_port
 from tests.workbench.test_hostile_input import handshake_status, http, open_socket, until_done
-from tests.workbench.test_socket_access import Frames, chat_socket
+from tests.users import unique_name
+from tests.workbench.daphne_session import PASSWORD, Session
+from tests.workbench.test_socket_access import Frames, change_user, chat_socket
 
 pytestmark = pytest.mark.slow  # the shared Daphne's start, when this module runs first
 # The demo model's vocabulary is 4096 ids (0 to 4095).
@@ -284,3 +286,54 @@ def test_the_token_admin_cannot_hand_a_token_to_someone_else_or_bring_a_revoked_
     live, _ = ApiToken.issue(owner, "desktop")
     admin.post("/admin/api/apitoken/", {"action": "revoke", "_selected_action": [live.pk]})
     assert ApiToken.objects.get(pk=live.pk).revoked_at is not None, "staff revoke with the list's action"
+
+
+def form_status(session: Session, path: str, fields: dict[str, str]) -> tuple[int, str, str]:
+    """(status, the URL it ended at, the page) of a form of `path` sent with its CSRF token."""
+    try:
+        answer = session._post(path, fields)
+        return answer.status, answer.geturl(), answer.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.geturl(), exc.read().decode()
+
+
+def user_exists(db_path, username: str) -> bool:
+    with sqlite3.connect(db_path) as db:
+        found = db.execute("SELECT 1 FROM auth_user WHERE username = ?", (username,)).fetchone() is not None
+    db.close()
+    return found
+
+
+def test_a_one_character_password_is_refused_at_sign_up(inprocess_daphne):
+    """Sign-up accepted the password "a": Django's password validators now run on it."""
+    address, db_path = inprocess_daphne.address, inprocess_daphne.db_path
+    name = unique_name("weak")
+    status, _, page = form_status(Session(address), "/signup", {"username": name, "password1": "a", "password2": "a"})
+    assert status == 400 and "too short" in page, status
+    assert not user_exists(db_path, name)
+    Session(address).sign_up(name)  # liveness: the tests' password (tests/workbench/daphne_session.py) passes
+    assert user_exists(db_path, name)
+
+
+def test_twenty_wrong_passwords_and_then_even_the_right_one_is_refused(inprocess_daphne, make_user):
+    """Sign-in was not throttled at all: anyone could guess at a password as fast as the server answered.
+    Past WORKBENCH_LOGIN_FAILURES_PER_ACCOUNT (10) failures in a window, every sign-in to the account is
+    refused (429) until the window ends, the right password too; the admin's login likewise."""
+    address, db_path = inprocess_daphne.address, inprocess_daphne.db_path
+    user = make_user(address, "guessed")
+    Session(address).log_in(user.username, PASSWORD)  # liveness: the right password signs in before
+    answers = [form_status(Session(address), "/login", {"username": user.username, "password": f"guess-{n}"})[0]
+               for n in range(20)]
+    assert answers[:10] == [200] * 10 and set(answers[10:]) == {429}, answers
+    status, landed, page = form_status(Session(address), "/login", {"username": user.username, "password": PASSWORD})
+    assert status == 429 and "Too many failed sign-ins" in page, (status, landed)
+
+    staff = make_user(address, "guessed-staff")
+    change_user(db_path, staff.username, is_staff=1)
+    status, landed, _ = form_status(Session(address), "/admin/login/", {"username": staff.username, "password": PASSWORD})
+    # (without the page's hidden `next` a signed-in admin login lands on LOGIN_REDIRECT_URL)
+    assert status == 200 and "/admin/login/" not in landed, "liveness: the admin's login takes the right password"
+    for n in range(10):
+        form_status(Session(address), "/admin/login/", {"username": staff.username, "password": f"guess-{n}"})
+    status, landed, page = form_status(Session(address), "/admin/login/", {"username": staff.username, "password": PASSWORD})
+    assert "/admin/login/" in landed and "Too many failed sign-ins" in page, (status, landed)
