@@ -8,7 +8,9 @@ WORKBENCH_STATIC_ROOT; the transport: WORKBENCH_TRANSPORT ("inprocess" or "celer
 WORKBENCH_QUEUE_PREFIX, WORKBENCH_WORKER_CAPACITY, WORKBENCH_HEARTBEAT_S, WORKBENCH_WORKER_LOST_S,
 WORKBENCH_DRAIN_S; the limits: WORKBENCH_SOCKET_MESSAGE_BYTES, WORKBENCH_USER_CONCURRENT_REQUESTS,
 WORKBENCH_USER_REQUESTS_PER_MINUTE, WORKBENCH_MAX_IN_FLIGHT, WORKBENCH_QUEUE_TIMEOUT_S, WORKBENCH_REQUEST_TIMEOUT_S,
-WORKBENCH_LIMIT_LEASE_S, WORKBENCH_LIMITS_PREFIX.
+WORKBENCH_LIMIT_LEASE_S, WORKBENCH_LIMITS_PREFIX; accounts: WORKBENCH_SIGNUP, WORKBENCH_LOGIN_FAILURES_PER_ACCOUNT,
+WORKBENCH_LOGIN_FAILURES_PER_ADDRESS, WORKBENCH_SIGNUPS_PER_ADDRESS, WORKBENCH_THROTTLE_WINDOW_S; TLS:
+WORKBENCH_SECURE_COOKIES, WORKBENCH_PROXY_SSL_HEADER, WORKBENCH_HSTS_SECONDS, WORKBENCH_CSRF_TRUSTED_ORIGINS.
 docs/OPERATIONS.md says what each is for. Every variable is read through workbench/env.py, which
 refuses a malformed one at start with ImproperlyConfigured naming it. The engine's own ARC_* flags are
 read by the engine (EngineConfig.from_env).
@@ -31,6 +33,20 @@ DEBUG = env_bool("WORKBENCH_DEBUG", False)
 SECRET_KEY = env_str("WORKBENCH_SECRET_KEY", DEVELOPMENT_KEY)
 ALLOWED_HOSTS = env_list("WORKBENCH_ALLOWED_HOSTS", ["127.0.0.1", "localhost"])
 
+# Behind a TLS proxy (docs/OPERATIONS.md, "Behind a TLS proxy"). SECURE_COOKIES: the session and CSRF
+# cookies are sent over HTTPS only. PROXY_SSL_HEADER: the header the proxy sets to "https" on the requests
+# it took over TLS (X-Forwarded-Proto), which Django then counts as secure; set it only behind a proxy
+# that overwrites it, since a client can send it too. HSTS_SECONDS: how long browsers must use HTTPS
+# only (sent on secure requests; 0: not sent). CSRF_TRUSTED_ORIGINS: the https:// origins forms may be
+# posted from, when the proxy's differs from what Django sees.
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = env_bool("WORKBENCH_SECURE_COOKIES", False)
+_PROXY_SSL_HEADER = env_str("WORKBENCH_PROXY_SSL_HEADER", pattern=r"[A-Za-z0-9-]{1,64}",
+                            expected="a header name, like X-Forwarded-Proto")
+SECURE_PROXY_SSL_HEADER = (("HTTP_" + _PROXY_SSL_HEADER.upper().replace("-", "_"), "https") if _PROXY_SSL_HEADER
+                           else None)
+SECURE_HSTS_SECONDS = env_int("WORKBENCH_HSTS_SECONDS", 0, minimum=0, unit="seconds")
+CSRF_TRUSTED_ORIGINS = env_list("WORKBENCH_CSRF_TRUSTED_ORIGINS", [])
+
 INSTALLED_APPS = [
     "daphne",
     "django.contrib.admin",
@@ -50,7 +66,8 @@ INSTALLED_APPS = [
 # server on a shared network is reached by strangers, and an account is what every limit is counted by.
 WORKBENCH_SIGNUP = env_str("WORKBENCH_SIGNUP", "invite", choices=("open", "invite", "closed"))
 AUTH_PASSWORD_VALIDATORS = [{"NAME": f"django.contrib.auth.password_validation.{name}"} for name in (
-    "UserAttributeSimilarityValidator", "MinimumLengthValidator", "CommonPasswordValidator", "NumericPasswordValidator")]
+    "UserAttributeSimilarityValidator", "MinimumLengthValidator", "CommonPasswordValidator",
+    "NumericPasswordValidator")]
 # Throttles (workbench/accounts/throttle.py; 0 turns one off): failed sign-ins per account and per client
 # address, and sign-up attempts per client address, each in a window of THROTTLE_WINDOW_S.
 WORKBENCH_LOGIN_FAILURES_PER_ACCOUNT = env_int("WORKBENCH_LOGIN_FAILURES_PER_ACCOUNT", 10, minimum=0, unit="failures")
