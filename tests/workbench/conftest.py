@@ -7,12 +7,13 @@ import os
 
 import pytest
 
-# The limited Daphne's limits (test_limits.py fills them; test_big_frames.py and
-# test_prefix_cache_isolation.py stay within them).
-LIMITS = {"WORKBENCH_USER_CONCURRENT_REQUESTS": 2, "WORKBENCH_USER_REQUESTS_PER_MINUTE": 6, "WORKBENCH_MAX_IN_FLIGHT": 5}
+# The limited Daphne's limits (test_limits.py fills them, test_strangers.py the tokenize one;
+# test_big_frames.py and test_prefix_cache_isolation.py stay within them).
+LIMITS = {"WORKBENCH_USER_CONCURRENT_REQUESTS": 2, "WORKBENCH_USER_REQUESTS_PER_MINUTE": 6, "WORKBENCH_MAX_IN_FLIGHT": 5,
+          "WORKBENCH_USER_TOKENIZE_PER_MINUTE": 6}
 # Each test's users are its own, so one test's counts never meet another's.
 LIMITED_USERS = ["frames", "frames-1009", "alice", "carol", "dave", "erin", "gina", "hank", "ivan",
-                 "prefix-ws-bob", "prefix-ws-carol", "prefix-http-bob", "prefix-http-carol"]
+                 "prefix-ws-bob", "prefix-ws-carol", "prefix-http-bob", "prefix-http-carol", "tokenizer"]
 
 
 @pytest.fixture(scope="session")

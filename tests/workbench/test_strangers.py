@@ -337,3 +337,67 @@ def test_twenty_wrong_passwords_and_then_even_the_right_one_is_refused(inprocess
         form_status(Session(address), "/admin/login/", {"username": staff.username, "password": f"guess-{n}"})
     status, landed, page = form_status(Session(address), "/admin/login/", {"username": staff.username, "password": PASSWORD})
     assert "/admin/login/" in landed and "Too many failed sign-ins" in page, (status, landed)
+
+
+def test_one_user_holds_at_most_the_socket_limit_and_one_socket_sends_at_most_its_frame_rate(inprocess_daphne,
+                                                                                                make_user):
+    """Every socket is a consumer and every frame a database query: one user could open sockets and send
+    frames as fast as the network allowed. WORKBENCH_USER_SOCKETS (32) open sockets per user, and
+    WORKBENCH_SOCKET_FRAMES_PER_S (50, in bursts of two seconds' worth) per socket; beyond, a structured
+    refusal. Closing a socket makes room; a socket that waits is answered again."""
+    address = inprocess_daphne.address
+    _, token = make_user(address, "many-sockets").new_token("script")
+
+    async def sockets() -> tuple[list[dict], int | None, str]:
+        held = [await open_socket(address, token) for _ in range(32)]
+        try:
+            extra = await open_socket(address, token)
+            refused = [json.loads(await asyncio.wait_for(extra.recv(), 30))]
+            try:
+                await asyncio.wait_for(extra.recv(), 30)
+            except websockets.ConnectionClosed:
+                pass
+            await held.pop().close()
+            async with await open_socket(address, token) as again:
+                await again.send(json.dumps({"type": "cancel", "request_id": "none"}))
+                answer = json.loads(await asyncio.wait_for(again.recv(), 30))["code"]
+            return refused, extra.close_code, answer
+        finally:
+            for ws in held:
+                await ws.close()
+
+    refused, close_code, answer = asyncio.run(sockets())
+    assert [f["code"] for f in refused] == ["too_many_sockets"] and close_code == 4429, (refused, close_code)
+    assert answer == "unknown_request_id", "liveness: with one closed, another socket opens and is answered"
+
+    async def flood() -> tuple[list[str], str]:
+        async with await open_socket(address, token) as ws:
+            for _ in range(600):
+                await ws.send(json.dumps({"type": "cancel", "request_id": "none"}))
+            codes = [json.loads(await asyncio.wait_for(ws.recv(), 30))["code"] for _ in range(600)]
+            await asyncio.sleep(2.5)
+            await ws.send(json.dumps({"type": "cancel", "request_id": "none"}))
+            return codes, json.loads(await asyncio.wait_for(ws.recv(), 30))["code"]
+
+    codes, after = asyncio.run(flood())
+    assert set(codes) == {"unknown_request_id", "too_many_frames"}, set(codes)
+    # The burst (100) at least; more as the budget refills while the server works through them.
+    assert codes.count("unknown_request_id") >= 100, codes.count("unknown_request_id")
+    assert after == "unknown_request_id", "liveness: after a pause the socket is answered again"
+
+
+def test_tokenize_and_detokenize_are_limited_per_user(limited_daphne):
+    """/tokenize and /detokenize ran without any limit; now WORKBENCH_USER_TOKENIZE_PER_MINUTE calls a
+    minute per user (6 on the limited Daphne), then 429 rate_limited with Retry-After. Counted in
+    minutes of the clock: 13 calls cross at most one minute's end, so one of them is refused."""
+    address, tokens = limited_daphne
+    token = tokens["tokenizer"]
+    statuses = []
+    for n in range(13):
+        path, body = ("/tokenize", {"prompt": "Hi"}) if n % 2 else ("/detokenize", {"tokens": [1, 2]})
+        status, answer = post(address, path, body, token)
+        statuses.append(status)
+        if status == 429:
+            assert answer["error"]["code"] == "rate_limited", answer
+            break
+    assert statuses[0] == 200 and statuses[-1] == 429, statuses

@@ -3,11 +3,12 @@ session's sockets when it signs out.
 
 A socket's user is authenticated once, at the handshake. `refusal` asks the database again, so that a
 revoked API token, a deactivated user, a session signed out elsewhere, a password changed since the
-session signed in, or an operator who is no longer staff loses the socket at its next frame (workbench/protocol/json_socket.py calls it before anything
-else of a frame). Its cost is one indexed query per frame: for a session socket the user's row by
-primary key with an EXISTS on the session's row by its primary key, the session key, in one round trip;
-for an API-token socket the token's row by its unique digest, joined to its user's row. (Sessions kept
-outside the database, a cache or signed cookies, cost their store's own lookup beside it.)
+session signed in, or an operator who is no longer staff loses the socket at its next frame
+(workbench/protocol/json_socket.py calls it before anything else of a frame). Its cost is one indexed
+query per frame: for a session socket the user's row by primary key with an EXISTS on the session's row
+by its primary key, the session key, in one round trip; for an API-token socket the token's row by its
+unique digest, joined to its user's row. (Sessions kept outside the database, a cache or signed cookies,
+cost their store's own lookup beside it.)
 
 Logging out (Django's `user_logged_out`) sends `session.signed_out` to the group named by the session's
 key, which every socket opened with that session joins: such a socket is told `signed_out` and closed
