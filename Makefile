@@ -15,7 +15,8 @@ STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 # compiler torch's kernels serve), while the engine's own default stays the exact dequantized float32
 # model. DEBUG is off unless WORKBENCH_DEBUG=1; without WORKBENCH_SECRET_KEY it passes the checkout's
 # own random key (.secret-key, made once), since Daphne refuses the development key
-# (docs/OPERATIONS.md, "Secret key and DEBUG").
+# (docs/OPERATIONS.md, "Secret key and DEBUG"). It listens on 127.0.0.1 only, so sign-up is open
+# (WORKBENCH_SIGNUP=open) unless set: a deployment's default is "invite".
 run: $(STAMP)
 	$(PY) manage.py migrate --noinput -v0
 	$(PY) manage.py ensureadmin
@@ -32,7 +33,8 @@ run: $(STAMP)
 	fi; \
 	key=$${WORKBENCH_SECRET_KEY:-$$($(PY) -m workbench.secret_key)}; \
 	echo "Workbench on http://127.0.0.1:8000 serving $$model  (admin / admin; sign up for a user account)"; \
-	WORKBENCH_MODEL=$$model WORKBENCH_SECRET_KEY="$$key" exec $(PY) -m workbench.serve -b 127.0.0.1 -p 8000
+	WORKBENCH_MODEL=$$model WORKBENCH_SECRET_KEY="$$key" WORKBENCH_SIGNUP=$${WORKBENCH_SIGNUP:-open} \
+		exec $(PY) -m workbench.serve -b 127.0.0.1 -p 8000
 
 # The multi-process deployment on this machine: Redis (the one at REDIS_URL, or one it starts), Daphne
 # and WORKBENCH_WORKERS (default 2) Celery GPU workers; docs/OPERATIONS.md.

@@ -142,7 +142,8 @@ class Engine:
 
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
                     arrival: float | None = None, cache_scope: str = "") -> None:
-        """Queue a request. Raises (PromptError, RequestError) before anything changes if it is bad.
+        """Queue a request. Raises (PromptError, RequestError, InvalidSamplingParams) before anything
+        changes if it is bad: the API layers check the same, and this is what holds when one did not.
         `arrival` (time.monotonic) is when the request reached whoever hands it to the engine, if
         earlier than now: its queue time and time to first token count from then. `cache_scope`: whom
         the request serves (the serving layer passes its user); it finds only prefixes cached for the
@@ -156,6 +157,7 @@ class Engine:
         if not isinstance(params, SamplingParams):
             raise RequestError("params must be a SamplingParams")
         prompt_ids = self._prompt_ids(prompt)
+        params.check_vocabulary(self.loaded.config.vocab_size)
         constraint = self._constraint(params)
         if params.max_tokens is None:  # resolved once, so schedulers and the device loop see a number
             params = dataclasses.replace(params, max_tokens=self.max_model_len - len(prompt_ids))

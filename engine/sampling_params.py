@@ -126,6 +126,16 @@ class SamplingParams:
         except ResponseFormatError as exc:
             raise InvalidSamplingParams("response_format", str(exc)) from None
 
+    def check_vocabulary(self, vocab_size: int) -> None:
+        """Refuses (InvalidSamplingParams) token ids the model has no logit for. The sampler writes at
+        these ids (the min_tokens mask), so one past the vocabulary would fail a forward, or on CUDA
+        trip a device-side assert that poisons the process; it is refused while only this request
+        knows it."""
+        for at, token in enumerate(self.stop_token_ids):
+            if not 0 <= token < vocab_size:
+                raise InvalidSamplingParams("stop_token_ids", f"{token} (item {at}) is not a token id of this "
+                                                              f"model (0 to {vocab_size - 1})")
+
     @classmethod
     def from_dict(cls, values: object) -> "SamplingParams":
         """From a client's JSON object; an unknown key is an error naming it."""

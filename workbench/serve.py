@@ -13,12 +13,15 @@ every request multiplexed on that socket is lost with no word. Here two limits h
 - over it, the server closes the socket with code 1009 (message too big) and a reason naming the limit,
   as soon as the frame's header says its length, without buffering the rest.
 The outer limit bounds what one socket can make the server hold in memory.
+
+With DEBUG on it also refuses to listen anywhere but on loopback (workbench/debug_guard.py).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 APPLICATION = "workbench.asgi:application"
 
@@ -38,10 +41,17 @@ def main(argv: list[str]) -> None:
     from daphne.server import Server
     from django.conf import settings
 
+    from workbench.debug_guard import refuse_debug_on_reachable_endpoints
+
     class ClosingServer(Server):
         """Daphne whose websockets close with 1009 over the size limit instead of dropping the TCP
         connection. The factory is built inside run(); failByDrop is set once the reactor runs,
         before it accepts any connection (each protocol copies the factory's options as it connects)."""
+
+        def __init__(self, application: object, endpoints: list[str] | None = None, **options: Any) -> None:
+            refuse_debug_on_reachable_endpoints(settings.DEBUG, endpoints or [],
+                                                options.get("proxy_forwarded_address_header") is not None)
+            super().__init__(application, endpoints=endpoints, **options)
 
         def run(self) -> None:
             from twisted.internet import reactor

@@ -8,7 +8,10 @@ WORKBENCH_STATIC_ROOT; the transport: WORKBENCH_TRANSPORT ("inprocess" or "celer
 WORKBENCH_QUEUE_PREFIX, WORKBENCH_WORKER_CAPACITY, WORKBENCH_HEARTBEAT_S, WORKBENCH_WORKER_LOST_S,
 WORKBENCH_DRAIN_S; the limits: WORKBENCH_SOCKET_MESSAGE_BYTES, WORKBENCH_USER_CONCURRENT_REQUESTS,
 WORKBENCH_USER_REQUESTS_PER_MINUTE, WORKBENCH_MAX_IN_FLIGHT, WORKBENCH_QUEUE_TIMEOUT_S, WORKBENCH_REQUEST_TIMEOUT_S,
-WORKBENCH_LIMIT_LEASE_S, WORKBENCH_LIMITS_PREFIX.
+WORKBENCH_LIMIT_LEASE_S, WORKBENCH_LIMITS_PREFIX, WORKBENCH_USER_SOCKETS, WORKBENCH_SOCKET_FRAMES_PER_S,
+WORKBENCH_USER_TOKENIZE_PER_MINUTE; accounts: WORKBENCH_SIGNUP, WORKBENCH_LOGIN_FAILURES_PER_ACCOUNT,
+WORKBENCH_LOGIN_FAILURES_PER_ADDRESS, WORKBENCH_SIGNUPS_PER_ADDRESS, WORKBENCH_THROTTLE_WINDOW_S; TLS:
+WORKBENCH_SECURE_COOKIES, WORKBENCH_PROXY_SSL_HEADER, WORKBENCH_HSTS_SECONDS, WORKBENCH_CSRF_TRUSTED_ORIGINS.
 docs/OPERATIONS.md says what each is for. Every variable is read through workbench/env.py, which
 refuses a malformed one at start with ImproperlyConfigured naming it. The engine's own ARC_* flags are
 read by the engine (EngineConfig.from_env).
@@ -31,6 +34,20 @@ DEBUG = env_bool("WORKBENCH_DEBUG", False)
 SECRET_KEY = env_str("WORKBENCH_SECRET_KEY", DEVELOPMENT_KEY)
 ALLOWED_HOSTS = env_list("WORKBENCH_ALLOWED_HOSTS", ["127.0.0.1", "localhost"])
 
+# Behind a TLS proxy (docs/OPERATIONS.md, "Behind a TLS proxy"). SECURE_COOKIES: the session and CSRF
+# cookies are sent over HTTPS only. PROXY_SSL_HEADER: the header the proxy sets to "https" on the requests
+# it took over TLS (X-Forwarded-Proto), which Django then counts as secure; set it only behind a proxy
+# that overwrites it, since a client can send it too. HSTS_SECONDS: how long browsers must use HTTPS
+# only (sent on secure requests; 0: not sent). CSRF_TRUSTED_ORIGINS: the https:// origins forms may be
+# posted from, when the proxy's differs from what Django sees.
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = env_bool("WORKBENCH_SECURE_COOKIES", False)
+_PROXY_SSL_HEADER = env_str("WORKBENCH_PROXY_SSL_HEADER", pattern=r"[A-Za-z0-9-]{1,64}",
+                            expected="a header name, like X-Forwarded-Proto")
+SECURE_PROXY_SSL_HEADER = (("HTTP_" + _PROXY_SSL_HEADER.upper().replace("-", "_"), "https") if _PROXY_SSL_HEADER
+                           else None)
+SECURE_HSTS_SECONDS = env_int("WORKBENCH_HSTS_SECONDS", 0, minimum=0, unit="seconds")
+CSRF_TRUSTED_ORIGINS = env_list("WORKBENCH_CSRF_TRUSTED_ORIGINS", [])
+
 INSTALLED_APPS = [
     "daphne",
     "django.contrib.admin",
@@ -40,15 +57,30 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "channels",
+    "workbench.accounts",
     "workbench.api",
     "workbench.chat",
     "workbench.ops",
 ]
+# Who may make an account (workbench/accounts/signup.py): "open" (anyone who reaches the page), "invite"
+# (with a code an operator made in the admin) or "closed" (operators make them). "invite" by default: a
+# server on a shared network is reached by strangers, and an account is what every limit is counted by.
+WORKBENCH_SIGNUP = env_str("WORKBENCH_SIGNUP", "invite", choices=("open", "invite", "closed"))
+AUTH_PASSWORD_VALIDATORS = [{"NAME": f"django.contrib.auth.password_validation.{name}"} for name in (
+    "UserAttributeSimilarityValidator", "MinimumLengthValidator", "CommonPasswordValidator",
+    "NumericPasswordValidator")]
+# Throttles (workbench/accounts/throttle.py; 0 turns one off): failed sign-ins per account and per client
+# address, and sign-up attempts per client address, each in a window of THROTTLE_WINDOW_S.
+WORKBENCH_LOGIN_FAILURES_PER_ACCOUNT = env_int("WORKBENCH_LOGIN_FAILURES_PER_ACCOUNT", 10, minimum=0, unit="failures")
+WORKBENCH_LOGIN_FAILURES_PER_ADDRESS = env_int("WORKBENCH_LOGIN_FAILURES_PER_ADDRESS", 50, minimum=0, unit="failures")
+WORKBENCH_SIGNUPS_PER_ADDRESS = env_int("WORKBENCH_SIGNUPS_PER_ADDRESS", 10, minimum=0, unit="attempts")
+WORKBENCH_THROTTLE_WINDOW_S = env_float("WORKBENCH_THROTTLE_WINDOW_S", 900.0, positive=True, unit="seconds")
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "conversations"
 LOGOUT_REDIRECT_URL = "login"
 
-MIDDLEWARE = [
+# With DEBUG on, requests from beyond this machine are refused first (workbench/debug_guard.py).
+MIDDLEWARE = (["workbench.debug_guard.LoopbackClientsOnly"] if DEBUG else []) + [
     "django.middleware.security.SecurityMiddleware",
     # Daphne serves no static files; WhiteNoise lets the app serve its own assets (no CDN, works offline).
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -88,6 +120,11 @@ CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}
 # Every worker's Celery queue is <prefix>.<worker id>; several deployments can share one Redis.
 WORKBENCH_QUEUE_PREFIX = env_str("WORKBENCH_QUEUE_PREFIX", "workbench", pattern=r"[A-Za-z0-9_-]{1,32}",
                                  expected="1-32 letters, digits, '-' or '_'")
+# The throttles' counts (workbench/accounts/throttle.py): in Redis with the Celery transport, where several
+# web processes must count together; in this process's memory otherwise (it is the only web process).
+CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL,
+                      "KEY_PREFIX": WORKBENCH_QUEUE_PREFIX} if WORKBENCH_TRANSPORT == "celery" else
+          {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 # Requests (running + waiting) one worker accepts before the web side answers "overloaded".
 WORKBENCH_WORKER_CAPACITY = env_int("WORKBENCH_WORKER_CAPACITY", 256, minimum=1, unit="requests")
 # A worker publishes its heartbeat every HEARTBEAT_S; one silent for WORKER_LOST_S is lost, and its
@@ -100,6 +137,11 @@ WORKBENCH_WORKER_LOST_S = env_float("WORKBENCH_WORKER_LOST_S", 4.0, positive=Tru
 # a request may wait for its first output and run in all (timeout).
 WORKBENCH_USER_CONCURRENT_REQUESTS = env_int("WORKBENCH_USER_CONCURRENT_REQUESTS", 64, minimum=0, unit="requests")
 WORKBENCH_USER_REQUESTS_PER_MINUTE = env_int("WORKBENCH_USER_REQUESTS_PER_MINUTE", 600, minimum=0, unit="requests")
+# Sockets one user may hold open in this web process, frames a second one socket may send (in bursts of
+# two seconds' worth), /tokenize and /detokenize calls one user may make a minute (0: no limit each).
+WORKBENCH_USER_SOCKETS = env_int("WORKBENCH_USER_SOCKETS", 32, minimum=0, unit="sockets")
+WORKBENCH_SOCKET_FRAMES_PER_S = env_int("WORKBENCH_SOCKET_FRAMES_PER_S", 50, minimum=0, unit="frames")
+WORKBENCH_USER_TOKENIZE_PER_MINUTE = env_int("WORKBENCH_USER_TOKENIZE_PER_MINUTE", 600, minimum=0, unit="calls")
 WORKBENCH_MAX_IN_FLIGHT = env_int("WORKBENCH_MAX_IN_FLIGHT", 1024, minimum=0, unit="requests")
 WORKBENCH_QUEUE_TIMEOUT_S = env_float("WORKBENCH_QUEUE_TIMEOUT_S", 120.0, minimum=0, unit="seconds")
 WORKBENCH_REQUEST_TIMEOUT_S = env_float("WORKBENCH_REQUEST_TIMEOUT_S", 600.0, minimum=0, unit="seconds")

@@ -2,6 +2,7 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
+from workbench.accounts import login, signup
 from workbench.api import server_views, tokenize_views
 from workbench.api.openai import views as openai_views
 from workbench.api.openai.openapi import openapi_json
@@ -22,8 +23,8 @@ urlpatterns = [
     path("settings/chat-defaults", chat_manage.save_defaults, name="chat_defaults"),
     path("tokens", chat.tokens, name="tokens"),
     path("tokens/<int:token_id>/revoke", chat.revoke_token, name="revoke_token"),
-    path("signup", chat.signup, name="signup"),
-    path("login", auth_views.LoginView.as_view(), name="login"),
+    path("signup", signup.signup, name="signup"),
+    path("login", login.LoginPage.as_view(), name="login"),
     path("logout", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
     path("v1/models", openai_views.models),

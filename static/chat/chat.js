@@ -13,7 +13,7 @@ let socket = null;
 let reply = null;        // {article, content, text} of the reply being streamed
 let pending = null;      // the user's message shown before the server took it (a "started" frame)
 // Errors that mean the message was refused before it was stored: it comes off the page, back to the input.
-const NOT_STORED = new Set(["busy", "invalid_params", "signed_out", "account_disabled"]);
+const NOT_STORED = new Set(["busy", "invalid_params", "signed_out", "password_changed", "account_disabled"]);
 let sentAt = 0;
 // Deltas can come hundreds of times a second, and each render parses the whole reply's markdown again
 // (a cost that grows with the square of its length): the reply is rendered at most once per painted

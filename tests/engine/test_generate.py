@@ -68,6 +68,21 @@ def test_bad_prompts_are_refused_and_nothing_runs(engine, prompt, message):
     assert engine.kv_cache.pool.num_free == engine.kv_cache.num_blocks
 
 
+@pytest.mark.parametrize("stop_token_ids", [[4096], [7, 4_000_000_000]])
+def test_stop_token_ids_past_the_vocabulary_are_refused_before_anything_runs(engine, stop_token_ids):
+    """min_tokens makes the sampler mask the stop tokens, which indexes the logits with them: an id past
+    the vocabulary (4096 here) failed the forward, and on CUDA is a device-side assert. Refused at
+    add_request, naming the field; the engine holds nothing of it and serves the next request."""
+    params = SamplingParams(max_tokens=4, min_tokens=2, stop_token_ids=stop_token_ids, seed=3)
+    with pytest.raises(InvalidSamplingParams, match="not a token id of this model") as caught:
+        engine.add_request("oov", "Hi", params)
+    assert caught.value.parameter == "stop_token_ids"
+    assert not engine.has_unfinished_requests()
+    assert engine.kv_cache.pool.num_free == engine.kv_cache.num_blocks
+    [fine] = engine.generate(["Hi"], SamplingParams(max_tokens=4, min_tokens=2, stop_token_ids=[4095], seed=3))
+    assert len(fine.token_ids) >= 2, "liveness: an id at the vocabulary's end is served"
+
+
 @pytest.mark.parametrize("kwargs, parameter", [
     (dict(max_tokens=0), "max_tokens"), (dict(max_tokens=2.5), "max_tokens"), (dict(max_tokens=True), "max_tokens"),
     (dict(temperature=-0.1), "temperature"), (dict(temperature="hot"), "temperature"), (dict(seed="7"), "seed"),

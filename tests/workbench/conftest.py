@@ -7,12 +7,13 @@ import os
 
 import pytest
 
-# The limited Daphne's limits (test_limits.py fills them; test_big_frames.py and
-# test_prefix_cache_isolation.py stay within them).
-LIMITS = {"WORKBENCH_USER_CONCURRENT_REQUESTS": 2, "WORKBENCH_USER_REQUESTS_PER_MINUTE": 6, "WORKBENCH_MAX_IN_FLIGHT": 5}
+# The limited Daphne's limits (test_limits.py fills them, test_strangers.py the tokenize one;
+# test_big_frames.py and test_prefix_cache_isolation.py stay within them).
+LIMITS = {"WORKBENCH_USER_CONCURRENT_REQUESTS": 2, "WORKBENCH_USER_REQUESTS_PER_MINUTE": 6, "WORKBENCH_MAX_IN_FLIGHT": 5,
+          "WORKBENCH_USER_TOKENIZE_PER_MINUTE": 6}
 # Each test's users are its own, so one test's counts never meet another's.
 LIMITED_USERS = ["frames", "frames-1009", "alice", "carol", "dave", "erin", "gina", "hank", "ivan",
-                 "prefix-ws-bob", "prefix-ws-carol", "prefix-http-bob", "prefix-http-carol"]
+                 "prefix-ws-bob", "prefix-ws-carol", "prefix-http-bob", "prefix-http-carol", "tokenizer"]
 
 
 @pytest.fixture(scope="session")
@@ -21,7 +22,8 @@ def limited_daphne(tmp_path_factory):
     yields (address, {username: API token}) for LIMITED_USERS."""
     from tests.cluster import issue_tokens, start_daphne
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WORKBENCH_") or k == "WORKBENCH_SECRET_KEY"}
+    kept = ("WORKBENCH_SECRET_KEY", "WORKBENCH_SIGNUP", "WORKBENCH_SIGNUPS_PER_ADDRESS")  # tests/settings.py's
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WORKBENCH_") or k in kept}
     env = {**env, "WORKBENCH_TRANSPORT": "inprocess", **{k: str(v) for k, v in LIMITS.items()}}
     db_path = tmp_path_factory.mktemp("limited") / "db.sqlite3"
     process, address, _ = start_daphne(env, db_path)

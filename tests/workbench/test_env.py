@@ -117,7 +117,8 @@ def start(code: str, **env: str) -> subprocess.CompletedProcess:
                                         ("WORKBENCH_TRANSPORT", "kafka"), ("WORKBENCH_DTYPE", "float64"),
                                         ("WORKBENCH_WEIGHTS", "int4"), ("WORKBENCH_QUEUE_PREFIX", "a b"),
                                         ("WORKBENCH_MAX_NUM_BATCHED_TOKENS", "0"),
-                                        ("WORKBENCH_MAX_PREFILL_BESIDE_DECODES", "-1")])
+                                        ("WORKBENCH_MAX_PREFILL_BESIDE_DECODES", "-1"), ("WORKBENCH_SIGNUP", "maybe"),
+                                        ("WORKBENCH_HSTS_SECONDS", "1y"), ("WORKBENCH_PROXY_SSL_HEADER", "X: y")])
 def test_a_bad_setting_stops_the_start_naming_variable_and_value(name, value):
     result = start("import workbench.settings", **{name: value})
     assert result.returncode != 0
@@ -133,6 +134,20 @@ def test_the_served_engine_takes_its_step_token_budgets_from_the_settings():
     assert start(read).stdout.split() == unset, "unset: the engine's defaults for the CPU"
     assert start(read, WORKBENCH_MAX_NUM_BATCHED_TOKENS="96", WORKBENCH_MAX_PREFILL_BESIDE_DECODES="12"
                  ).stdout.split() == ["96", "12"]
+
+
+def test_the_tls_settings_come_from_the_environment():
+    """Behind a TLS proxy (docs/OPERATIONS.md): a request the proxy marks https is secure, gets HSTS, and
+    the cookies are sent over HTTPS only; unset, none of it (a plain-HTTP `make run` must keep working)."""
+    read = ("import django; django.setup(); from django.conf import settings; from django.test import Client; "
+            "from django.test.utils import setup_test_environment; setup_test_environment(); "
+            "answer = Client().get('/login', HTTP_X_FORWARDED_PROTO='https'); "
+            "print(answer.headers.get('Strict-Transport-Security'), bool(answer.cookies['csrftoken']['secure']), "
+            "settings.SESSION_COOKIE_SECURE, settings.CSRF_TRUSTED_ORIGINS)")
+    assert start(read).stdout.split() == ["None", "False", "False", "[]"]
+    behind = start(read, WORKBENCH_SECURE_COOKIES="1", WORKBENCH_PROXY_SSL_HEADER="X-Forwarded-Proto",
+                   WORKBENCH_HSTS_SECONDS="31536000", WORKBENCH_CSRF_TRUSTED_ORIGINS="https://chat.example.org")
+    assert behind.stdout.split() == ["max-age=31536000", "True", "True", "['https://chat.example.org']"], behind.stderr
 
 
 def test_debug_is_off_unless_asked_for():

@@ -66,6 +66,9 @@ UNICODE_EDGES = ["\x00", "\u202e", "\u200f", "\u061c", "e\u0301", "a\u0300\u0301
                  "\u2028", "\U0010ffff", "\u0627\u0644\u0639\u0631\u0628\u064a\u0629", "\u05e9\u05dc\u05d5\u05dd"]
 edge_text = st.lists(st.sampled_from(UNICODE_EDGES) | st.text(min_size=1, max_size=3), min_size=1,
                      max_size=6).map("".join)
+printable_edge_text = st.lists(st.sampled_from([edge for edge in UNICODE_EDGES if edge.isprintable()])
+                               | st.text(min_size=1, max_size=3).filter(str.isprintable), min_size=1,
+                               max_size=6).map("".join)
 huge_ints = st.sampled_from([2**63, 2**64, -2**63 - 1, 10**30, -(10**30), 2**1000]) | st.integers(min_value=2**64)
 scalars = (st.none() | st.booleans() | st.integers() | huge_ints | st.text(max_size=8) | edge_text
            | st.floats(allow_nan=False, allow_infinity=False))
@@ -116,8 +119,10 @@ def lone_surrogates(draw) -> tuple[str, str]:
 
 @st.composite
 def unicode_requests(draw) -> dict:
-    """A valid greedy request whose request_id, prompt and stop strings hold Unicode's edge cases."""
-    request_id = draw(edge_text.filter(lambda text: len(text) <= 128))
+    """A valid greedy request whose request_id, prompt and stop strings hold Unicode's edge cases (the
+    request_id the printable ones: a control, separator or format character in it is refused, since it
+    reaches the workers' logs)."""
+    request_id = draw(printable_edge_text.filter(lambda text: len(text) <= 128))
     return generate(request_id=request_id, prompt="Hi " + draw(edge_text), stop=[draw(edge_text)])
 
 

@@ -1,7 +1,8 @@
 """Unicode's edge cases through every way text comes in, on the session's shared in-process Daphne: the
 websocket API, the OpenAI API, vLLM's /tokenize and /detokenize, and the chat (its socket and its stored
-messages). Each edge either comes back exactly (a prompt through /tokenize + /detokenize, a request_id
-echoed, a chat message as stored) or gets a structured error naming the field; never a 500 or a
+messages). Each edge either comes back exactly (a prompt through /tokenize + /detokenize, a printable request_id
+echoed, a chat message as stored) or gets a structured error naming the field (a request_id that is
+not printable); never a 500 or a
 dropped socket. (Lone surrogates on the websocket and OpenAI APIs: test_hostile_input.py; every frame
 shape: test_protocol_fuzz.py.)"""
 
@@ -49,21 +50,31 @@ def test_edge_text_comes_back_exactly_through_every_api(inprocess_daphne, name):
                                                                    "stop": [text]})
     assert status == 200 and completion["usage"]["prompt_tokens"] == counted, completion
 
-    async def over_the_socket() -> list[dict]:
+    # A request_id must be printable (it reaches the workers' logs): an edge that is not is refused as one.
+    request_id = text if text.isprintable() else name
+
+    async def over_the_socket() -> tuple[list[dict], dict | None]:
         async with websockets.connect(f"ws://{address}/ws/v1/generate",
                                       additional_headers={"Authorization": f"Bearer {token}"}) as ws:
-            await ws.send(json.dumps({"type": "generate", "request_id": text, "prompt": text,
+            refused = None
+            if request_id != text:
+                await ws.send(json.dumps({"type": "generate", "request_id": text, "prompt": "Hi"}, ensure_ascii=False))
+                refused = json.loads(await asyncio.wait_for(ws.recv(), 60))
+            await ws.send(json.dumps({"type": "generate", "request_id": request_id, "prompt": text,
                                       "params": {"max_tokens": 2, "temperature": 0, "stop": [text]}},
                                      ensure_ascii=False))
             frames = [json.loads(await asyncio.wait_for(ws.recv(), 60))]
             while frames[-1]["type"] not in ("done", "error"):
                 frames.append(json.loads(await asyncio.wait_for(ws.recv(), 60)))
-            return frames
+            return frames, refused
 
-    frames = asyncio.run(over_the_socket())
-    assert frames[0] == {"type": "accepted", "request_id": text}, "the request_id comes back exactly"
-    assert frames[-1]["type"] == "done" and frames[-1]["request_id"] == text, frames[-1]
+    frames, refused = asyncio.run(over_the_socket())
+    assert frames[0] == {"type": "accepted", "request_id": request_id}, "the request_id comes back exactly"
+    assert frames[-1]["type"] == "done" and frames[-1]["request_id"] == request_id, frames[-1]
     assert frames[-1]["usage"]["prompt_tokens"] == counted
+    if refused is not None:
+        assert refused["type"] == "error" and refused["code"] == "invalid_request", refused
+        assert refused["request_id"] == text and "printable" in refused["message"], refused
 
 
 def test_a_character_split_across_tokens_is_whole_or_replaced_never_an_error(inprocess_daphne):

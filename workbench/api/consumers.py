@@ -64,9 +64,10 @@ class GenerateConsumer(JsonSocketConsumer):
         transport = await bridge.transport_from_loop()
         try:
             tokenizer = served_models.tokenizer_of(transport, model)
+            vocabulary = served_models.vocabulary_of(model)
         except served_models.TokenizerUnreadable as exc:
             raise FrameError("unavailable", exc.message, request_id) from None
-        prompt, params, n = frames.generation(frame, tokenizer, request_id)
+        prompt, params, n = frames.generation(frame, tokenizer, request_id, vocabulary)
         self.submitted += 1
         engine_ids = choice_ids(f"ws-{self.socket_id}-{self.submitted}-{request_id}", n or 1)
         user = self.scope["user"]

@@ -37,8 +37,12 @@ def kind(frame: dict[str, object]) -> Kind:
 def new_request_id(frame: dict[str, object], running: Collection[str]) -> str:
     """The request_id of a generate frame, free on a socket already running the requests `running`."""
     request_id = frame.get("request_id")
-    if not isinstance(request_id, str) or not 0 < len(request_id) <= MAX_REQUEST_ID_CHARS:
-        raise FrameError("invalid_request", f"request_id must be a string of 1-{MAX_REQUEST_ID_CHARS} characters",
+    # Printable only: the id travels into the engine's request id, which the workers log, and a newline
+    # or a terminal's control character there would let a client write log lines of its own.
+    if not isinstance(request_id, str) or not 0 < len(request_id) <= MAX_REQUEST_ID_CHARS \
+            or not request_id.isprintable():
+        raise FrameError("invalid_request", f"request_id must be a string of 1-{MAX_REQUEST_ID_CHARS} printable "
+                                            "characters (no control characters, line breaks or format characters)",
                          request_id_of(frame))
     if request_id in running:
         raise FrameError("duplicate_request_id", f"request {request_id!r} is still running on this socket", request_id)
@@ -57,11 +61,12 @@ def cancelled_request_id(frame: dict[str, object], running: Collection[str]) -> 
     return request_id
 
 
-def generation(frame: dict[str, object], tokenizer: Tokenizer,
-               request_id: str) -> tuple[str | list[int], SamplingParams, int | None]:
+def generation(frame: dict[str, object], tokenizer: Tokenizer, request_id: str,
+               vocabulary: int | None = None) -> tuple[str | list[int], SamplingParams, int | None]:
     """The prompt (text or token ids; messages rendered by `tokenizer`), the params and the number of
     choices (`params.n`; None when not sent, a request of one choice whose frames carry no `choice`) of
-    a generate frame."""
+    a generate frame. `vocabulary`: the model's (workbench/serving/model_facts.py), which every token id
+    the frame names must fit; None checks no range (the engine still does)."""
     if ("prompt" in frame) == ("messages" in frame):
         raise FrameError("invalid_request", "send exactly one of prompt or messages", request_id)
     try:
@@ -71,7 +76,10 @@ def generation(frame: dict[str, object], tokenizer: Tokenizer,
         if isinstance(values, dict) and "n" in values:  # the choices are the request's, not a sequence's params
             n = choice_streams.choice_count(values["n"])
             values = {key: value for key, value in values.items() if key != "n"}
-        return prompt, request_input.sampling_params(values, logprobs_allowed=True), n
+        params = request_input.sampling_params(values, logprobs_allowed=True)
+        if vocabulary is not None:
+            request_input.fit_vocabulary(prompt, params, vocabulary)
+        return prompt, params, n
     except request_input.InvalidInput as exc:
         raise FrameError(exc.code, exc.message, request_id) from None
 

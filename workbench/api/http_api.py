@@ -98,6 +98,14 @@ def tokenizer_of(transport: Transport, model: str) -> Tokenizer:
         raise ApiError(503, exc.message, param="model", code="unavailable", kind="server_error") from None
 
 
+def vocabulary_of(model: str) -> int:
+    """The vocabulary size of a served model, or a 503 when this process cannot read its config."""
+    try:
+        return served_models.vocabulary_of(model)
+    except served_models.TokenizerUnreadable as exc:
+        raise ApiError(503, exc.message, param="model", code="unavailable", kind="server_error") from None
+
+
 def refuse_unless_off(body: Mapping[str, object], off: Mapping[str, object]) -> None:
     """Fields clients send that this server does not serve, each accepted only as its "off" value (of
     that JSON type: `false` is not `0`) or null, and refused by name otherwise, never silently ignored."""

@@ -9,25 +9,29 @@ TokenizeChatRequest, TokenizeResponse, DetokenizeRequest, DetokenizeResponse), s
                  -> {"tokens": [int], "count": int, "max_model_len": int}
     /detokenize  {"tokens": [int]} -> {"prompt": str}
 
-Authenticated, bodies read and errors answered as on /v1 (http_api.py); prompts, messages and token ids
-are checked by the shared rules (request_input.py). The tokenizer is the transport's, the one the web
-side renders chat prompts with; `max_model_len` is the model's length, which is what both transports'
-engines serve (neither sets a shorter one), read as the chat's fitting reads it. Detokenize keeps
-special tokens, as vLLM's does, so a /tokenize result comes back whole.
+Authenticated, limited per user (tokenize_limit.py), bodies read and errors answered as on /v1
+(http_api.py); prompts, messages and token ids are checked by the shared rules (request_input.py). The
+tokenizer is the transport's, the one the web side renders chat prompts with; `max_model_len` is the
+model's length, which is what both transports' engines serve (neither sets a shorter one), read as the
+chat's fitting reads it. Detokenize keeps special tokens, as vLLM's does, so a /tokenize result comes
+back whole.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Coroutine, Mapping
 
+from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from engine.loading.tokenizer import Tokenizer
+from workbench.api import tokenize_limit
 from workbench.api.http_api import ApiError, authenticate, check_model, json_body, refuse_unless_off, tokenizer_of
-from workbench.chat.fitting import model_length
 from workbench.protocol import request_input
 from workbench.serving import bridge, served_models
+from workbench.serving.model_facts import model_length
 
 TOKENIZE_FIELDS = {"model", "prompt", "messages", "add_special_tokens", "add_generation_prompt"}
 DETOKENIZE_FIELDS = {"model", "tokens"}
@@ -93,7 +97,12 @@ def _view(answer: Answer) -> AsyncView:
         try:
             if request.method != "POST":
                 raise ApiError(405, "use POST")
-            await authenticate(request)
+            user = await authenticate(request)
+            retry_after = await sync_to_async(tokenize_limit.refusal)(user.pk)
+            if retry_after is not None:
+                raise ApiError(429, f"at most {settings.WORKBENCH_USER_TOKENIZE_PER_MINUTE} /tokenize and /detokenize "
+                                    "calls a minute per user", code="rate_limited", kind="rate_limit_error",
+                               retry_after=retry_after)
             body = json_body(request)
             model = check_model(body, await served_models.served_from_loop())
             transport = await bridge.transport_from_loop()

@@ -1,10 +1,11 @@
 """The chat page's websocket, /ws/chat/<id>: send, stop, regenerate and edit for one conversation.
 
-Only the conversation's owner connects (anyone else is refused before accept), and only while they
-may: each frame checks that the user is still active and the session still signed in, and logging out
-closes the socket at once (workbench/protocol/socket_access.py). The user's message is
-stored before generation starts; the reply is stored when it ends, also when stopped (with the partial
-text and finish_reason "canceled") or when it fails ("error"). Thin on purpose: frames are checked by
+Only the conversation's owner connects, with the session of a signed-in page (anyone else, and an API
+token whoever it belongs to, is refused before accept), and only while they may: each frame checks that
+the user is still active and the session still signed in, and logging out closes the socket at once
+(workbench/protocol/socket_access.py). The user's message is stored before generation starts; the
+reply is stored when it ends, also when stopped (with the partial text and finish_reason "canceled")
+or when it fails ("error"). Thin on purpose: frames are checked by
 workbench/chat/frames.py, what a turn does to the conversation is Conversation.take_turn, and errors
 go out through the one error path of workbench/protocol/json_socket.py, except those of a reply under way:
 they go out as its frames do (LiveReply.publish), to every socket following it and after every delta
@@ -33,6 +34,8 @@ from workbench.serving import bridge, limits, served_models
 from workbench.serving.streams import StreamEvent
 
 log = logging.getLogger(__name__)
+# The close code of a handshake made with an API token (the handshake's answer is a 403).
+API_TOKEN_REFUSED = 4403
 # Sent to every socket following a reply to a conversation deleted meanwhile, each then closed.
 GONE: live.Frame = {"type": "error", "code": "conversation_gone", "message": "this conversation was deleted"}
 
@@ -41,6 +44,11 @@ class ChatConsumer(JsonSocketConsumer):
     bad_json_code = "invalid_frame"
 
     async def connect(self) -> None:
+        if self.scope.get("bearer_token") is not None:
+            # API tokens are for the APIs: a token copied off a laptop must not read (resume) or extend
+            # its owner's conversations. Browsers send none on a websocket: the page loses nothing.
+            await self.close(code=API_TOKEN_REFUSED)
+            return
         found = await self._conversation()
         if found is None:
             await self.close(code=4404)
@@ -137,6 +145,10 @@ class ChatConsumer(JsonSocketConsumer):
         text, params = frames.turn_request(kind, content)
         edited = frames.edited_message(content) if kind == "edit" else None
         model = model_of(content, await served_models.served_from_loop())
+        try:
+            frames.fit_vocabulary(params, served_models.vocabulary_of(model))
+        except served_models.TokenizerUnreadable as exc:
+            raise FrameError("unavailable", exc.message) from None
         user = self.scope["user"]
         assert user is not None  # connect refused a socket without one
         # Admitted before the turn is taken: a refused one stores nothing.

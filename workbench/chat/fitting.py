@@ -8,18 +8,10 @@ leading system message stays. The page still shows (and stores) the whole conver
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 from django.conf import settings
 
-from engine.loading.loader import load_model_config
 from engine.loading.tokenizer import Tokenizer, TokenizerError
-
-
-@lru_cache(maxsize=None)
-def model_length(model: str) -> int:
-    """The configured model's length in tokens (its config; no weights are read)."""
-    return load_model_config(model).max_position_embeddings
+from workbench.serving.model_facts import model_length
 
 
 def fitted_prompt(tokenizer: Tokenizer, history: list[dict], model: str | None = None) -> list[int]:

@@ -56,6 +56,14 @@ def turn_request(turn: Turn, frame: dict[str, object]) -> tuple[str | None, Samp
     return content, params
 
 
+def fit_vocabulary(params: SamplingParams, vocabulary: int) -> None:
+    """The reply's token ids (`stop_token_ids`) within the vocabulary of the model that answers."""
+    try:
+        request_input.fit_vocabulary(None, params, vocabulary)
+    except request_input.InvalidInput as exc:
+        raise FrameError(exc.code, exc.message) from None
+
+
 def edited_message(frame: dict[str, object]) -> int | None:
     """The id of the user message an `edit` rewords; None: the last one shown."""
     message_id = frame.get("message_id")

@@ -1,12 +1,9 @@
-"""The chat pages: sign up, the conversation list (and its search), a conversation, and the API-token page.
+"""The chat pages: the conversation list (and its search), a conversation, and the API-token page.
 What the page changes in a conversation is in workbench/chat/conversation_views.py."""
 
 from __future__ import annotations
 
-from django.contrib.auth import login
 from django.contrib.auth.decorators import login_required
-from django.contrib.auth.forms import UserCreationForm
-from django.contrib.auth.models import User
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
@@ -17,14 +14,6 @@ from workbench.chat import versions
 from workbench.chat.search import search
 from workbench.chat.stored_text import nul_refusal
 from workbench.serving import served_models
-
-
-def signup(request):
-    form: UserCreationForm[User] = UserCreationForm(request.POST or None)
-    if request.method == "POST" and form.is_valid():
-        login(request, form.save())
-        return redirect("conversations")
-    return render(request, "registration/signup.html", {"form": form})
 
 
 @login_required

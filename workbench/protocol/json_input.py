@@ -3,13 +3,16 @@
 JSON's `\\ud800` escapes let a client send strings Python accepts but UTF-8 cannot carry (a lone
 surrogate): the tokenizer fails on them, PostgreSQL refuses them, and a reply that echoes one cannot be
 encoded, which dropped the socket with every request on it. Such strings are refused here, with where
-they were. Deep nesting (json's RecursionError) is refused the same way.
+they were. Deep nesting (json's RecursionError) is refused the same way, and so is an integer longer
+than Python converts (sys.get_int_max_str_digits(), 4300 digits by default: past it int() raises a
+ValueError, which json.loads passes on, and which is no JSONDecodeError).
 """
 
 from __future__ import annotations
 
 import json
 import re
+import sys
 
 LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # json.loads joins a valid pair, so any left is alone
 
@@ -27,6 +30,9 @@ def parse_object(raw: str | bytes, what: str = "a frame") -> dict:
         value = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise JsonInputError("invalid_json", f"{what} is not valid JSON: {exc}") from None
+    except ValueError:  # what else json.loads raises: int()'s refusal of an integer past the limit
+        raise JsonInputError("invalid_json", f"{what} holds an integer of more than {sys.get_int_max_str_digits()} "
+                                             "digits; no value here needs that many") from None
     except RecursionError:
         raise JsonInputError("invalid_json", f"{what} is nested too deeply") from None
     if not isinstance(value, dict):

@@ -8,23 +8,26 @@ to `receive_json`. Whatever a frame does wrong is raised as FrameError and becom
 `error` frame; anything else it raises is logged and answered with `internal_error`: a bug costs that
 frame its answer, never the socket and every request on it.
 
-Before all that, each frame asks workbench/protocol/socket_access.py whether the socket's user may still
-use it (active, still signed in, still staff where `needs_staff`, the API token not revoked): if not, the
-frame is answered with that refusal's `error` and the socket closed with its code. A socket opened with
+Before all that, each frame is counted against the socket's frame budget, and each socket against its
+user's open sockets (workbench/protocol/socket_limits.py). Then each frame asks
+workbench/protocol/socket_access.py whether the socket's user may still use it (active, still signed in,
+still staff where `needs_staff`, the API token not revoked): if not, the frame is answered with that
+refusal's `error` and the socket closed with its code. A socket opened with
 a session joins that session's group, so that logging out closes it at once (`session_signed_out`).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from typing import ClassVar
 
-from asgiref.typing import WebSocketConnectEvent
+from asgiref.typing import WebSocketConnectEvent, WebSocketDisconnectEvent
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 
-from workbench.protocol import socket_access
+from workbench.protocol import socket_access, socket_limits
 from workbench.protocol.json_input import JsonInputError, parse_object
 
 log = logging.getLogger(__name__)
@@ -48,15 +51,39 @@ class JsonSocketConsumer(AsyncJsonWebsocketConsumer):
     bad_json_code: ClassVar[str | None] = None
     # The socket is for operators: a user who is no longer staff is refused at the next frame.
     needs_staff: ClassVar[bool] = False
+    counted_as: object = None  # the user whose open sockets count this one (workbench/protocol/socket_limits.py)
+
+    @functools.cached_property
+    def frame_budget(self) -> socket_limits.FrameBudget:
+        return socket_limits.FrameBudget()
 
     async def websocket_connect(self, message: WebSocketConnectEvent) -> None:
+        user = self.scope.get("user")
+        if user is not None and user.is_authenticated:
+            self.counted_as = user.pk
+            if not socket_limits.open_socket(user.pk, self):
+                self.counted_as = None
+                await self.accept()  # to say why: a refused handshake says nothing
+                await self.send_error("too_many_sockets", f"you hold {settings.WORKBENCH_USER_SOCKETS} sockets on "
+                                                          "this server already; close one first")
+                await self.close(code=socket_limits.TOO_MANY_SOCKETS_CLOSE)
+                return
         # Joined before connect() decides; a refused socket leaves it again in websocket_disconnect.
         group = socket_access.session_group(self.scope)
         if group is not None:
             self.groups = [*self.groups, group]
         await super().websocket_connect(message)
 
+    async def websocket_disconnect(self, message: WebSocketDisconnectEvent) -> None:
+        if getattr(self, "counted_as", None) is not None:
+            socket_limits.close_socket(self.counted_as, self)
+        await super().websocket_disconnect(message)
+
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: object) -> None:
+        if not self.frame_budget.take():  # before the frame costs anything: no query, no parse
+            await self.send_error("too_many_frames", f"at most {settings.WORKBENCH_SOCKET_FRAMES_PER_S} frames a "
+                                                     "second on one socket; this one was dropped", retry_after=1)
+            return
         refusal = await socket_access.refusal(self.scope, staff=self.needs_staff)
         if refusal is not None:
             await self.refuse(refusal)

@@ -45,12 +45,30 @@ def sampling_params(values: object, defaults: Mapping[str, object] | None = None
 
 
 def prompt(value: object) -> str | list[int]:
-    """A plain prompt: text, or a list of token ids (JSON integers; the engine checks the vocabulary)."""
+    """A plain prompt: text, or a list of token ids (JSON integers; `fit_vocabulary` checks their range
+    once the model is known)."""
     if isinstance(value, str):
         return value
     if isinstance(value, list) and all(is_integer(token) for token in value):
         return value
     raise InvalidInput(BAD_PROMPT, "prompt must be a string or a list of token ids", "prompt")
+
+
+def fit_vocabulary(prompt: str | list[int] | None, params: SamplingParams, vocabulary: int) -> None:
+    """Every token id a request names (a prompt of ids, `stop_token_ids`) within the vocabulary of the
+    model that runs it, `vocabulary` ids (workbench/serving/model_facts.py). Checked at the door, where the
+    error can name the field: an id past the vocabulary would otherwise reach the sampler's mask, which
+    fails the forward (on CUDA, a device-side assert that poisons the process). The engine refuses the
+    same again (Engine.add_request)."""
+    if isinstance(prompt, list):
+        for at, token in enumerate(prompt):
+            if not 0 <= token < vocabulary:
+                raise InvalidInput(BAD_PROMPT, f"prompt: {token} (item {at}) is not a token id of this model "
+                                               f"(0 to {vocabulary - 1})", "prompt")
+    try:
+        params.check_vocabulary(vocabulary)
+    except InvalidSamplingParams as exc:
+        raise InvalidInput(BAD_PARAMS, str(exc), exc.parameter) from None
 
 
 def chat_prompt(tokenizer: Tokenizer, messages: object, add_generation_prompt: bool = True,

@@ -2,12 +2,13 @@
 session's sockets when it signs out.
 
 A socket's user is authenticated once, at the handshake. `refusal` asks the database again, so that a
-revoked API token, a deactivated user, a session signed out elsewhere or an operator who is no longer
-staff loses the socket at its next frame (workbench/protocol/json_socket.py calls it before anything
-else of a frame). Its cost is one indexed query per frame: for a session socket the user's row by
-primary key with an EXISTS on the session's row by its primary key, the session key, in one round trip;
-for an API-token socket the token's row by its unique digest, joined to its user's row. (Sessions kept
-outside the database, a cache or signed cookies, cost their store's own lookup beside it.)
+revoked API token, a deactivated user, a session signed out elsewhere, a password changed since the
+session signed in, or an operator who is no longer staff loses the socket at its next frame
+(workbench/protocol/json_socket.py calls it before anything else of a frame). Its cost is one indexed
+query per frame: for a session socket the user's row by primary key with an EXISTS on the session's row
+by its primary key, the session key, in one round trip; for an API-token socket the token's row by its
+unique digest, joined to its user's row. (Sessions kept outside the database, a cache or signed cookies,
+cost their store's own lookup beside it.)
 
 Logging out (Django's `user_logged_out`) sends `session.signed_out` to the group named by the session's
 key, which every socket opened with that session joins: such a socket is told `signed_out` and closed
@@ -26,9 +27,10 @@ from typing import Any
 from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
-from django.contrib.auth import get_user_model
+from django.contrib.auth import HASH_SESSION_KEY, get_user_model
 from django.db.models import Exists, Value
 from django.utils import timezone
+from django.utils.crypto import constant_time_compare
 
 from workbench.api.models import ApiToken
 
@@ -50,6 +52,8 @@ TOKEN_REVOKED = Refusal("token_revoked", "this socket's API token was revoked (o
                                          "the socket closes with code 4401", 4401)
 ACCOUNT_DISABLED = Refusal("account_disabled", "your account was deactivated; the socket closes with code 4401", 4401)
 SIGNED_OUT = Refusal("signed_out", "you signed out (in this or another tab); sign in again", SIGNED_OUT_CLOSE)
+PASSWORD_CHANGED = Refusal("password_changed", "your password was changed since this page signed in; sign in again",
+                           SIGNED_OUT_CLOSE)
 NOT_STAFF = Refusal("forbidden", "operators only (staff): you are no longer staff; the socket closes with code 4403",
                     4403)
 
@@ -84,12 +88,27 @@ def refusal(scope: Mapping[str, Any], staff: bool = False) -> Refusal | None:
     signed_in = Value(True) if stored is None else \
         Exists(stored().objects.filter(session_key=key, expire_date__gt=timezone.now()))
     row = get_user_model().objects.filter(pk=getattr(user, "pk", -1)).annotate(signed_in=signed_in) \
-        .values_list("is_active", "is_staff", "signed_in").first()  # pk -1: no one
+        .values_list("is_active", "is_staff", "signed_in", "password").first()  # pk -1: no one
     if row is None or not row[0]:
         return ACCOUNT_DISABLED
     if not row[2] or (key and stored is None and not session.exists(key)):
         return SIGNED_OUT
+    if not _password_unchanged(session, row[3]):
+        return PASSWORD_CHANGED
     return NOT_STAFF if staff and not row[1] else None
+
+
+def _password_unchanged(session: Any, password: str) -> bool:
+    """Whether the session signed in with the password the user has now: Django's own test (its
+    get_user, which signs a page's session out at its next request after a password change), the
+    session's HASH_SESSION_KEY against the hash of the current password, the secret key's fallbacks
+    included. A session without one (no sign-in through django.contrib.auth) has nothing to compare."""
+    signed_with = session.get(HASH_SESSION_KEY) if session is not None else None
+    if signed_with is None:
+        return True
+    now = get_user_model()(password=password)
+    return constant_time_compare(signed_with, now.get_session_auth_hash()) or any(
+        constant_time_compare(signed_with, fallback) for fallback in now.get_session_auth_fallback_hash())
 
 
 def close_session_sockets(sender: object, request: object, user: object, **kwargs: object) -> None:

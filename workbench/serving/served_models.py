@@ -19,7 +19,7 @@ from __future__ import annotations
 from django.conf import settings
 
 from engine.loading.tokenizer import Tokenizer
-from workbench.serving import bridge
+from workbench.serving import bridge, model_facts
 from workbench.serving.transport import Transport
 
 
@@ -32,10 +32,10 @@ class UnknownModel(Exception):
 
 
 class TokenizerUnreadable(Exception):
-    """This process cannot read the tokenizer of a model it routes requests to."""
+    """This process cannot read the tokenizer (or the config) of a model it routes requests to."""
 
-    def __init__(self, model: str, cause: Exception) -> None:
-        self.message = f"this server cannot read the tokenizer of {model!r}: {type(cause).__name__}: {cause}"
+    def __init__(self, model: str, cause: Exception, part: str = "tokenizer") -> None:
+        self.message = f"this server cannot read the {part} of {model!r}: {type(cause).__name__}: {cause}"
         super().__init__(self.message)
 
 
@@ -45,6 +45,15 @@ def tokenizer_of(transport: Transport, model: str) -> Tokenizer:
         return transport.tokenizer_for(model)
     except Exception as exc:
         raise TokenizerUnreadable(model, exc) from None
+
+
+def vocabulary_of(model: str) -> int:
+    """The vocabulary size of a served model (workbench/serving/model_facts.py), or TokenizerUnreadable
+    where this process cannot read its config."""
+    try:
+        return model_facts.vocabulary_size(model)
+    except Exception as exc:
+        raise TokenizerUnreadable(model, exc, "config") from None
 
 
 def served() -> list[str]:

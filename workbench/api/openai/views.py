@@ -27,7 +27,8 @@ from django.views.decorators.csrf import csrf_exempt
 from engine import SamplingParams
 from engine.loading.tokenizer import Tokenizer
 from workbench.api.choice_streams import ChoiceGroup, choice_ids, summed_usage
-from workbench.api.http_api import ApiError, authenticate, check_model, json_body, refuse_unless_off, tokenizer_of
+from workbench.api.http_api import (ApiError, authenticate, check_model, json_body, refuse_unless_off, tokenizer_of,
+                                    vocabulary_of)
 from workbench.api.openai import params as openai_params
 from workbench.api.openai import tool_calls
 from workbench.api.openai.logprobs_shape import CompletionLogprobs, chat_content
@@ -138,6 +139,7 @@ class _Serving:
             transport = await bridge.transport_from_loop()
             tokenizer = tokenizer_of(transport, model)
             prompt = self.prompt(body, tokenizer, tools)
+            _fit_vocabulary(prompt, params, vocabulary_of(model))
             admissions = _admit(user.get_username(), n)
         except ApiError as exc:
             return exc.response()
@@ -321,6 +323,13 @@ SERVINGS: dict[str, _Serving] = {"chat": ChatServing(), "completion": Completion
 def accepted_fields(kind: str) -> set[str]:
     """Every field the endpoint `kind` ("chat" or "completion") takes."""
     return SERVINGS[kind].accepted_fields()
+
+
+def _fit_vocabulary(prompt: str | list[int], params: SamplingParams, vocabulary: int) -> None:
+    try:
+        request_input.fit_vocabulary(prompt, params, vocabulary)
+    except request_input.InvalidInput as exc:
+        raise ApiError.refused(exc) from None
 
 
 def _admit(user: str, n: int) -> list[limits.Admission]:

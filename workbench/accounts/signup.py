@@ -1,0 +1,72 @@
+"""Sign-up, by WORKBENCH_SIGNUP: "open" (anyone who reaches the page), "invite" (with an invite code an
+operator made in the admin; the default) or "closed" (operators make accounts: the admin,
+`createapitoken`). Passwords pass Django's validators (AUTH_PASSWORD_VALIDATORS), and attempts are
+throttled per client address (workbench/accounts/throttle.py).
+
+Which names are taken: in "invite" the code is checked before anything else, so that someone without
+a valid code learns nothing of the names or the passwords, only that the code is not valid. In "open"
+the page must say a name is taken, so anyone may ask: the throttle bounds how fast.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.conf import settings
+from django.contrib.auth import login
+from django.contrib.auth.forms import UserCreationForm
+from django.db import transaction
+from django.forms.utils import ErrorDict
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+
+from workbench.accounts import throttle
+from workbench.accounts.models import Invite
+
+INVALID_INVITE = "This invite code is not valid: it is mistyped, used up or expired. Ask an operator for one."
+
+
+class SignupForm(UserCreationForm):
+    invite = forms.CharField(max_length=64, help_text="the code an operator gave you")
+
+    def __init__(self, *args: Any, invite_needed: bool, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.invite_needed = invite_needed
+        if not invite_needed:
+            del self.fields["invite"]
+
+    def full_clean(self) -> None:
+        if self.is_bound and self.invite_needed and not Invite.usable(self.data.get("invite")).exists():
+            # Nothing else is checked: without a valid invite no answer may tell a taken name from a free one.
+            self._errors, self.cleaned_data = ErrorDict(), {}
+            self.add_error("invite", INVALID_INVITE)
+            return
+        super().full_clean()
+
+
+def signup(request: HttpRequest) -> HttpResponse:
+    policy = settings.WORKBENCH_SIGNUP
+    if policy == "closed":
+        return render(request, "registration/signup.html", {"closed": True},
+                      status=403 if request.method == "POST" else 200)
+    posted = request.method == "POST"
+    form = SignupForm(request.POST if posted else None, invite_needed=policy == "invite")
+    if not posted:
+        return render(request, "registration/signup.html", {"form": form})
+    retry_after = throttle.signup_refused(request)
+    if retry_after is not None:
+        response = render(request, "registration/signup.html", {"form": SignupForm(invite_needed=policy == "invite"),
+                                                                "retry_after": -(-retry_after // 60)}, status=429)
+        response["Retry-After"] = str(retry_after)
+        return response
+    throttle.signup_attempted(request)
+    if form.is_valid():
+        with transaction.atomic():
+            # Taken in the sign-up's transaction: the last use goes to one sign-up, and a failed one uses nothing.
+            if policy != "invite" or Invite.take(form.cleaned_data["invite"]):
+                user = form.save()
+                login(request, user)
+                return redirect("conversations")
+        form.add_error("invite", INVALID_INVITE)  # its last use went to another sign-up meanwhile
+    return render(request, "registration/signup.html", {"form": form}, status=400)

@@ -1,0 +1,25 @@
+"""What the web side knows of a served model without loading it: its length and its vocabulary, read
+from the model's config (no weights), once per model per process.
+
+Both transports' engines serve the model as its config describes it (neither sets a shorter length or
+another vocabulary), and the web side reads the same files it reads the tokenizer from (the model name
+a worker's heartbeat reports is the path or packaged name it loaded), so these are the engine's facts.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from engine.loading.loader import load_model_config
+
+
+@lru_cache(maxsize=None)
+def model_length(model: str) -> int:
+    """The model's length in tokens."""
+    return load_model_config(model).max_position_embeddings
+
+
+@lru_cache(maxsize=None)
+def vocabulary_size(model: str) -> int:
+    """How many token ids the model has a logit for: a token id is an integer from 0 to this - 1."""
+    return load_model_config(model).vocab_size
