@@ -168,3 +168,37 @@ def engine_runtime_imports_outside_serving() -> list[str]:
 def test_the_web_side_reaches_the_running_engine_only_through_serving() -> None:
     assert "workbench.serving.engine_host" in import_graph(), "liveness: serving's modules are read"
     assert engine_runtime_imports_outside_serving() == []
+
+
+def folder_of(module: str) -> str:
+    """A module's floor: its first folder below the package (engine.decode.runner -> engine.decode), or
+    the module itself where it sits at the package's root (engine.sampler)."""
+    parts = module.split(".")
+    return ".".join(parts[:2])
+
+
+def folder_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    folders: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        folders.setdefault(folder_of(module), set()).update(folder_of(t) for t in targets)
+    for source, targets in folders.items():
+        targets.discard(source)
+    for target in {t for targets in folders.values() for t in targets}:
+        folders.setdefault(target, set())
+    return folders
+
+
+def test_the_folder_graph_sees_a_folder_circle() -> None:
+    """Control: two modules of different folders importing each other's folder form a folder circle,
+    though no module imports itself."""
+    graph = {"engine.model.a": {"engine.decode.b"}, "engine.decode.b": {"engine.decode.c"},
+             "engine.decode.c": set(), "engine.decode.d": {"engine.model.e"}, "engine.model.e": set()}
+    assert circles(graph) == []
+    assert circles(folder_graph(graph)) == [["engine.decode", "engine.model"]]
+    assert "engine.kernels" in folder_graph(import_graph())["engine.decode"], "liveness: folders are read"
+
+
+def test_no_folder_imports_a_folder_that_imports_it() -> None:
+    """Inside engine/ and workbench/, imports go one way between floors (a folder, or a module at the
+    package's root): a lower floor never reaches up, not even lazily."""
+    assert circles(folder_graph(import_graph())) == []

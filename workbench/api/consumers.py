@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from typing import Any
 
 from engine.loading.tokenizer import Tokenizer
 from workbench.api import frames
 from workbench.api.choice_streams import ChoiceGroup, choice_ids, summed_usage
+from workbench.api.models import ApiToken
 from workbench.api.openai.logprobs_shape import socket_logprobs
 from workbench.protocol.json_socket import FrameError, JsonSocketConsumer
 from workbench.protocol.model_choice import model_of
@@ -25,6 +27,9 @@ from workbench.serving.streams import RequestStream, StreamEvent
 
 class GenerateConsumer(JsonSocketConsumer):
     error_echo = "request_id"
+
+    def token_holder(self, token: str) -> Any:
+        return ApiToken.user_for(token)  # programs open this socket with their API tokens
 
     async def connect(self) -> None:
         user = self.scope.get("user")

@@ -88,7 +88,7 @@ class DashboardConsumer(JsonSocketConsumer):
         last, checked, self.changes_read_at = None, clock(), 0.0
         while True:
             if clock() - checked > RECHECK_S:  # a socket that only watches sends no frame to be checked at
-                refusal = await socket_access.refusal(self.scope, staff=True)
+                refusal = await socket_access.refusal(self.scope, self.token_holder, staff=True)
                 if refusal is not None:
                     await self.refuse(refusal)
                     return

@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from asgiref.typing import WebSocketConnectEvent, WebSocketDisconnectEvent
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
@@ -84,7 +84,7 @@ class JsonSocketConsumer(AsyncJsonWebsocketConsumer):
             await self.send_error("too_many_frames", f"at most {settings.WORKBENCH_SOCKET_FRAMES_PER_S} frames a "
                                                      "second on one socket; this one was dropped", retry_after=1)
             return
-        refusal = await socket_access.refusal(self.scope, staff=self.needs_staff)
+        refusal = await socket_access.refusal(self.scope, self.token_holder, staff=self.needs_staff)
         if refusal is not None:
             await self.refuse(refusal)
             return
@@ -96,6 +96,11 @@ class JsonSocketConsumer(AsyncJsonWebsocketConsumer):
             log.exception("a websocket frame failed")
             await self.send_error("internal_error", "the server failed on this frame (it is logged); "
                                                     "the socket stays open")
+
+    def token_holder(self, token: str) -> Any:
+        """The active user of an API token sent on this socket, or None: a socket takes none unless its
+        consumer says how to look them up (the API's does; the chat and the dashboard refuse them)."""
+        return None
 
     async def refuse(self, refusal: socket_access.Refusal) -> None:
         """The user may use this socket no more: told why, then closed. A consumer that runs work of its

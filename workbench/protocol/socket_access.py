@@ -20,7 +20,7 @@ only listens (a reply streaming to it) keeps listening until then.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,8 +31,6 @@ from django.contrib.auth import HASH_SESSION_KEY, get_user_model
 from django.db.models import Exists, Value
 from django.utils import timezone
 from django.utils.crypto import constant_time_compare
-
-from workbench.api.models import ApiToken
 
 # The close code of a socket whose session signed out: the chat page says so instead of reconnecting.
 SIGNED_OUT_CLOSE = 4440
@@ -71,14 +69,19 @@ def _group(session_key: str) -> str:
     return f"session-{session_key}"  # Django's session keys are lowercase letters and digits, as group names allow
 
 
+# An API token's active user, or None (the api app's ApiToken.user_for, handed in by the consumer that
+# takes tokens: this module sits below the apps and imports none of them).
+TokenHolder = Callable[[str], Any]
+
+
 @database_sync_to_async
-def refusal(scope: Mapping[str, Any], staff: bool = False) -> Refusal | None:
-    """Why the socket of `scope` may not take another frame (None: it may). `staff`: the socket is
-    for operators only."""
+def refusal(scope: Mapping[str, Any], token_holder: TokenHolder, staff: bool = False) -> Refusal | None:
+    """Why the socket of `scope` may not take another frame (None: it may). `token_holder`: how the
+    socket's API tokens are looked up. `staff`: the socket is for operators only."""
     user = scope.get("user")
     token = scope.get("bearer_token")
     if isinstance(token, str):
-        holder = ApiToken.user_for(token)
+        holder = token_holder(token)
         if holder is None or user is None or holder.pk != user.pk:
             return TOKEN_REVOKED
         return NOT_STAFF if staff and not holder.is_staff else None
