@@ -3,6 +3,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 
 from workbench.api import server_views, tokenize_views
+from workbench.api.anthropic import views as anthropic_views
 from workbench.api.openai import views as openai_views
 from workbench.api.openai.openapi import openapi_json
 from workbench.chat import conversation_views as chat_manage
@@ -29,6 +30,8 @@ urlpatterns = [
     path("v1/models", openai_views.models),
     path("v1/completions", openai_views.completions),
     path("v1/chat/completions", openai_views.chat_completions),
+    path("v1/messages", anthropic_views.messages),
+    path("v1/messages/count_tokens", anthropic_views.count_tokens),
     path("openapi.json", openapi_json, name="openapi"),
     path("health", server_views.health, name="health"),
     path("version", server_views.version, name="version"),
