@@ -6,6 +6,7 @@ from workbench.api import server_views, tokenize_views
 from workbench.api.anthropic import views as anthropic_views
 from workbench.api.openai import views as openai_views
 from workbench.api.openai.openapi import openapi_json
+from workbench.api.responses import views as responses_views
 from workbench.chat import conversation_views as chat_manage
 from workbench.chat import views as chat
 from workbench.ops import metrics as ops_metrics
@@ -31,6 +32,8 @@ urlpatterns = [
     path("v1/completions", openai_views.completions),
     path("v1/chat/completions", openai_views.chat_completions),
     path("v1/messages", anthropic_views.messages),
+    path("v1/responses", responses_views.responses),
+    path("v1/responses/<str:response_id>", responses_views.response),
     path("v1/messages/count_tokens", anthropic_views.count_tokens),
     path("openapi.json", openapi_json, name="openapi"),
     path("health", server_views.health, name="health"),
