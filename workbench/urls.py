@@ -4,6 +4,7 @@ from django.urls import path
 
 from workbench.api import server_views, tokenize_views
 from workbench.api.anthropic import views as anthropic_views
+from workbench.api.ollama import views as ollama_views
 from workbench.api.openai import views as openai_views
 from workbench.api.openai.openapi import openapi_json
 from workbench.api.responses import views as responses_views
@@ -35,6 +36,11 @@ urlpatterns = [
     path("v1/responses", responses_views.responses),
     path("v1/responses/<str:response_id>", responses_views.response),
     path("v1/messages/count_tokens", anthropic_views.count_tokens),
+    path("api/chat", ollama_views.chat),
+    path("api/generate", ollama_views.generate),
+    path("api/tags", ollama_views.tags),
+    path("api/show", ollama_views.show),
+    path("api/version", ollama_views.version),
     path("openapi.json", openapi_json, name="openapi"),
     path("health", server_views.health, name="health"),
     path("version", server_views.version, name="version"),
