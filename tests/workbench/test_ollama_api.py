@@ -4,6 +4,8 @@ Messages and Ollama's chat giving the same tokens."""
 
 from __future__ import annotations
 
+import time
+
 import anthropic
 import ollama
 import openai
@@ -30,10 +32,14 @@ def client(served, token: str | None = None) -> ollama.Client:
 
 def test_chat_whole_and_streamed_with_the_done_records_counts(served):
     sdk = client(served)
+    began = time.monotonic_ns()
     whole = sdk.chat(model="demo:latest", messages=ASK, options=OPTIONS, stream=False)
+    wall = time.monotonic_ns() - began
     assert whole.done and whole.message.role == "assistant" and whole.message.content
-    assert whole.done_reason in ("stop", "length") and whole.eval_count <= 20 and whole.prompt_eval_count > 0
-    assert whole.total_duration >= whole.eval_duration > 0 and whole.prompt_eval_duration > 0
+    assert whole.done_reason in ("stop", "length") and 1 < whole.eval_count <= 20 and whole.prompt_eval_count > 0
+    # Nanoseconds: within the call's own time, and no decode of several tokens takes under a microsecond.
+    assert wall >= whole.total_duration >= whole.prompt_eval_duration + whole.eval_duration
+    assert whole.eval_duration > 1000 and whole.prompt_eval_duration > 1000
     parts = list(sdk.chat(model="demo", messages=ASK, options=OPTIONS, stream=True))
     assert [p.done for p in parts] == [False] * (len(parts) - 1) + [True]
     assert "".join(p.message.content for p in parts) == whole.message.content
