@@ -12,7 +12,7 @@ import pytest
 LIMITS = {"WORKBENCH_USER_CONCURRENT_REQUESTS": 2, "WORKBENCH_USER_REQUESTS_PER_MINUTE": 6, "WORKBENCH_MAX_IN_FLIGHT": 5}
 # Each test's users are its own, so one test's counts never meet another's.
 LIMITED_USERS = ["frames", "frames-1009", "alice", "carol", "dave", "erin", "gina", "hank", "ivan",
-                 "prefix-ws-bob", "prefix-ws-carol", "prefix-http-bob", "prefix-http-carol"]
+                 "prefix-ws-bob", "prefix-ws-carol", "prefix-http-bob", "prefix-http-carol", "jane"]
 
 
 @pytest.fixture(scope="session")
