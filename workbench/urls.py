@@ -4,8 +4,11 @@ from django.urls import path
 
 from workbench.accounts import login, signup
 from workbench.api import server_views, tokenize_views
+from workbench.api.anthropic import views as anthropic_views
+from workbench.api.ollama import views as ollama_views
 from workbench.api.openai import views as openai_views
 from workbench.api.openai.openapi import openapi_json
+from workbench.api.responses import views as responses_views
 from workbench.chat import conversation_views as chat_manage
 from workbench.chat import views as chat
 from workbench.ops import metrics as ops_metrics
@@ -30,6 +33,15 @@ urlpatterns = [
     path("v1/models", openai_views.models),
     path("v1/completions", openai_views.completions),
     path("v1/chat/completions", openai_views.chat_completions),
+    path("v1/messages", anthropic_views.messages),
+    path("v1/responses", responses_views.responses),
+    path("v1/responses/<str:response_id>", responses_views.response),
+    path("v1/messages/count_tokens", anthropic_views.count_tokens),
+    path("api/chat", ollama_views.chat),
+    path("api/generate", ollama_views.generate),
+    path("api/tags", ollama_views.tags),
+    path("api/show", ollama_views.show),
+    path("api/version", ollama_views.version),
     path("openapi.json", openapi_json, name="openapi"),
     path("health", server_views.health, name="health"),
     path("version", server_views.version, name="version"),

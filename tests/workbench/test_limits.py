@@ -1,7 +1,8 @@
 """The request limits through a real Daphne (tests/workbench/conftest.py's, with low limits): a user's
 concurrent requests and requests a minute (`rate_limited`, HTTP 429 with Retry-After), the process's
-bound on requests in flight (`overloaded`, HTTP 503), each counted across the websocket API and the
-OpenAI API, each refusal's shape asserted, and other users served meanwhile. Each test has users of its
+bound on requests in flight (`overloaded`, HTTP 503), each counted across the websocket API, the
+OpenAI API and the Messages, Responses and Ollama routes, each refusal's shape asserted, and other users
+served meanwhile. Each test has users of its
 own (the counts are per user) and ends what it started (the bound is the process's)."""
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import json
 
+import anthropic
+import ollama
 import openai
 import pytest
 import websockets
@@ -136,3 +139,49 @@ def test_the_process_bound_on_requests_in_flight_answers_overloaded(limited_daph
     assert over_http.status_code == 503 and over_http.body["code"] == "overloaded"
     assert over_http.response.headers["Retry-After"] == "1"
     assert after.choices[0].finish_reason == "length", "the bound frees as requests end"
+
+
+def test_the_messages_responses_and_ollama_routes_count_toward_the_same_limits(limited_daphne):
+    """At the concurrency limit each route refuses in its own shape; then each route's request counts
+    toward the requests a minute, which the next request, over the websocket, finds spent."""
+    address, tokens = limited_daphne
+    token = tokens["jane"]
+    messages = anthropic.AsyncAnthropic(base_url=f"http://{address}", auth_token=token, max_retries=0).messages
+    responses = client(address, token).responses
+    local = ollama.AsyncClient(host=f"http://{address}", headers={"Authorization": f"Bearer {token}"})
+    asks = {"messages": lambda: messages.create(model="demo", max_tokens=2, messages=[{"role": "user", "content": "Hi"}],
+                                                extra_body={"seed": 1}),
+            "responses": lambda: responses.create(model="demo", input="Hi", max_output_tokens=2, store=False,
+                                                  extra_body={"seed": 1}),
+            "ollama chat": lambda: local.chat(model="demo", messages=[{"role": "user", "content": "Hi"}], stream=False,
+                                              options={"num_predict": 2, "seed": 1}),
+            "ollama generate": lambda: local.generate(model="demo", prompt="Hi", stream=False,
+                                                      options={"num_predict": 2, "seed": 1})}
+
+    async def run():
+        refusals = {}
+        async with connect(address, token) as ws:
+            for request_id in ("a", "b"):
+                await generate(ws, request_id, LONG)
+                assert (await answer(ws, request_id))["type"] == "accepted"
+            for name, ask in asks.items():
+                try:
+                    await ask()
+                except (anthropic.RateLimitError, openai.RateLimitError, ollama.ResponseError) as exc:
+                    refusals[name] = exc
+            for request_id in ("a", "b"):
+                await cancel(ws, request_id)
+            served = [await ask() for ask in asks.values()]  # 2 + 4: the requests a minute are spent
+            await generate(ws, "over", SHORT)
+            return refusals, served, await answer(ws, "over")
+
+    refusals, served, over = asyncio.run(run())
+    assert sorted(refusals) == sorted(asks), refusals
+    assert refusals["messages"].body == {"type": "error", "error": {"type": "rate_limit_error",
+                                                                    "message": refusals["messages"].body["error"]["message"]}}
+    assert "2 requests" in refusals["messages"].body["error"]["message"]
+    assert refusals["responses"].status_code == 429 and refusals["responses"].body["code"] == "rate_limited"
+    for name in ("ollama chat", "ollama generate"):
+        assert refusals[name].status_code == 429 and "WORKBENCH_USER_CONCURRENT_REQUESTS" in refusals[name].error
+    assert len(served) == 4, "liveness: with the slots free, every route serves"
+    assert over["type"] == "error" and over["code"] == "rate_limited" and "a minute" in over["message"]

@@ -1,5 +1,6 @@
 """Bearer-token authentication for API clients: `Authorization: Bearer <token>`, on websockets (as
-ASGI middleware in front of the session auth) and on the HTTP API."""
+ASGI middleware in front of the session auth) and on the HTTP API; Anthropic's `x-api-key: <token>`
+header on the Messages API, whose clients send the key that way."""
 
 from __future__ import annotations
 
@@ -20,6 +21,12 @@ def bearer_token(headers) -> str | None:
             scheme, _, token = value.partition(" ")
             return token.strip() if scheme.lower() == "bearer" and token.strip() else None
     return None
+
+
+def api_key_token(headers) -> str | None:
+    """The `x-api-key` header of a Django request's headers, as Anthropic's clients send their key."""
+    value = headers.get("x-api-key")
+    return value.strip() if isinstance(value, str) and value.strip() else None
 
 
 @database_sync_to_async

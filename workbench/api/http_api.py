@@ -19,7 +19,7 @@ from django.http import HttpRequest, JsonResponse
 
 from engine.loading.tokenizer import Tokenizer
 
-from workbench.api.auth import bearer_token
+from workbench.api.auth import api_key_token, bearer_token
 from workbench.api.models import ApiToken
 from workbench.protocol import request_input
 from workbench.protocol.json_input import JsonInputError, parse_object
@@ -53,13 +53,16 @@ class ApiError(Exception):
         return response
 
 
-async def authenticate(request: HttpRequest) -> AbstractBaseUser:
-    """The user of the request's `Authorization: Bearer <token>`; a 401 ApiError without a valid one."""
-    token = bearer_token(request.headers)
+async def authenticate(request: HttpRequest, api_key_header: bool = False) -> AbstractBaseUser:
+    """The user of the request's `Authorization: Bearer <token>` (or, with `api_key_header`, of its
+    `x-api-key: <token>`, which Anthropic's clients send); a 401 ApiError without a valid one."""
+    token = bearer_token(request.headers) or (api_key_token(request.headers) if api_key_header else None)
     user = await sync_to_async(ApiToken.user_for)(token) if token else None
     if user is None:
-        raise ApiError(401, "a valid API token is required: Authorization: Bearer <token>",
-                       code="invalid_api_key", kind="authentication_error")
+        how = "x-api-key: <token> or Authorization: Bearer <token>" if api_key_header else \
+            "Authorization: Bearer <token>"
+        raise ApiError(401, f"a valid API token is required: {how}", code="invalid_api_key",
+                       kind="authentication_error")
     return user
 
 

@@ -50,3 +50,19 @@ class ApiToken(models.Model):
         if self.revoked_at is None:
             self.revoked_at = timezone.now()
             self.save(update_fields=["revoked_at"])
+
+
+class StoredResponse(models.Model):
+    """A /v1/responses reply kept because its request said `store` (OpenAI's default): read back with
+    GET /v1/responses/{id} and continued with `previous_response_id`, by its own user only."""
+
+    response_id = models.CharField(max_length=64, unique=True)
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="stored_responses")
+    created_at = models.DateTimeField(default=timezone.now)
+    response = models.JSONField()  # the Response object, as it was answered
+    # The conversation in chat messages, the reply included and the instructions not (OpenAI carries
+    # none to a follow-up): what a request naming it as previous_response_id continues.
+    conversation = models.JSONField()
+
+    def __str__(self) -> str:
+        return f"{self.response_id} ({self.user})"

@@ -73,8 +73,12 @@ async def health(request: HttpRequest) -> HttpResponse:
 async def version(request: HttpRequest) -> HttpResponse:
     if (refused := _only_get(request)) is not None:
         return refused
+    return JsonResponse({"version": installed_version()})
+
+
+def installed_version() -> str:
+    """The installed workbench package's version (also Ollama's /api/version answer)."""
     try:
-        installed = package_version(PACKAGE)
+        return package_version(PACKAGE)
     except PackageNotFoundError:  # run from a checkout that was never installed (make and the image install it)
-        installed = "unknown"
-    return JsonResponse({"version": installed})
+        return "unknown"

@@ -20,7 +20,9 @@ import time
 import uuid
 
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
+from django.contrib.auth.base_user import AbstractBaseUser
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
@@ -36,6 +38,7 @@ from workbench.api.openai.usage import openai_usage
 from workbench.protocol import request_input
 from workbench.serving import bridge, limits, served_models
 from workbench.serving.streams import StreamEvent
+from workbench.serving.transport import Transport
 
 # OpenAI request fields -> SamplingParams fields. Others are refused by name, except these, which
 # clients send routinely and which change nothing here.
@@ -89,6 +92,30 @@ class _Choice:
             self.records.extend(event.logprobs)
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """A checked request, ready to admit: what the engine runs and for which model."""
+
+    tools: tool_calls.Tools
+    params: SamplingParams
+    n: int
+    model: str
+    transport: Transport
+    tokenizer: Tokenizer
+    prompt: str | list[int]
+
+
+@dataclass(frozen=True)
+class Started:
+    """A submitted request: its choices' streams (read them inside `async with group`) and the reply's
+    id, created time and model."""
+
+    prepared: Prepared
+    group: ChoiceGroup
+    choices: list[_Choice]
+    meta: dict
+
+
 class _Serving:
     """One generating endpoint: what chat and plain completions share."""
 
@@ -132,22 +159,10 @@ class _Serving:
                 raise ApiError(405, "use POST")
             user = await authenticate(request)
             body = _body(request)
-            tools = self.tools(body)
-            params = self._params(body, tools)
-            n = openai_params.choice_count(body)
-            model = check_model(body, await served_models.served_from_loop())
-            transport = await bridge.transport_from_loop()
-            tokenizer = tokenizer_of(transport, model)
-            prompt = self.prompt(body, tokenizer, tools)
-            _fit_vocabulary(prompt, params, vocabulary_of(model))
-            admissions = _admit(user.get_username(), n)
+            started = self.start(await self.prepare(body), user)
         except ApiError as exc:
             return exc.response()
-        request_id = f"{self.id_prefix}-{uuid.uuid4().hex}"
-        engine_ids = choice_ids(request_id, n)
-        choices = [_Choice(engine_id, tokenizer, params.logprobs is not None) for engine_id in engine_ids]
-        group = ChoiceGroup.submit(transport, admissions, engine_ids, prompt, params, model)
-        meta = {"id": request_id, "created": int(time.time()), "model": model}
+        group, choices, meta, tools = started.group, started.choices, started.meta, started.prepared.tools
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             response = StreamingHttpResponse(self.sse(group, choices, meta, include_usage, tools),
@@ -155,6 +170,33 @@ class _Serving:
             response["Cache-Control"] = "no-cache"
             return response
         return await self.whole(group, choices, meta, tools)
+
+    async def prepare(self, body: dict) -> Prepared:
+        """The body checked and turned into what the engine runs (ApiError naming what is wrong); nothing
+        is admitted or submitted yet. The other APIs' routes translate their bodies into this endpoint's
+        and come through here, so one set of rules checks every way in."""
+        tools = self.tools(body)
+        params = self._params(body, tools)
+        n = openai_params.choice_count(body)
+        model = check_model(body, await served_models.served_from_loop())
+        transport = await bridge.transport_from_loop()
+        tokenizer = tokenizer_of(transport, model)
+        prompt = self.prompt(body, tokenizer, tools)
+        _fit_vocabulary(prompt, params, vocabulary_of(model))
+        return Prepared(tools, params, n, model, transport, tokenizer, prompt)
+
+    def start(self, prepared: Prepared, user: AbstractBaseUser) -> Started:
+        """Admit the request under `user`'s limits (ApiError when one refuses) and submit its choices, each
+        under that user's prefix-cache scope (limits.Admission.submit)."""
+        admissions = _admit(user.get_username(), prepared.n)
+        request_id = f"{self.id_prefix}-{uuid.uuid4().hex}"
+        engine_ids = choice_ids(request_id, prepared.n)
+        choices = [_Choice(engine_id, prepared.tokenizer, prepared.params.logprobs is not None)
+                   for engine_id in engine_ids]
+        group = ChoiceGroup.submit(prepared.transport, admissions, engine_ids, prepared.prompt, prepared.params,
+                                   prepared.model)
+        return Started(prepared, group, choices, {"id": request_id, "created": int(time.time()),
+                                                  "model": prepared.model})
 
     def _params(self, body: dict, tools: tool_calls.Tools) -> SamplingParams:
         both = body.get("max_tokens"), body.get("max_completion_tokens")
