@@ -31,7 +31,7 @@ from workbench.api.ollama import translate
 from workbench.api.openai import tool_calls
 from workbench.api.server_views import installed_version
 from workbench.api.openai.views import ERROR_STATUS, SERVINGS, Started
-from workbench.chat.fitting import model_length
+from workbench.serving.model_facts import model_length
 from workbench.serving import served_models
 from workbench.serving.streams import StreamEvent
 
