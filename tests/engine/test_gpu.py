@@ -9,6 +9,8 @@ import torch
 import transformers
 
 from engine import Engine, EngineConfig, SamplingParams
+from engine.engine import PromptError
+from engine.sampling_params import InvalidSamplingParams
 from engine.decode.graphs import DecodeGraphs, GraphMode
 from engine.loading.loader import load_model
 
@@ -56,3 +58,21 @@ def test_cuda_without_capture_stream_is_inert_and_still_exact(checkpoint):
     got = engine.generate(PROMPTS[:2], params)
     eager = Engine(EngineConfig(model=str(checkpoint), device="cuda", graphs=False)).generate(PROMPTS[:2], params)
     assert [r.token_ids for r in got] == [r.token_ids for r in eager]
+
+
+def test_out_of_vocabulary_ids_never_reach_a_cuda_index(checkpoint):
+    """On CUDA an index past a tensor's end is a device-side assert, and it is sticky: every later CUDA call
+    of the process fails. So every token id a request brings (prompt ids, stop tokens the sampler masks
+    under min_tokens) is refused at add_request, and the same engine then serves on."""
+    engine = Engine(EngineConfig(model=str(checkpoint), device="cuda"))
+    vocabulary = engine.runner.loaded.config.vocab_size
+    with pytest.raises(PromptError, match="outside the vocabulary"):
+        engine.add_request("prompt", [1, vocabulary], SamplingParams(max_tokens=2, **GREEDY))
+    params = SamplingParams(max_tokens=4, min_tokens=2, stop_token_ids=[vocabulary + 7], **GREEDY)
+    with pytest.raises(InvalidSamplingParams, match="not a token id of this model"):
+        engine.add_request("stop", "Hi", params)
+    assert not engine.has_unfinished_requests()
+    [served] = engine.generate(["Hi"], SamplingParams(max_tokens=4, min_tokens=2, stop_token_ids=[vocabulary - 1],
+                                                      **GREEDY))
+    torch.cuda.synchronize()  # a device-side assert would surface here
+    assert len(served.token_ids) >= 2, "liveness: the engine serves after the refusals"
