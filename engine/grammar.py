@@ -68,11 +68,23 @@ def grammar_of(response_format: object) -> str | None:
         key = json.dumps(response_format, allow_nan=False)
     except (TypeError, ValueError):
         raise ResponseFormatError("must be plain JSON") from None
-    # Cached by its JSON (key order kept: llguidance writes properties in the schema's order): the API checks a request's format, then the engine compiles it.
-    return _grammar(key)
+    # Cached by its JSON (key order kept: llguidance writes properties in the schema's order): the API checks a
+    # request's format, then the engine compiles it. A format that fails is cached too, with its reason: a
+    # client resending a schema that does not compile costs one compile, not one a request.
+    grammar, refusal = _grammar_or_refusal(key)
+    if refusal is not None:
+        raise ResponseFormatError(refusal)
+    return grammar
 
 
 @lru_cache(maxsize=256)
+def _grammar_or_refusal(key: str) -> tuple[str | None, str | None]:
+    try:
+        return _grammar(key), None
+    except ResponseFormatError as exc:
+        return None, str(exc)
+
+
 def _grammar(key: str) -> str | None:
     fmt = json.loads(key)
     kind = fmt.get("type")

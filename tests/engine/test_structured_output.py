@@ -82,6 +82,21 @@ def test_a_bad_response_format_is_refused_by_name(response_format, says):
     assert refused.value.parameter == "response_format" and says in str(refused.value)
 
 
+def test_a_format_that_fails_to_compile_is_compiled_once_however_often_it_comes(monkeypatch):
+    """A client resending a schema that does not compile must not cost a compile each time (the web
+    process checks every request's format)."""
+    from engine import grammar
+
+    compiles = []
+    real = grammar._grammar
+    monkeypatch.setattr(grammar, "_grammar", lambda key: compiles.append(key) or real(key))
+    bad = {"type": "regex", "regex": "([" + "x" * 17}  # a key no other test compiles
+    for _ in range(3):
+        with pytest.raises(InvalidSamplingParams, match="does not compile"):
+            SamplingParams(response_format=bad)
+    assert len(compiles) == 1, compiles
+
+
 def test_text_is_no_constraint():
     assert SamplingParams(response_format={"type": "text"}).grammar is None
     assert not SamplingParams(response_format={"type": "text"}).constrained
