@@ -1,0 +1,163 @@
+"""The noisy neighbour: how much one user's flood of expensive input slows another user's short answer.
+
+    .venv/bin/python bench/noisy_neighbour.py [--requests 12] [--tokenizers 4] [--sockets 4] [--settle 1.0]
+
+For each setting in turn (the per-user limits at their defaults, then all three off) it starts a real
+Daphne on loopback (tests/cluster.py, in-process engine, the demo model, a fresh database) and measures
+user "quiet"'s time to first token: --requests streamed chat completions one after another (greedy, 8
+tokens), first on a quiet server, then while user "noisy" floods it:
+    --tokenizers clients posting /tokenize with a 250 KB prompt in a loop, and
+    --sockets websocket API sockets each sending generate frames as fast as the server takes them, every
+    frame carrying 100 KB of messages and a 200-property JSON schema as response_format, a new one each
+    time (compiled schemas are cached), each request canceled at once: only the web side's work remains.
+The limits in play: WORKBENCH_USER_TOKENIZE_PER_MINUTE, WORKBENCH_USER_SOCKETS,
+WORKBENCH_SOCKET_FRAMES_PER_S. Prints, per setting, the quiet user's median and p90 TTFT quiet and flooded
+and their ratio (goal: the flooded median within 1.5x of the quiet one), and what the flood got through.
+Loopback only, bounded: every flood stops when the quiet user's last request ends, every call has a
+30 s limit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import httpx  # noqa: E402
+import openai  # noqa: E402
+import websockets  # noqa: E402
+
+from tests.cluster import issue_tokens, start_daphne  # noqa: E402
+
+TIMEOUT_S = 30
+SETTINGS = {"limits at their defaults": {},
+            "limits off": {"WORKBENCH_USER_TOKENIZE_PER_MINUTE": "0", "WORKBENCH_USER_SOCKETS": "0",
+                           "WORKBENCH_SOCKET_FRAMES_PER_S": "0"}}
+BIG_PROMPT = "The list type is a mutable sequence of items. " * 5400  # about 250 KB
+BIG_MESSAGES = [{"role": "user", "content": "Describe a dictionary in detail. " * 3000}]  # about 100 KB
+
+
+def big_schema(variant: int) -> dict:
+    """A 200-property JSON schema, a different one for each variant (the server caches compiled ones)."""
+    return {"type": "json_schema", "json_schema": {"name": "wide", "schema": {
+        "type": "object", "properties": {f"field_{i}": {"type": "string", "maxLength": 40 + variant}
+                                         for i in range(200)},
+        "required": [f"field_{i}" for i in range(200)], "additionalProperties": False}}}
+
+
+async def ttft(client: openai.AsyncOpenAI) -> float:
+    start = time.perf_counter()
+    stream = await client.chat.completions.create(model="demo", messages=[{"role": "user", "content": "Hi"}],
+                                                  max_tokens=8, temperature=0, stream=True)
+    first = None
+    async for chunk in stream:
+        if first is None:
+            first = time.perf_counter() - start
+    assert first is not None, "no chunk came"
+    return first
+
+
+async def quiet_user(address: str, token: str, requests: int) -> list[float]:
+    client = openai.AsyncOpenAI(base_url=f"http://{address}/v1", api_key=token, timeout=TIMEOUT_S, max_retries=0)
+    try:
+        return [await ttft(client) for _ in range(requests)]
+    finally:
+        await client.close()
+
+
+async def flood_tokenize(address: str, token: str, stop: asyncio.Event, seen: Counter) -> None:
+    async with httpx.AsyncClient(timeout=TIMEOUT_S, headers={"Authorization": f"Bearer {token}"}) as client:
+        while not stop.is_set():
+            response = await client.post(f"http://{address}/tokenize", json={"prompt": BIG_PROMPT})
+            seen[f"tokenize {response.status_code}"] += 1
+            if response.status_code == 429:  # refused: wait as told, as a client that keeps its quota would not
+                await asyncio.sleep(0.05)
+
+
+async def flood_socket(address: str, token: str, stop: asyncio.Event, seen: Counter) -> None:
+    try:
+        ws = await websockets.connect(f"ws://{address}/ws/v1/generate", open_timeout=TIMEOUT_S, max_size=None,
+                                      additional_headers={"Authorization": f"Bearer {token}"})
+    except websockets.WebSocketException as exc:
+        seen[f"socket refused: {type(exc).__name__}"] += 1
+        return
+
+    async def drain() -> None:
+        async for message in ws:
+            frame = json.loads(message)
+            seen[f"frame {frame.get('type')} {frame.get('code') or ''}".strip()] += 1
+
+    reader = asyncio.create_task(drain())
+    try:
+        sent = 0
+        while not stop.is_set() and not reader.done():
+            request_id = f"n{sent}"
+            await ws.send(json.dumps({"type": "generate", "request_id": request_id, "messages": BIG_MESSAGES,
+                                      "params": {"max_tokens": 1, "temperature": 0, "response_format": big_schema(sent)}}))
+            await ws.send(json.dumps({"type": "cancel", "request_id": request_id}))
+            sent += 1
+            await asyncio.sleep(0)
+        seen["frames sent"] += 2 * sent
+    except websockets.ConnectionClosed as exc:
+        seen[f"socket closed {exc.rcvd.code if exc.rcvd else ''}"] += 1
+    finally:
+        reader.cancel()
+        await ws.close()
+
+
+async def measure(address: str, tokens: dict[str, str], args: argparse.Namespace) -> tuple[list, list, Counter]:
+    quiet = await quiet_user(address, tokens["quiet"], args.requests)
+    stop, seen = asyncio.Event(), Counter()
+    floods = [asyncio.create_task(flood_tokenize(address, tokens["noisy"], stop, seen)) for _ in range(args.tokenizers)]
+    floods += [asyncio.create_task(flood_socket(address, tokens["noisy"], stop, seen)) for _ in range(args.sockets)]
+    await asyncio.sleep(args.settle)
+    try:
+        flooded = await asyncio.wait_for(quiet_user(address, tokens["quiet"], args.requests), TIMEOUT_S * args.requests)
+    finally:
+        stop.set()
+        await asyncio.wait(floods, timeout=TIMEOUT_S)
+    return quiet, flooded, seen
+
+
+def p90(values: list[float]) -> float:
+    return sorted(values)[max(0, round(0.9 * len(values)) - 1)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=12)
+    parser.add_argument("--tokenizers", type=int, default=4)
+    parser.add_argument("--sockets", type=int, default=4)
+    parser.add_argument("--settle", type=float, default=1.0, help="seconds of flood before the quiet user asks")
+    args = parser.parse_args()
+
+    for name, limits in SETTINGS.items():
+        with tempfile.TemporaryDirectory() as workdir:
+            env = {**os.environ, "WORKBENCH_TRANSPORT": "inprocess", "WORKBENCH_MODEL": "demo", **limits}
+            db = Path(workdir) / "noisy.sqlite3"
+            server, address, _ = start_daphne(env, db)
+            try:
+                tokens = issue_tokens(env, db, ["quiet", "noisy"])
+                quiet, flooded, seen = asyncio.run(measure(address, tokens, args))
+            finally:
+                server.terminate()
+                server.wait(timeout=TIMEOUT_S)
+        ratio = statistics.median(flooded) / statistics.median(quiet)
+        print(f"{name}: quiet user's TTFT median {statistics.median(quiet) * 1e3:.0f} ms (p90 "
+              f"{p90(quiet) * 1e3:.0f}), flooded {statistics.median(flooded) * 1e3:.0f} ms (p90 "
+              f"{p90(flooded) * 1e3:.0f}): {ratio:.2f}x")
+        print(f"  the flood: {dict(sorted(seen.items()))}")
+
+
+if __name__ == "__main__":
+    main()
