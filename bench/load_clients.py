@@ -64,7 +64,8 @@ def specs(clients: int, per_client: int, users: list[str], seed: int, max_tokens
         for k in range(per_client):
             number = first_number + client * per_client + k
             params: dict = {"max_tokens": rng.randint(4, max(4, max_tokens)), "ignore_eos": True}
-            params.update({"temperature": 0} if rng.random() < greedy_share else {"temperature": 0.8, "seed": rng.randint(0, 9999)})
+            greedy = rng.random() < greedy_share
+            params.update({"temperature": 0} if greedy else {"temperature": 0.8, "seed": rng.randint(0, 9999)})
             if rng.random() < 0.2:
                 params["stop"] = ["."]
             roll = rng.random()

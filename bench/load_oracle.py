@@ -111,7 +111,8 @@ def judge(results: list[Result], answers: dict[int, Solo]) -> dict:
     ttfts = sorted(r.ttft for r in results if r.ttft is not None)
     itls = sorted(i for r in results for i in r.itls)
     return {"requests": len(results), "tokens": sum(len(r.token_ids) for r in results), "endings": dict(endings),
-            "error_messages": dict(Counter(f"{r.ending}: {r.message}" for r in results if r.ending.startswith(("error", "unanswered")))),
+            "error_messages": dict(Counter(f"{r.ending}: {r.message}" for r in results
+                                           if r.ending.startswith(("error", "unanswered")))),
             "mismatches": mismatches, "forgiven_near_ties": forgiven,
             "near_ties_logged": sum(len(a.ties) for a in answers.values()),
             "offset_gaps": sum(r.gaps for r in results),

@@ -6,7 +6,8 @@ Each round runs the same batch of chat prompts twice on one engine, each run fir
 so the machine's load drifts over both alike (a warm-up pair first): once under a JSON Schema
 (engine/grammar.py's token mask per row), greedy, each request ending where its JSON ends; then
 unconstrained, greedy with EOS ignored and each request's max_tokens set to the count its constrained
-warm-up made, so both runs make the same tokens per request and their batches shrink alike. Prints both rates, the ratio (goal: constrained at most 10% slower, ratio >= 0.9) and
+warm-up made, so both runs make the same tokens per request and their batches shrink alike. Prints both
+rates, the ratio (goal: constrained at most 10% slower, ratio >= 0.9) and
 the mask's share of a constrained step (time in Constraint.apply / advance).
 """
 

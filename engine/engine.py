@@ -397,7 +397,8 @@ class Engine:
         finish_reason = state.reason.finish_reason if isinstance(state, Done) else \
             "canceled" if isinstance(state, FinishedAborted) else "error"
         return self._delta(request, text, finished=True, finish_reason=finish_reason, error=error,
-                           usage=Usage(len(seq.prompt_ids), len(seq.output_ids), seq.cached_tokens or 0), timings=timings_of(seq.timings, len(seq.output_ids)))
+                           usage=Usage(len(seq.prompt_ids), len(seq.output_ids), seq.cached_tokens or 0),
+                           timings=timings_of(seq.timings, len(seq.output_ids)))
 
     def _stand_down(self, seq: Sequence) -> None:
         self.device_loop.stand_down(seq)

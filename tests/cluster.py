@@ -46,7 +46,8 @@ def wait_for_port(port: int, process: subprocess.Popen, what: str, timeout: floa
 
 
 def start_daphne(env: dict, db_path: Path) -> tuple[subprocess.Popen, str, str]:
-    """A real Daphne (started as every deployment starts it, workbench/serve.py) on 127.0.0.1 over a fresh SQLite database at `db_path` (migrated, with an API token
+    """A real Daphne (started as every deployment starts it, workbench/serve.py) on 127.0.0.1 over a
+    fresh SQLite database at `db_path` (migrated, with an API token
     for user "bob"), logging beside it; returns (process, address, token)."""
     env = {**env, "DJANGO_SETTINGS_MODULE": "workbench.settings", "WORKBENCH_DB_PATH": str(db_path)}
     manage = [sys.executable, str(ROOT / "manage.py")]

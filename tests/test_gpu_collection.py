@@ -24,7 +24,8 @@ def test_the_image_list_agrees_with_image_packages():
     if not IMAGE_LIST.exists():
         pytest.skip(f"{IMAGE_LIST} is not on this machine")
     listed = {normalized(line) for line in IMAGE_LIST.read_text().split("\n") if line and not line.startswith("#")}
-    assert IMAGE_PACKAGES == listed, f"only mirrored: {sorted(IMAGE_PACKAGES - listed)}, only listed: {sorted(listed - IMAGE_PACKAGES)}"
+    assert IMAGE_PACKAGES == listed, \
+        f"only mirrored: {sorted(IMAGE_PACKAGES - listed)}, only listed: {sorted(listed - IMAGE_PACKAGES)}"
 
 
 def test_the_gpu_extra_offers_the_cupy_the_gpu_machine_has():

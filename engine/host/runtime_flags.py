@@ -32,7 +32,8 @@ class RuntimeFlags:
 
     def in_force(self) -> dict[str, bool | int]:
         graphs = self._runner.graphs
-        return {"ARC_GRAPH_DEVICE_LOOP": self._device_loop.enabled, "ARC_DEVICE_LOOP_KILLED": self._device_loop.kill_switch.killed,
+        return {"ARC_GRAPH_DEVICE_LOOP": self._device_loop.enabled,
+                "ARC_DEVICE_LOOP_KILLED": self._device_loop.kill_switch.killed,
                 "ARC_GRAPHS": self._runner.use_graphs, "ARC_CAPTURE_STREAM": graphs.mode is GraphMode.CUDA_GRAPHS,
                 "ARC_GRAPH_VERIFY_REPLAYS": graphs.verify.every, "ARC_GRAPH_VERIFY_ALWAYS": graphs.verify.always,
                 "ARC_LAYER_BISECT": graphs.verify.bisect, "ARC_PREFIX_CACHING": self._scheduler.prefix_caching,

@@ -86,7 +86,8 @@ def prepare(model: "LlamaForCausalLM", layers: list["DecoderLayer"]) -> FusedSer
     it (see the module's docstring); else None and the model is left as it was."""
     config = model.config
     if (os.environ.get("WORKBENCH_FUSED_LAYERS", "on") == "off" or isinstance(model.lm_head, nn.Linear)
-            or config.hidden_act not in cpu_kernels.ACTIVATIONS or config.attention_output_bias or config.mlp_bias or not cpu_kernels.native_available()
+            or config.hidden_act not in cpu_kernels.ACTIVATIONS or config.attention_output_bias or config.mlp_bias
+            or not cpu_kernels.native_available()
             or model.model.norm.weight.dtype != torch.bfloat16):
         return None
     from engine.model.quantized import QuantizedLinear  # needs the gguf package, which float models lack

@@ -17,7 +17,6 @@ import torch
 
 from engine.kernels import cpu as cpu_kernels
 from engine import Engine, EngineConfig, SamplingParams
-from engine.model import attention
 
 # The native CPU kernels: the torch attention path promises no bit invariance.
 pytestmark = pytest.mark.usefixtures("native_cpu_kernels")

@@ -8,7 +8,6 @@ must give exactly the twin's logits. transformers' own GGUF reader is the indepe
 
 from __future__ import annotations
 
-import gguf
 import numpy as np
 import pytest
 import torch

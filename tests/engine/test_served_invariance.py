@@ -5,7 +5,8 @@ a long prompt is prefilled in chunks beside it. (An HF directory's float weights
 route: tests/engine/test_attention_invariance.py.)
 
 A row's logits must not depend on who else is online: the quantized and the dense float matmuls reduce
-each row in a fixed order whatever the row count (engine/kernels/cpu/qgemm.py, dense.py), and attention reads each row's own keys in block
+each row in a fixed order whatever the row count (engine/kernels/cpu/qgemm.py, dense.py), and attention
+reads each row's own keys in block
 order whether they came from a decode, a whole prompt or a chunk (engine/kernels/cpu/paged_attention.py). Later
 runs of the same prompt also hit the prefix cache, whose blocks must hold the same bits as a fresh
 prefill's.

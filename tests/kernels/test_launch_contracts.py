@@ -15,7 +15,7 @@ import engine.kernels.fault_word
 import engine.kernels.ring_argmax
 from engine import Engine, EngineConfig, SamplingParams
 from engine.kernels import cupy_support
-from engine.kernels.commit_token import commit_token_cupy, commit_token_ref
+from engine.kernels.commit_token import commit_token_cupy
 from engine.kernels.cupy_support import KernelContractError
 from engine.kernels.fault_word import fault_word_cupy, fault_word_ref
 from engine.kernels.ring_argmax import ring_argmax_cupy, ring_argmax_ref

@@ -118,9 +118,9 @@ def test_count_tokens_is_the_prompt_the_engine_is_given(served):
     sent = sdk.messages.create(max_tokens=2, metadata={"user_id": "u-1"}, **body, **SAMPLED)
     assert counted == sent.usage.input_tokens + sent.usage.cache_read_input_tokens
     address, token = served
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": ASK[0]["content"][0]["text"]}]
     tokenize = urllib.request.Request(f"http://{address}/tokenize", headers={"Authorization": f"Bearer {token}"},
-                                      data=json.dumps({"messages": [{"role": "system", "content": "Be brief."},
-                                                                    {"role": "user", "content": ASK[0]["content"][0]["text"]}]}).encode())
+                                      data=json.dumps({"messages": messages}).encode())
     assert json.loads(urllib.request.urlopen(tokenize, timeout=30).read())["count"] == counted
 
 

@@ -4,7 +4,6 @@ allows, is answered."""
 
 from __future__ import annotations
 
-import json
 
 import pytest
 from asgiref.sync import sync_to_async

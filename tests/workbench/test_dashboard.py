@@ -280,7 +280,8 @@ async def test_replay_checks_show_with_their_layer_deltas_and_are_stored_once(st
                          first_divergent_layer=1)
         records.append(broken)  # the engine thread is idle: nothing races
         transport.host.add("s", [7, 8, 9], SamplingParams(max_tokens=1, temperature=0), Collected())  # a new snapshot
-        frame = await state_until(ws, lambda workers: any(c["replay"] == 99 for c in workers[LOCAL_WORKER]["state"]["replay_checks"]))
+        frame = await state_until(
+            ws, lambda workers: any(c["replay"] == 99 for c in workers[LOCAL_WORKER]["state"]["replay_checks"]))
         [shown] = [c for c in frame["workers"][LOCAL_WORKER]["state"]["replay_checks"] if c["replay"] == 99]
         assert (shown["max_abs_delta"], shown["divergent"], shown["layer_deltas"]) == (None, True, [0.0, None])
         await sync_to_async(Recorder(transport).record_once)()

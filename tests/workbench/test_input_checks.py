@@ -9,7 +9,7 @@ import pytest
 from engine import SamplingParams
 from workbench.api import frames as api_frames
 from workbench.chat import frames as chat_frames
-from workbench.chat.models import Conversation, Message, ReplyUnderWay
+from workbench.chat.models import Conversation, ReplyUnderWay
 from workbench.protocol import request_input
 from workbench.protocol.json_socket import FrameError
 

@@ -17,8 +17,8 @@ Frames are limited and refused like every socket's (workbench/protocol/json_sock
     -> {"type": "flag_result", "id": any, "change": 12, "answers": {"w1": {"in_force": {...}}}}
     <- {"type": "cancel_request", "id": any, "worker": "w1", "request_id": "<as the state shows it>"}
     -> {"type": "cancel_result", "id": any, "cancel": 7, "error": null | "no such request on this worker ..."}
-    -> {"type": "error", "id": any, "code": "forbidden" | "signed_out" | "account_disabled" | "invalid_change" | "invalid_cancel" | "invalid_frame" | "frame_too_large"
-        | "internal_error", "message": "..."}
+    -> {"type": "error", "id": any, "code": "forbidden" | "signed_out" | "account_disabled" | "invalid_change"
+        | "invalid_cancel" | "invalid_frame" | "frame_too_large" | "internal_error", "message": "..."}
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """What operators look back on: the audit logs of runtime flag changes and of requests canceled by an
-operator, and the engines' leak-prevention events and replay-verification checks (stored by workbench/ops/recorder.py from the workers' snapshots)."""
+operator, and the engines' leak-prevention events and replay-verification checks (stored by
+workbench/ops/recorder.py from the workers' snapshots)."""
 
 from __future__ import annotations
 

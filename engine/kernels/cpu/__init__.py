@@ -10,5 +10,5 @@ from engine.kernels.cpu.pack import pack
 from engine.kernels.cpu.paged_attention import paged_attention
 from engine.kernels.cpu.qgemm import cpu_paths, native_available, qgemm, qlinear, quantize_q8_1
 
-__all__ = ["ACTIVATIONS", "DENSE_DTYPES", "LayerWeights", "cpu_paths", "decoder_layer", "dense_linear", "native_available", "pack", "paged_attention", "qgemm",
-           "qlinear", "quantize_q8_1", "rms_norm", "rope_tables", "unavailable_reason"]
+__all__ = ["ACTIVATIONS", "DENSE_DTYPES", "LayerWeights", "cpu_paths", "decoder_layer", "dense_linear", "native_available",
+           "pack", "paged_attention", "qgemm", "qlinear", "quantize_q8_1", "rms_norm", "rope_tables", "unavailable_reason"]

@@ -2,7 +2,8 @@
 
 torch.utils.cpp_extension compiles them with the machine's g++ and ninja into a cache outside the repo
 ($TORCH_EXTENSIONS_DIR, else ~/.cache/workbench/torch_extensions, one directory per checkout), so a warm
-load only links the library in. The library registers its ops under torch.ops.workbench. Where there is no compiler or no ninja, or
+load only links the library in. The library registers its ops under torch.ops.workbench. Where there is
+no compiler or no ninja, or
 the build fails, `native_available()` is False, `unavailable_reason()` says why, one log line says so, and
 callers use their torch path.
 """

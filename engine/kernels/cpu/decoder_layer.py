@@ -3,7 +3,8 @@ with the final norm and the RoPE tables it reads.
 
 The residual stream stays in fp32; every projection is our quantized GEMM (int8 activations, engine/kernels/cpu/
 qgemm.py) and attention our paged op (engine/kernels/cpu/paged_attention.py), with the elementwise work between
-them (norms, bias, RoPE, the cache write, SiLU or GELU, Gemma's norms after attention and MLP) in the same call. Every row's arithmetic is fixed by that row
+them (norms, bias, RoPE, the cache write, SiLU or GELU, Gemma's norms after attention and MLP) in the same
+call. Every row's arithmetic is fixed by that row
 alone (the order is written out in decoder_layer.cpp), so a token's output is the same bits whatever else is
 in the step, however its prompt was chunked, with any thread count, on any SIMD path.
 

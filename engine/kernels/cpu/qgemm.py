@@ -6,7 +6,8 @@ arithmetic in every code path (engine/kernels/cpu/qgemm.h): a row's output is th
 the thread count or the path.
 
 Paths: "scalar" (any CPU), "avx2", "avx512" (AVX-512 VNNI), or "auto", the best this CPU has. A call's
-`path` argument wins, else $WORKBENCH_CPU_KERNEL, else auto (WORKBENCH_CPU_KERNEL=off: no native kernels). Call `native_available()` first: where it is
+`path` argument wins, else $WORKBENCH_CPU_KERNEL, else auto (WORKBENCH_CPU_KERNEL=off: no native kernels).
+Call `native_available()` first: where it is
 False the ops do not exist (engine/kernels/cpu/build.py says why) and callers use torch.
 """
 

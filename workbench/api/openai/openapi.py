@@ -30,7 +30,8 @@ def _number(minimum: float, maximum: float, exclusive_minimum: bool = False) -> 
 
 TOKEN_COUNT = _nullable({"type": "integer", "minimum": 1})
 SAMPLING = {
-    "model": {"type": "string", "description": "one of the served models (GET /v1/models; left out: the default); another is a 404"},
+    "model": {"type": "string",
+              "description": "one of the served models (GET /v1/models; left out: the default); another is a 404"},
     "max_tokens": TOKEN_COUNT,
     "max_completion_tokens": TOKEN_COUNT,
     "temperature": _number(0, 100),
@@ -174,7 +175,8 @@ def document() -> dict:
         "paths": {
             "/v1/chat/completions": _generation("a chat completion", "ChatCompletionRequest", "ChatCompletion"),
             "/v1/completions": _generation("a completion", "CompletionRequest", "Completion"),
-            "/v1/models": {"get": {"summary": "the served models (each live worker's, on the Celery transport)", "security": [{"bearer": []}], "responses": {
+            "/v1/models": {"get": {"summary": "the served models (each live worker's, on the Celery transport)",
+                                   "security": [{"bearer": []}], "responses": {
                 "200": {"description": "the models requests may name", "content": {"application/json": {"schema": {
                     "type": "object", "properties": {"object": {"const": "list"}, "data": {"type": "array"}}}}}},
                 "401": ERRORS["401"]}}},
