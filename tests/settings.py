@@ -14,5 +14,8 @@ os.environ.setdefault("WORKBENCH_SECRET_KEY", "tests-only-secret-key-not-for-dep
 # open and its per-address throttle off there. The sign-up policy's and the throttle's own tests set them.
 os.environ.setdefault("WORKBENCH_SIGNUP", "open")
 os.environ.setdefault("WORKBENCH_SIGNUPS_PER_ADDRESS", "0")
+# The protocol fuzzers and load tests send frames as fast as a socket takes them: no frame limit on the
+# shared servers. Its own test runs on the limited Daphne (tests/workbench/conftest.py), at a low limit.
+os.environ.setdefault("WORKBENCH_SOCKET_FRAMES_PER_S", "0")
 
 from workbench.settings import *  # noqa: E402,F403  (the key must be in the environment first)

@@ -124,7 +124,9 @@ WORKBENCH_QUEUE_PREFIX = env_str("WORKBENCH_QUEUE_PREFIX", "workbench", pattern=
 # web processes must count together; in this process's memory otherwise (it is the only web process).
 CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL,
                       "KEY_PREFIX": WORKBENCH_QUEUE_PREFIX} if WORKBENCH_TRANSPORT == "celery" else
-          {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+          # Room for every throttle count of a busy day: at its default of 300 entries LocMemCache culls the
+          # least recently used, and a guesser trying new names could evict an account's failure count.
+          {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "OPTIONS": {"MAX_ENTRIES": 1_000_000}}}
 # Requests (running + waiting) one worker accepts before the web side answers "overloaded".
 WORKBENCH_WORKER_CAPACITY = env_int("WORKBENCH_WORKER_CAPACITY", 256, minimum=1, unit="requests")
 # A worker publishes its heartbeat every HEARTBEAT_S; one silent for WORKER_LOST_S is lost, and its

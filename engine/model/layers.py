@@ -20,9 +20,10 @@ from engine.kernels import cpu as cpu_kernels
 
 def float_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear's result, batch-invariant where our dense kernel can compute it."""
+    # The op has no backward: only a forward that autograd records (training) takes F.linear.
+    records = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
     if (x.device.type == "cpu" and weight.device.type == "cpu" and x.dtype in cpu_kernels.DENSE_DTYPES
-            and weight.dtype in cpu_kernels.DENSE_DTYPES and not (torch.is_grad_enabled() and weight.requires_grad)
-            and cpu_kernels.native_available()):
+            and weight.dtype in cpu_kernels.DENSE_DTYPES and not records and cpu_kernels.native_available()):
         return cpu_kernels.dense_linear(x, weight, bias)
     return F.linear(x, weight, bias)
 

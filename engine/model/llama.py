@@ -85,7 +85,9 @@ class LlamaForCausalLM(nn.Module):
     def fuse_for_inference(self) -> None:
         """Fuse q/k/v and gate/up projections (fewer, larger matmuls per step), and take the fused serving
         route where the model can (engine/model/fused_serving.py). Parameters keep their HF names; call
-        after the weights are loaded, and not before training."""
+        after the weights are loaded, and not before training: the parameters stop asking for gradients,
+        so a forward outside inference_mode still serves (the dense kernel has no backward)."""
+        self.requires_grad_(False)
         layers = []
         for layer in self.model.layers:
             assert isinstance(layer, DecoderLayer)  # a ModuleList yields plain Modules to a type checker

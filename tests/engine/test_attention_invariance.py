@@ -115,3 +115,15 @@ def test_every_kernel_path_this_cpu_runs_gives_the_same_bits_alone_and_batched(t
     assert len(answers) >= 2, f"liveness: this CPU runs only {list(answers)}"
     first = next(iter(answers.values()))
     assert all(a == first for a in answers.values()), "the paths disagree"
+
+
+def test_a_served_model_stays_on_the_dense_kernel_outside_inference_mode(tiny_checkpoint, monkeypatch):
+    """A forward with autograd on (a script, a reference computed without no_grad) must not fall back to
+    F.linear, whose rows change bits with the row count: serving freezes the parameters."""
+    model = engine(tiny_checkpoint("llama", seed=31), "float32").runner.loaded.model
+    calls = []
+    real = cpu_kernels.dense_linear
+    monkeypatch.setattr(cpu_kernels, "dense_linear", lambda *args, **kwargs: calls.append(1) or real(*args, **kwargs))
+    assert torch.is_grad_enabled(), "liveness: autograd is on"
+    model.logits(model(torch.tensor([[5, 6, 7]]), torch.arange(3)[None]))
+    assert calls, "the projections took F.linear"

@@ -75,6 +75,16 @@ def test_the_lane_order_is_the_one_written_down():
     assert (x.double() @ w.double().T).item() == 1.0
 
 
+def test_the_tail_leaves_the_lanes_past_k_alone_a_negative_zero_included():
+    """Every product rounds to -0.0 (far below the smallest subnormal), so every lane sum is -0.0 and so is
+    their tree; the tail's lanes past K must keep theirs (an fma with zeros there would make them +0.0)."""
+    x = torch.full((1, 20), -1e-30)  # K = 20: a tail of 4
+    w = torch.full((3, 20), 1e-30)
+    for path in cpu.cpu_paths():
+        out = cpu.dense_linear(x, w, path=path)
+        assert (out == 0).all() and torch.signbit(out).all(), f"{path}: {out}"
+
+
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("dtypes", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
                                     (torch.float32, torch.bfloat16), (torch.float16, torch.float16)])

@@ -207,10 +207,14 @@ def test_simd_path_is_the_same_bits_as_the_scalar_path(qtype: Q, path: str, m: i
         assert torch.equal(cpu.qgemm(*qs, packed, qtype, n, out_dtype, path=path), want)
 
 
-def test_avx512_path_is_available_where_the_cpu_has_it() -> None:
-    if "avx512" not in cpu.cpu_paths():
-        pytest.skip(f"this CPU has no AVX-512 VNNI (it runs {cpu.cpu_paths()}): that path is compiled, not run")
-    assert "avx512" in SIMD  # the comparison above then ran it too
+def test_the_paths_this_cpu_runs_are_listed_in_order_and_auto_gives_their_bits() -> None:
+    """The listed paths are a prefix of scalar, AVX2, AVX-512 VNNI, and "auto" (what a server runs) gives
+    the best one's bits, which the tests above compared with the scalar path's."""
+    best = cpu.cpu_paths()[-1]
+    packed = cpu.pack(random_blocks(Q.Q8_0, 64, 64, seed=5), Q.Q8_0, 64)
+    qs = cpu.quantize_q8_1(activations(3, 64, seed=5), path="scalar")
+    assert cpu.cpu_paths() == ["scalar", "avx2", "avx512"][:len(cpu.cpu_paths())]
+    assert torch.equal(cpu.qgemm(*qs, packed, Q.Q8_0, 64), cpu.qgemm(*qs, packed, Q.Q8_0, 64, path=best))
 
 
 @pytest.mark.parametrize("qtype", QTYPES, ids=lambda t: t.name)

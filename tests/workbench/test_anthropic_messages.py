@@ -130,6 +130,7 @@ def test_count_tokens_is_the_prompt_the_engine_is_given(served):
     (dict(messages=[{"role": "user", "content": [{"type": "image", "source": {}}]}], max_tokens=4), "image"),
     (dict(messages=ASK, max_tokens=4, stop_sequences=[""]), "stop_sequences"),
     (dict(messages=ASK, max_tokens=4, tools=[WEATHER], tool_choice={"type": "tool", "name": "nope"}), "tool_choice"),
+    (dict(messages=[{"role": "user", "content": []}], max_tokens=4), "messages[0].content"),
 ])
 def test_a_bad_request_gets_anthropics_error_shape_naming_the_field(served, ask, param):
     with pytest.raises(anthropic.BadRequestError) as caught:

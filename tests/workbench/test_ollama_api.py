@@ -64,7 +64,23 @@ def test_generate_list_show_and_version(served):
     with pytest.raises(ollama.ResponseError) as missing:
         sdk.show("llama3")
     assert missing.value.status_code == 404 and "'demo'" in missing.value.error
-    assert sdk.generate(model="demo", prompt="Hi", stream=False, options=OPTIONS).response is not None
+    templated = sdk.generate(model="demo", prompt="What does the list type do?", system="Be brief.", stream=False,
+                             options=OPTIONS)
+    chat = sdk.chat(model="demo", messages=ASK, options=OPTIONS, stream=False)
+    assert templated.response == chat.message.content, "a generate without raw goes through the chat template"
+
+
+def test_a_load_request_is_answered_at_once_and_nothing_is_generated(served):
+    """What `ollama run` and chat front ends send before the first turn: no prompt, or no messages."""
+    sdk = client(served)
+    loaded = sdk.generate(model="demo")
+    assert (loaded.done, loaded.done_reason, loaded.response, loaded.eval_count) == (True, "load", "", None)
+    assert sdk.generate(model="demo", keep_alive=0).done_reason == "unload"
+    chat = sdk.chat(model="demo", messages=[])
+    assert (chat.done, chat.done_reason, chat.message.content) == (True, "load", "")
+    with pytest.raises(ollama.ResponseError) as missing:
+        sdk.generate(model="llama3")
+    assert missing.value.status_code == 404, "the model is still checked"
 
 
 def test_refusals_are_ollamas_error_shape(served):

@@ -4,11 +4,15 @@ it is the only web process.
 
 Failed sign-ins are counted per account (one password guessed at from many addresses) and per client
 address (many accounts tried from one); sign-up attempts per client address (the accounts one address
-can make, and the invite codes or names it can try). Each count lives in a fixed window of
-WORKBENCH_THROTTLE_WINDOW_S; at its limit the next attempt is refused unchecked until the window ends,
+can make, and the invite codes or names it can try). Each count lives in a window of
+WORKBENCH_THROTTLE_WINDOW_S opened by its first attempt (workbench/cache_counts.py); at its limit the next
+attempt is refused unchecked until the window ends,
 a correct password included, which is what stops a guesser. A successful sign-in clears its account's
 count, not its address's. The client address is the connection's (REMOTE_ADDR): behind a proxy, start
-the server with --proxy-headers so that it is the client's and not the proxy's (docs/OPERATIONS.md).
+the server with --proxy-headers so that it is the client's and not the proxy's, and have the proxy
+replace X-Forwarded-For with the address it sees, never append to what the client sent: Daphne takes the
+header's first address, so a client could otherwise pick the address it is counted under
+(docs/OPERATIONS.md).
 
 A cache that cannot be reached (Redis away) throttles nothing and says so in the log: signing in keeps
 working while the rest of the deployment waits for Redis.
@@ -18,11 +22,11 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import time
 
 from django.conf import settings
-from django.core.cache import cache
 from django.http import HttpRequest
+
+from workbench import cache_counts
 
 log = logging.getLogger(__name__)
 
@@ -39,17 +43,9 @@ def _limit(kind: str) -> int:
             SIGNUP_ADDRESS: settings.WORKBENCH_SIGNUPS_PER_ADDRESS}[kind]
 
 
-def _window() -> tuple[str, int]:
-    """The current window's name and the whole seconds until it ends."""
-    window = settings.WORKBENCH_THROTTLE_WINDOW_S
-    now = time.time()
-    number = int(now // window)
-    return str(number), max(1, int((number + 1) * window - now + 0.999))
-
-
 def _key(kind: str, who: str) -> str:
     # Hashed: a username or address is the client's text, and cache keys have rules of their own.
-    return f"throttle:{kind}:{hashlib.sha256(who.encode('utf-8', 'surrogatepass')).hexdigest()[:32]}:{_window()[0]}"
+    return f"throttle:{kind}:{hashlib.sha256(who.encode('utf-8', 'surrogatepass')).hexdigest()[:32]}"
 
 
 def _account(username: str) -> str:
@@ -61,8 +57,8 @@ def refused(*counts: tuple[str, str]) -> int | None:
     limit; None when none is (a limit of 0 is no limit)."""
     try:
         for kind, who in counts:
-            if _limit(kind) and (cache.get(_key(kind, who)) or 0) >= _limit(kind):
-                return _window()[1]
+            if _limit(kind) and cache_counts.current(_key(kind, who)) >= _limit(kind):
+                return cache_counts.seconds_left(_key(kind, who), settings.WORKBENCH_THROTTLE_WINDOW_S)
     except Exception:
         log.warning("the throttle's cache cannot be reached; throttling nothing", exc_info=True)
     return None
@@ -70,19 +66,16 @@ def refused(*counts: tuple[str, str]) -> int | None:
 
 def count(*counts: tuple[str, str]) -> None:
     """One more attempt on each of `counts`."""
-    timeout = int(settings.WORKBENCH_THROTTLE_WINDOW_S) + 1
     try:
         for kind, who in counts:
-            key = _key(kind, who)
-            if not cache.add(key, 1, timeout=timeout):
-                cache.incr(key)
+            cache_counts.add(_key(kind, who), settings.WORKBENCH_THROTTLE_WINDOW_S)
     except Exception:
         log.warning("the throttle's cache cannot be reached; this attempt is not counted", exc_info=True)
 
 
 def forget(kind: str, who: str) -> None:
     try:
-        cache.delete(_key(kind, who))
+        cache_counts.clear(_key(kind, who))
     except Exception:
         log.warning("the throttle's cache cannot be reached", exc_info=True)
 

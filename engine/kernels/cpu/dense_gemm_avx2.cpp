@@ -21,7 +21,15 @@ struct Isa {
   using V = Pair;
   static constexpr int ROWS = 2, COLS = 2;  // 8 accumulator registers beside 4 of weights and 2 of activations
   static V zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
-  static V fma(V a, V b, V c) { return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)}; }
+  // Lanes [0, n) of a 256-bit register set, n of 0..8.
+  static __m256 first(int n) {
+    return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+  }
+  static V fma(V a, V b, V c, int n) {
+    const V f = {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
+    if (n == LANES) return f;
+    return {_mm256_blendv_ps(c.lo, f.lo, first(std::min(n, 8))), _mm256_blendv_ps(c.hi, f.hi, first(std::max(n - 8, 0)))};
+  }
   // The tail (K not a multiple of 16) goes through a zeroed copy: it happens once per output.
   template <typename Elem>
   static const Elem* padded(const Elem* p, int n, Elem (&buffer)[LANES]) {

@@ -17,8 +17,10 @@ struct Isa {
   using V = __m512;
   static constexpr int ROWS = 4, COLS = 4;  // 16 accumulators beside 4 weights and an activation: 21 of 32
   static V zero() { return _mm512_setzero_ps(); }
-  static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
   static __mmask16 first(int n) { return __mmask16((1u << n) - 1u); }
+  static V fma(V a, V b, V c, int n) {
+    return n == LANES ? _mm512_fmadd_ps(a, b, c) : _mm512_mask3_fmadd_ps(a, b, c, first(n));
+  }
   static V load_x(const float* p, int n) {
     return n == LANES ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(first(n), p);
   }

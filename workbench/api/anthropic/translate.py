@@ -118,10 +118,10 @@ def _messages(messages: object) -> list[dict[str, Any]]:
         content = message.get("content")
         if isinstance(content, str):
             out.append({"role": message["role"], "content": content})
-        elif isinstance(content, list):
+        elif isinstance(content, list) and content:
             out += _assistant(content, where) if message["role"] == "assistant" else _user(content, where)
         else:
-            raise _bad(f"{where}.content", "must be a string or a list of content blocks")
+            raise _bad(f"{where}.content", "must be a string or a non-empty list of content blocks")
     if out[-1]["role"] == "assistant":
         # Anthropic continues a final assistant message ("prefill"); the chat template opens a new turn.
         raise ApiError.unsupported(f"messages[{len(messages) - 1}]", "a final assistant message (prefilling the "

@@ -19,10 +19,13 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
+from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.contrib.auth.base_user import AbstractBaseUser
 from django.http import HttpRequest, HttpResponseBase, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
+from workbench.api import tokenize_limit
 from workbench.api.anthropic import reply, translate
 from workbench.api.http_api import ApiError, authenticate, json_body
 from workbench.api.openai.views import ERROR_STATUS, SERVINGS, Prepared, Started
@@ -48,6 +51,12 @@ async def _prepared(request: HttpRequest, count_only: bool) -> tuple[AbstractBas
     if request.method != "POST":
         raise ApiError(405, "use POST")
     user = await authenticate(request, api_key_header=True)
+    if count_only:  # a template and a tokenization with nothing generated: counted as /tokenize calls are
+        retry_after = await sync_to_async(tokenize_limit.refusal)(user.pk)
+        if retry_after is not None:
+            raise ApiError(429, f"at most {settings.WORKBENCH_USER_TOKENIZE_PER_MINUTE} /tokenize, /detokenize and "
+                                "count_tokens calls a minute per user", code="rate_limited", kind="rate_limit_error",
+                           retry_after=retry_after)
     body = json_body(request)
     chat = translate.chat_body(body, count_only)
     try:
@@ -108,13 +117,14 @@ def _sse(event: dict[str, Any]) -> str:
 
 async def _events(started: Started, message: dict[str, Any]) -> AsyncIterator[str]:
     prepared = started.prepared
-    yield _sse({"type": "message_start", "message": {
-        **message, "content": [], "stop_reason": None, "stop_sequence": None,
-        "usage": {"input_tokens": len(prepared.prompt), "output_tokens": 0}}})
     blocks = reply.BlockStream(prepared.tools)
     token_ids: list[int] = []
-    # Leaving the group (the client went away mid-stream, or the request failed) stops the sequence.
+    # Leaving the group (the client went away mid-stream, even before the first event, or the request
+    # failed) stops the sequence: so every yield is inside it.
     async with started.group:
+        yield _sse({"type": "message_start", "message": {
+            **message, "content": [], "stop_reason": None, "stop_sequence": None,
+            "usage": {"input_tokens": len(prepared.prompt), "output_tokens": 0}}})
         async for _, event in started.group:
             token_ids += event.token_ids
             for block_event in blocks.events(event.text, final=event.finished):

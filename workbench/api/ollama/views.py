@@ -47,11 +47,29 @@ def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat().replace("+00:00", "Z")
 
 
-async def _started(request: HttpRequest, kind: str) -> tuple[Started, dict[str, Any]]:
+def _is_load(kind: str, body: dict[str, Any]) -> bool:
+    """Ollama's load (or, with keep_alive 0, unload) request: a generate without a prompt, a chat without
+    messages. `ollama run` and chat front ends send one before the first turn; the model is always loaded
+    here, so it is answered at once."""
+    if kind == "generate":
+        return body.get("prompt") in (None, "")
+    return body.get("messages") in (None, [])
+
+
+def _load_record(kind: str, body: dict[str, Any], model: str) -> dict[str, Any]:
+    reply = {"response": ""} if kind == "generate" else {"message": {"role": "assistant", "content": ""}}
+    unload = body.get("keep_alive") in (0, "0", "0s")
+    return {"model": model, "created_at": _now(), **reply, "done": True, "done_reason": "unload" if unload else "load"}
+
+
+async def _started(request: HttpRequest, kind: str) -> tuple[Started | dict[str, Any], dict[str, Any]]:
+    """The request started, or the record that answers a load request; and the body."""
     if request.method != "POST":
         raise ApiError(405, "use POST")
     user = await authenticate(request)
     body = json_body(request)
+    if _is_load(kind, body):
+        return _load_record(kind, body, check_model(body, await served_models.served_from_loop())), body
     raw, translated = translate.generate_body(body) if kind == "generate" else (False, translate.chat_body(body))
     serving = SERVINGS["completion" if raw else "chat"]
     try:
@@ -69,8 +87,10 @@ def _view(kind: str):
             started, body = await _started(request, kind)
         except ApiError as exc:
             return error_response(exc)
+        if isinstance(started, dict):
+            return JsonResponse(started)
         reply = _Reply(started, kind, body.get("model") or started.prepared.model, arrived)
-        if body.get("stream", True):
+        if body.get("stream") is not False:  # Ollama streams unless told not to (null included)
             return StreamingHttpResponse(reply.records(), content_type="application/x-ndjson")
         return await reply.whole()
 

@@ -16,7 +16,10 @@
 
 Every other field, item type, part type or value is refused by name (a 400 ApiError), never silently
 ignored. `metadata` (kept with a stored response), `user`, `store`, `truncation: "disabled"`,
-`include: []` and `reasoning: null` are accepted; `stream` says how the reply is sent.
+`include: []` and `reasoning: null` are accepted; so are `prompt_cache_key` and `safety_identifier`
+(strings; Codex sends the first with every request), which leave nothing to do here: the prefix cache
+finds a conversation's blocks by their tokens, within the user's own scope. `stream` says how the
+reply is sent.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from workbench.api.http_api import ApiError
 
 FIELDS = {"model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "top_k", "seed", "tools",
           "tool_choice", "parallel_tool_calls", "text", "stream", "store", "previous_response_id", "metadata", "user",
-          "truncation", "include", "reasoning"}
+          "truncation", "include", "reasoning", "prompt_cache_key", "safety_identifier"}
 SAMPLING = {"max_output_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
             "seed": "seed", "parallel_tool_calls": "parallel_tool_calls"}
 # A chat-completions field the shared checks name -> the Responses field it came from.
@@ -53,8 +56,9 @@ def check(body: dict[str, Any]) -> str | None:
     if metadata is not None and (not isinstance(metadata, dict)
                                  or not all(isinstance(v, str) for v in metadata.values()) or len(metadata) > 16):
         raise ApiError(400, "metadata must be an object of up to 16 string values", param="metadata")
-    if body.get("user") is not None and not isinstance(body["user"], str):
-        raise ApiError(400, "user must be a string", param="user")
+    for name in ("user", "prompt_cache_key", "safety_identifier"):
+        if body.get(name) is not None and not isinstance(body[name], str):
+            raise ApiError(400, f"{name} must be a string", param=name)
     previous = body.get("previous_response_id")
     if previous is not None and not isinstance(previous, str):
         raise ApiError(400, "previous_response_id must be a string", param="previous_response_id")

@@ -127,10 +127,11 @@ class _Reply:
             number += 1
             return f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"
 
-        yield sse({"type": "response.created", "response": self.shaped("in_progress")})
-        yield sse({"type": "response.in_progress", "response": self.shaped("in_progress")})
-        # Leaving the group (the client went away mid-stream, or the request failed) stops the sequence.
+        # Leaving the group (the client went away mid-stream, even before the first event, or the request
+        # failed) stops the sequence: so every yield is inside it.
         async with self.started.group:
+            yield sse({"type": "response.created", "response": self.shaped("in_progress")})
+            yield sse({"type": "response.in_progress", "response": self.shaped("in_progress")})
             async for _, event in self.started.group:
                 for item_event in self.output.feed(event.text, final=event.finished):
                     yield sse(item_event)
