@@ -71,7 +71,7 @@ def test_bad_prompts_are_refused_and_nothing_runs(engine, prompt, message):
 @pytest.mark.parametrize("stop_token_ids", [[4096], [7, 4_000_000_000]])
 def test_stop_token_ids_past_the_vocabulary_are_refused_before_anything_runs(engine, stop_token_ids):
     """min_tokens makes the sampler mask the stop tokens, which indexes the logits with them: an id past
-    the vocabulary (4096 here) failed the forward, and on CUDA is a device-side assert. Refused at
+    the vocabulary (4096 here) would fail the forward, and on CUDA is a device-side assert. Refused at
     add_request, naming the field; the engine holds nothing of it and serves the next request."""
     params = SamplingParams(max_tokens=4, min_tokens=2, stop_token_ids=stop_token_ids, seed=3)
     with pytest.raises(InvalidSamplingParams, match="not a token id of this model") as caught:

@@ -40,8 +40,8 @@ def post(address: str, path: str, body: dict, token: str) -> tuple[int, dict]:
 
 def test_token_ids_past_the_vocabulary_are_refused_at_the_door_on_every_route(inprocess_daphne, make_user):
     """With min_tokens the sampler masks the stop tokens, indexing the logits with them: an id past the
-    vocabulary failed the forward (engine_error; on CUDA a device-side assert). Every way in refuses it
-    before the engine, naming the field; an id at the vocabulary's end is served on each."""
+    vocabulary would fail the forward (on CUDA, a device-side assert). Every way in refuses it before the
+    engine, naming the field; an id at the vocabulary's end is served on each."""
     address, token = inprocess_daphne.address, inprocess_daphne.token
     sampled = {"max_tokens": 4, "min_tokens": 2, "seed": 5}
     for path, body in (("/v1/completions", {"prompt": "Hi"}),
@@ -94,9 +94,9 @@ def test_token_ids_past_the_vocabulary_are_refused_at_the_door_on_every_route(in
 
 
 def test_an_integer_of_five_thousand_digits_is_a_clear_refusal_on_http_and_on_sockets(inprocess_daphne):
-    """Python's int() refuses more than 4300 digits with a ValueError, which is no JSONDecodeError: it
-    was a 500 with a traceback over HTTP and internal_error on a socket. Now a 400 and an `error` frame
-    that say what is wrong; the socket goes on (its next request is served)."""
+    """Python's int() refuses more than 4300 digits with a ValueError, which is no JSONDecodeError: the
+    answer is a 400 and an `error` frame that say what is wrong, never a 500 or internal_error; the socket
+    goes on (its next request is served)."""
     address, token = inprocess_daphne.address, inprocess_daphne.token
     huge = "1" * 5000
     raw = f'{{"prompt": "Hi", "max_tokens": {huge}, "seed": 1}}'.encode()
@@ -216,7 +216,7 @@ def page_for_host(port: int, host: str) -> tuple[int, str]:
 
 def test_debug_is_refused_where_strangers_reach_the_server_whatever_their_host_header(tmp_path):
     """The Host header is the client's to write: a server with WORKBENCH_DEBUG=1 bound to 0.0.0.0 (and
-    answering only "localhost") gave anyone who sent `Host: localhost` Django's debug pages. It now
+    answering only "localhost") would give anyone who sent `Host: localhost` Django's debug pages. It
     refuses to start, naming the bind; bound to 127.0.0.1 it starts and debugs (the control)."""
     server, port, listening = start_debugging_server(tmp_path, "0.0.0.0")
     try:
@@ -305,7 +305,7 @@ def user_exists(db_path, username: str) -> bool:
 
 
 def test_a_one_character_password_is_refused_at_sign_up(inprocess_daphne):
-    """Sign-up accepted the password "a": Django's password validators now run on it."""
+    """Django's password validators run on sign-up: the password "a" is refused."""
     address, db_path = inprocess_daphne.address, inprocess_daphne.db_path
     name = unique_name("weak")
     status, _, page = form_status(Session(address), "/signup", {"username": name, "password1": "a", "password2": "a"})
@@ -316,7 +316,7 @@ def test_a_one_character_password_is_refused_at_sign_up(inprocess_daphne):
 
 
 def test_twenty_wrong_passwords_and_then_even_the_right_one_is_refused(inprocess_daphne, make_user):
-    """Sign-in was not throttled at all: anyone could guess at a password as fast as the server answered.
+    """Unthrottled, anyone could guess at a password as fast as the server answered.
     Past WORKBENCH_LOGIN_FAILURES_PER_ACCOUNT (10) failures in a window, every sign-in to the account is
     refused (429) until the window ends, the right password too; the admin's login likewise."""
     address, db_path = inprocess_daphne.address, inprocess_daphne.db_path
@@ -392,9 +392,9 @@ def test_one_socket_sends_at_most_its_frame_rate(limited_daphne):
 
 
 def test_tokenize_and_detokenize_are_limited_per_user(limited_daphne):
-    """/tokenize and /detokenize ran without any limit; now WORKBENCH_USER_TOKENIZE_PER_MINUTE calls a
-    minute per user (6 on the limited Daphne), then 429 rate_limited with Retry-After. Counted in
-    minutes of the clock: 13 calls cross at most one minute's end, so one of them is refused."""
+    """WORKBENCH_USER_TOKENIZE_PER_MINUTE calls a minute per user of /tokenize and /detokenize together
+    (6 on the limited Daphne), then 429 rate_limited with Retry-After. The minute opens at the first call,
+    so the seventh within it is refused."""
     address, tokens = limited_daphne
     token = tokens["tokenizer"]
     statuses = []
@@ -405,4 +405,4 @@ def test_tokenize_and_detokenize_are_limited_per_user(limited_daphne):
         if status == 429:
             assert answer["error"]["code"] == "rate_limited", answer
             break
-    assert statuses[0] == 200 and statuses[-1] == 429, statuses
+    assert statuses == [200] * 6 + [429], statuses
