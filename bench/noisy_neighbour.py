@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import json
 import os
+import secrets
 import statistics
 import sys
 import tempfile
@@ -143,7 +144,8 @@ def main() -> None:
 
     for name, limits in SETTINGS.items():
         with tempfile.TemporaryDirectory() as workdir:
-            env = {**os.environ, "WORKBENCH_TRANSPORT": "inprocess", "WORKBENCH_MODEL": "demo", **limits}
+            env = {"WORKBENCH_SECRET_KEY": secrets.token_urlsafe(50), **os.environ, "WORKBENCH_TRANSPORT": "inprocess",
+                   "WORKBENCH_MODEL": "demo", **limits}
             db = Path(workdir) / "noisy.sqlite3"
             server, address, _ = start_daphne(env, db)
             try:
