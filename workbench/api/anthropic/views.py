@@ -92,15 +92,7 @@ async def count_tokens(request: HttpRequest) -> HttpResponseBase:
 
 
 async def _whole(started: Started, message: dict[str, Any]) -> JsonResponse:
-    text, token_ids, last = "", [], None
-    # Leaving the group (the client went away, or the request failed) stops the sequence.
-    async with started.group:
-        async for _, event in started.group:
-            text, last = text + event.text, event
-            token_ids += event.token_ids
-            if event.error_code:
-                break
-    assert last is not None  # a stream always ends with its finished event
+    text, token_ids, last = await started.whole()
     if last.error_code:
         return error_response(ApiError(ERROR_STATUS.get(last.error_code, 500), last.error or "", code=last.error_code))
     prepared = started.prepared

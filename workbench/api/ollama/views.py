@@ -121,14 +121,7 @@ class _Reply:
                 "eval_count": usage.get("completion_tokens", 0), "eval_duration": int((total - first) * 1e9)}
 
     async def whole(self) -> JsonResponse:
-        text, last = "", None
-        # Leaving the group (the client went away, or the request failed) stops the sequence.
-        async with self.started.group:
-            async for _, event in self.started.group:
-                text, last = text + event.text, event
-                if event.error_code:
-                    break
-        assert last is not None  # a stream always ends with its finished event
+        text, _, last = await self.started.whole()
         if last.error_code:
             return error_response(ApiError(ERROR_STATUS.get(last.error_code, 500), last.error or last.error_code))
         content, calls = tool_calls.parse(text, self.tools)

@@ -115,6 +115,20 @@ class Started:
     choices: list[_Choice]
     meta: dict
 
+    async def whole(self) -> tuple[str, list[int], StreamEvent]:
+        """A one-choice request read to its end (the other APIs' whole replies): its text, its token ids and
+        its last event, whose error_code says whether it failed. Leaving the group (the client went away,
+        or the request failed) stops the sequence."""
+        text, token_ids, last = "", [], None
+        async with self.group:
+            async for _, event in self.group:
+                text, last = text + event.text, event
+                token_ids += event.token_ids
+                if event.error_code:
+                    break
+        assert last is not None  # a stream always ends with its finished event
+        return text, token_ids, last
+
 
 class _Serving:
     """One generating endpoint: what chat and plain completions share."""

@@ -103,14 +103,7 @@ class _Reply:
         return shaped
 
     async def whole(self) -> JsonResponse:
-        text, last = "", None
-        # Leaving the group (the client went away, or the request failed) stops the sequence.
-        async with self.started.group:
-            async for _, event in self.started.group:
-                text, last = text + event.text, event
-                if event.error_code:
-                    break
-        assert last is not None  # a stream always ends with its finished event
+        text, _, last = await self.started.whole()
         if last.error_code:
             status = ERROR_STATUS.get(last.error_code, 500)
             return ApiError(status, last.error or "", code=last.error_code,
