@@ -152,6 +152,18 @@ def test_encode_matches_hf(pair, text):
     assert ours.encode(text, add_special_tokens=False) == hf.encode(text, add_special_tokens=False)
 
 
+def test_a_long_text_is_encoded_as_hf_encodes_it(pair):
+    """Texts past GIL_FREE_ENCODE_CHARS go through the backend's batch call (which lets other threads run):
+    the same ids, special tokens or not, a multi-byte character straddling nothing in particular."""
+    from engine.loading.tokenizer import GIL_FREE_ENCODE_CHARS
+
+    ours, hf = pair
+    text = " ".join(TEXTS) * (GIL_FREE_ENCODE_CHARS // len(" ".join(TEXTS)) + 2) + " café ✓"
+    assert len(text) >= GIL_FREE_ENCODE_CHARS, "liveness: the long path is taken"
+    assert ours.encode(text) == hf(text)["input_ids"]
+    assert ours.encode(text, add_special_tokens=False) == hf.encode(text, add_special_tokens=False)
+
+
 @pytest.mark.parametrize("text", TEXTS)
 @pytest.mark.parametrize("skip", [True, False])
 def test_decode_matches_hf(pair, text, skip):

@@ -21,7 +21,7 @@ from workbench.api.models import ApiToken
 from workbench.api.openai.logprobs_shape import socket_logprobs
 from workbench.protocol.json_socket import FrameError, JsonSocketConsumer
 from workbench.protocol.model_choice import model_of
-from workbench.serving import bridge, limits, served_models
+from workbench.serving import bridge, input_work, limits, served_models
 from workbench.serving.streams import RequestStream, StreamEvent
 
 
@@ -72,7 +72,8 @@ class GenerateConsumer(JsonSocketConsumer):
             vocabulary = served_models.vocabulary_of(model)
         except served_models.TokenizerUnreadable as exc:
             raise FrameError("unavailable", exc.message, request_id) from None
-        prompt, params, n = frames.generation(frame, tokenizer, request_id, vocabulary)
+        prompt, params, n = await input_work.prepared(self.frame_bytes, frames.generation, frame, tokenizer, request_id,
+                                                      vocabulary)
         self.submitted += 1
         engine_ids = choice_ids(f"ws-{self.socket_id}-{self.submitted}-{request_id}", n or 1)
         user = self.scope["user"]

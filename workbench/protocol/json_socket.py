@@ -52,6 +52,7 @@ class JsonSocketConsumer(AsyncJsonWebsocketConsumer):
     # The socket is for operators: a user who is no longer staff is refused at the next frame.
     needs_staff: ClassVar[bool] = False
     counted_as: object = None  # the user whose open sockets count this one (workbench/protocol/socket_limits.py)
+    frame_bytes = 0  # the size of the frame being handled
 
     @functools.cached_property
     def frame_budget(self) -> socket_limits.FrameBudget:
@@ -115,6 +116,7 @@ class JsonSocketConsumer(AsyncJsonWebsocketConsumer):
     def _frame(self, text_data: str | None, bytes_data: bytes | None) -> dict[str, object]:
         # surrogatepass: a test client may send a str UTF-8 cannot carry; it is counted, then refused by the parse.
         size = len(bytes_data or b"") if text_data is None else len(text_data.encode("utf-8", "surrogatepass"))
+        self.frame_bytes = size  # the frame's work is placed by its size (workbench/serving/input_work.py)
         if size > settings.WORKBENCH_MAX_FRAME_BYTES:
             raise FrameError("frame_too_large", f"frames are limited to {settings.WORKBENCH_MAX_FRAME_BYTES} bytes")
         if text_data is None:

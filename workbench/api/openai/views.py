@@ -36,7 +36,7 @@ from workbench.api.openai import tool_calls
 from workbench.api.openai.logprobs_shape import CompletionLogprobs, chat_content
 from workbench.api.openai.usage import openai_usage
 from workbench.protocol import request_input
-from workbench.serving import bridge, limits, served_models
+from workbench.serving import bridge, input_work, limits, served_models
 from workbench.serving.streams import StreamEvent
 from workbench.serving.transport import Transport
 
@@ -173,7 +173,7 @@ class _Serving:
                 raise ApiError(405, "use POST")
             user = await authenticate(request)
             body = _body(request)
-            started = self.start(await self.prepare(body), user)
+            started = self.start(await self.prepare(body, len(request.body)), user)
         except ApiError as exc:
             return exc.response()
         group, choices, meta, tools = started.group, started.choices, started.meta, started.prepared.tools
@@ -185,15 +185,21 @@ class _Serving:
             return response
         return await self.whole(group, choices, meta, tools)
 
-    async def prepare(self, body: dict) -> Prepared:
+    async def prepare(self, body: dict, size: int) -> Prepared:
         """The body checked and turned into what the engine runs (ApiError naming what is wrong); nothing
-        is admitted or submitted yet. The other APIs' routes translate their bodies into this endpoint's
+        is admitted or submitted yet. `size`: the request's bytes, which place its work (input_work.py).
+        The other APIs' routes translate their bodies into this endpoint's
         and come through here, so one set of rules checks every way in."""
+        served = await served_models.served_from_loop()
+        transport = await bridge.transport_from_loop()
+        # The checks template, tokenize and compile grammars: a large request's run off the event loop.
+        return await input_work.prepared(size, self._checked, body, served, transport)
+
+    def _checked(self, body: dict, served: list[str], transport: Transport) -> Prepared:
         tools = self.tools(body)
         params = self._params(body, tools)
         n = openai_params.choice_count(body)
-        model = check_model(body, await served_models.served_from_loop())
-        transport = await bridge.transport_from_loop()
+        model = check_model(body, served)
         tokenizer = tokenizer_of(transport, model)
         prompt = self.prompt(body, tokenizer, tools)
         _fit_vocabulary(prompt, params, vocabulary_of(model))
