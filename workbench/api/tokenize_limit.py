@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import logging
 
+from asgiref.sync import sync_to_async
 from django.conf import settings
 
 from workbench import cache_counts
+from workbench.api.http_api import ApiError
 
 log = logging.getLogger(__name__)
 
@@ -29,3 +31,12 @@ def refusal(user_key: object) -> int | None:
     except Exception:
         log.warning("the tokenize limit's cache cannot be reached; counting nothing", exc_info=True)
     return None
+
+
+async def check(user_key: object) -> None:
+    """Counts one call (/tokenize, /detokenize, /v1/messages/count_tokens); over the limit, ApiError 429."""
+    retry_after = await sync_to_async(refusal)(user_key)
+    if retry_after is not None:
+        raise ApiError(429, f"at most {settings.WORKBENCH_USER_TOKENIZE_PER_MINUTE} /tokenize, /detokenize and "
+                            "count_tokens calls a minute per user", code="rate_limited", kind="rate_limit_error",
+                       retry_after=retry_after)

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Coroutine, Mapping
 
-from asgiref.sync import sync_to_async
-from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
@@ -98,11 +96,7 @@ def _view(answer: Answer) -> AsyncView:
             if request.method != "POST":
                 raise ApiError(405, "use POST")
             user = await authenticate(request)
-            retry_after = await sync_to_async(tokenize_limit.refusal)(user.pk)
-            if retry_after is not None:
-                raise ApiError(429, f"at most {settings.WORKBENCH_USER_TOKENIZE_PER_MINUTE} /tokenize and /detokenize "
-                                    "calls a minute per user", code="rate_limited", kind="rate_limit_error",
-                               retry_after=retry_after)
+            await tokenize_limit.check(user.pk)
             body = json_body(request)
             model = check_model(body, await served_models.served_from_loop())
             transport = await bridge.transport_from_loop()

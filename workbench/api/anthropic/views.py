@@ -19,8 +19,6 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from asgiref.sync import sync_to_async
-from django.conf import settings
 from django.contrib.auth.base_user import AbstractBaseUser
 from django.http import HttpRequest, HttpResponseBase, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
@@ -52,11 +50,7 @@ async def _prepared(request: HttpRequest, count_only: bool) -> tuple[AbstractBas
         raise ApiError(405, "use POST")
     user = await authenticate(request, api_key_header=True)
     if count_only:  # a template and a tokenization with nothing generated: counted as /tokenize calls are
-        retry_after = await sync_to_async(tokenize_limit.refusal)(user.pk)
-        if retry_after is not None:
-            raise ApiError(429, f"at most {settings.WORKBENCH_USER_TOKENIZE_PER_MINUTE} /tokenize, /detokenize and "
-                                "count_tokens calls a minute per user", code="rate_limited", kind="rate_limit_error",
-                           retry_after=retry_after)
+        await tokenize_limit.check(user.pk)
     body = json_body(request)
     chat = translate.chat_body(body, count_only)
     try:
