@@ -11,7 +11,7 @@ WORKBENCH_USER_REQUESTS_PER_MINUTE, WORKBENCH_MAX_IN_FLIGHT, WORKBENCH_QUEUE_TIM
 WORKBENCH_LIMIT_LEASE_S, WORKBENCH_LIMITS_PREFIX, WORKBENCH_USER_SOCKETS, WORKBENCH_SOCKET_FRAMES_PER_S,
 WORKBENCH_USER_TOKENIZE_PER_MINUTE; accounts: WORKBENCH_SIGNUP, WORKBENCH_LOGIN_FAILURES_PER_ACCOUNT,
 WORKBENCH_LOGIN_FAILURES_PER_ADDRESS, WORKBENCH_SIGNUPS_PER_ADDRESS, WORKBENCH_THROTTLE_WINDOW_S; TLS:
-WORKBENCH_SECURE_COOKIES, WORKBENCH_PROXY_SSL_HEADER, WORKBENCH_HSTS_SECONDS, WORKBENCH_CSRF_TRUSTED_ORIGINS.
+WORKBENCH_SECURE_COOKIES, WORKBENCH_PROXY_SSL_HEADER, WORKBENCH_HSTS_SECONDS, WORKBENCH_CSRF_TRUSTED_ORIGINS, WORKBENCH_CSP.
 docs/OPERATIONS.md says what each is for. Every variable is read through workbench/env.py, which
 refuses a malformed one at start with ImproperlyConfigured naming it. The engine's own ARC_* flags are
 read by the engine (EngineConfig.from_env).
@@ -23,6 +23,7 @@ from pathlib import Path
 
 import dj_database_url
 
+from workbench.content_security import DEFAULT_POLICY
 from workbench.env import env_bool, env_float, env_int, env_list, env_str
 from workbench.secret_key import DEVELOPMENT_KEY
 
@@ -47,6 +48,9 @@ SECURE_PROXY_SSL_HEADER = (("HTTP_" + _PROXY_SSL_HEADER.upper().replace("-", "_"
                            else None)
 SECURE_HSTS_SECONDS = env_int("WORKBENCH_HSTS_SECONDS", 0, minimum=0, unit="seconds")
 CSRF_TRUSTED_ORIGINS = env_list("WORKBENCH_CSRF_TRUSTED_ORIGINS", [])
+# The content-security policy sent with every response (workbench/content_security.py); "off" sends none.
+_CSP = env_str("WORKBENCH_CSP", DEFAULT_POLICY, pattern=r"[ -~]+", expected="a policy on one line, or off")
+WORKBENCH_CSP = "" if _CSP == "off" else _CSP
 
 INSTALLED_APPS = [
     "daphne",
@@ -90,6 +94,7 @@ MIDDLEWARE = (["workbench.debug_guard.LoopbackClientsOnly"] if DEBUG else []) + 
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "workbench.content_security.ContentSecurityPolicy",
 ]
 
 ROOT_URLCONF = "workbench.urls"

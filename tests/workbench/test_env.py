@@ -150,6 +150,19 @@ def test_the_tls_settings_come_from_the_environment():
     assert behind.stdout.split() == ["max-age=31536000", "True", "True", "['https://chat.example.org']"], behind.stderr
 
 
+def test_the_content_security_policy_comes_from_the_environment():
+    """Sent on every response by default (the pages pass it in Chromium: tests/e2e/test_content_security.py);
+    WORKBENCH_CSP replaces it, "off" sends none (for a proxy that sets its own), a second line is refused."""
+    read = ("import django; django.setup(); from django.test import Client; "
+            "from django.test.utils import setup_test_environment; setup_test_environment(); "
+            "print(Client().get('/login').headers.get('Content-Security-Policy'))")
+    assert start(read).stdout.strip().startswith("default-src 'self'; script-src 'self'")
+    assert start(read, WORKBENCH_CSP="default-src 'none'").stdout.strip() == "default-src 'none'"
+    assert start(read, WORKBENCH_CSP="off").stdout.strip() == "None"
+    refused = start(read, WORKBENCH_CSP="default-src 'self'\nX-Injected: 1")
+    assert refused.returncode != 0 and "WORKBENCH_CSP must be" in refused.stderr
+
+
 def test_debug_is_off_unless_asked_for():
     read = "import workbench.settings as s; print(s.DEBUG)"
     assert start(read).stdout.strip() == "False"
