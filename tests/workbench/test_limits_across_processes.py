@@ -1,7 +1,8 @@
 """A user's concurrent-request limit across two real Daphne processes over one Redis (the Celery
 transport, on the session's two workers), as docker-compose runs several web instances behind a
 balancer: the limit holds across both exactly, refused with the error one process gives, and a web
-process that dies leaves no slot behind once its leases expire."""
+process that dies leaves no slot behind once its leases expire. The open-socket limit is counted the
+same way, across both."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import openai
 import pytest
+import websockets
 
 from tests.cluster import start_daphne
 from tests.workbench.test_hostile_input import until_done
@@ -23,6 +25,7 @@ from tests.workbench.test_limits import LONG, SHORT, answer, cancel, complete, c
 pytestmark = pytest.mark.slow  # two Daphnes of their own on the session's Celery workers
 
 LIMIT = 3
+SOCKETS = 3
 LEASE_S = 2.0
 REFUSAL = {"code": "rate_limited", "retry_after": 1,
            "message": f"you have {LIMIT} requests under way, the most one user may "
@@ -65,6 +68,7 @@ def two_daphnes(celery_cluster, tmp_path_factory):
     [(process, address, token)] * 2."""
     env = {**celery_cluster.env, "WORKBENCH_USER_CONCURRENT_REQUESTS": str(LIMIT),
            "WORKBENCH_USER_REQUESTS_PER_MINUTE": "0", "WORKBENCH_LIMIT_LEASE_S": str(LEASE_S),
+           "WORKBENCH_USER_SOCKETS": str(SOCKETS),
            "WORKBENCH_LIMITS_PREFIX": f"test-limits-{uuid.uuid4().hex[:10]}"}
     root = tmp_path_factory.mktemp("two-daphnes")
     with ThreadPoolExecutor(2) as pool:
@@ -149,3 +153,40 @@ def test_a_web_process_that_dies_frees_its_slots_once_its_leases_expire(two_daph
         "only the dead process's slot freed: the live one's leases outlived theirs, renewed"
     assert [end.get("finish_reason") for end in ends] == ["canceled"] * 3, \
         f"the long requests ran throughout (else a slot freed may have been theirs): their cancels answered {ends}"
+
+
+def test_a_users_open_sockets_are_counted_across_two_web_processes(two_daphnes):
+    """Two sockets on one process and one on the other are the user's three; a fourth is refused on
+    either, and one closed on the first makes room on the second."""
+    (_, first, first_token), (_, second, second_token) = two_daphnes()
+
+    async def refusal(address: str, token: str) -> tuple[str, int | None]:
+        async with connect(address, token) as extra:
+            code = json.loads(await asyncio.wait_for(extra.recv(), 30))["code"]
+            with pytest.raises(websockets.ConnectionClosed):
+                await asyncio.wait_for(extra.recv(), 30)
+            return code, extra.close_code
+
+    async def answered(ws) -> str:
+        await ws.send(json.dumps({"type": "cancel", "request_id": "none"}))
+        return json.loads(await asyncio.wait_for(ws.recv(), 30))["code"]
+
+    async def run():
+        held = [await connect(first, first_token).__aenter__(), await connect(first, first_token).__aenter__(),
+                await connect(second, second_token).__aenter__()]
+        try:
+            alive = [await answered(ws) for ws in held]
+            refused = [await refusal(second, second_token), await refusal(first, first_token)]
+            await held.pop(0).close()
+            await asyncio.sleep(0.5)  # the first process hears the close and gives the place back
+            async with connect(second, second_token) as again:
+                room = await answered(again)
+            return alive, refused, room
+        finally:
+            for ws in held:
+                await ws.close()
+
+    alive, refused, room = asyncio.run(run())
+    assert alive == ["unknown_request_id"] * SOCKETS, "liveness: the user's sockets are open and answered"
+    assert refused == [("too_many_sockets", 4429)] * 2, "a fourth socket, on either process"
+    assert room == "unknown_request_id", "the place given back on one process is free on the other"

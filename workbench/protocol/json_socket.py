@@ -18,9 +18,11 @@ a session joins that session's group, so that logging out closes it at once (`se
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import logging
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from asgiref.typing import WebSocketConnectEvent, WebSocketDisconnectEvent
@@ -51,7 +53,8 @@ class JsonSocketConsumer(AsyncJsonWebsocketConsumer):
     bad_json_code: ClassVar[str | None] = None
     # The socket is for operators: a user who is no longer staff is refused at the next frame.
     needs_staff: ClassVar[bool] = False
-    counted_as: object = None  # the user whose open sockets count this one (workbench/protocol/socket_limits.py)
+    # Gives this socket's place among its user's open sockets back (workbench/protocol/socket_limits.py).
+    release_place: Callable[[], None] | None = None
     frame_bytes = 0  # the size of the frame being handled
 
     @functools.cached_property
@@ -61,9 +64,8 @@ class JsonSocketConsumer(AsyncJsonWebsocketConsumer):
     async def websocket_connect(self, message: WebSocketConnectEvent) -> None:
         user = self.scope.get("user")
         if user is not None and user.is_authenticated:
-            self.counted_as = user.pk
-            if not socket_limits.open_socket(user.pk, self):
-                self.counted_as = None
+            self.release_place = await asyncio.to_thread(socket_limits.open_socket, user.get_username(), self)
+            if self.release_place is None:
                 await self.accept()  # to say why: a refused handshake says nothing
                 await self.send_error("too_many_sockets", f"you hold {settings.WORKBENCH_USER_SOCKETS} sockets on "
                                                           "this server already; close one first")
@@ -76,8 +78,8 @@ class JsonSocketConsumer(AsyncJsonWebsocketConsumer):
         await super().websocket_connect(message)
 
     async def websocket_disconnect(self, message: WebSocketDisconnectEvent) -> None:
-        if getattr(self, "counted_as", None) is not None:
-            socket_limits.close_socket(self.counted_as, self)
+        if self.release_place is not None:
+            await asyncio.to_thread(self.release_place)
         await super().websocket_disconnect(message)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: object) -> None:

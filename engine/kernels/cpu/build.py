@@ -10,6 +10,8 @@ callers use their torch path.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import logging
 import os
@@ -75,6 +77,26 @@ def _load() -> str | None:
 
     directory = build_directory()
     directory.mkdir(parents=True, exist_ok=True)
+    with _building(directory):
+        return _compile_and_load(cpp_extension, directory)
+
+
+@contextlib.contextmanager
+def _building(directory: Path):
+    """One builder at a time per directory, by an flock the kernel drops when its holder dies.
+    cpp_extension's own lock is a plain file that its waiters poll for: a process killed while it
+    builds (a server stopped during its first start) leaves the file behind, and every later load would
+    wait for it forever. Under the flock no live process of ours holds that file, so one found is stale."""
+    with open(directory / "build.flock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        stale = directory / "lock"
+        if stale.exists():
+            log.warning("removing %s, left by a build that was killed", stale)
+            stale.unlink(missing_ok=True)
+        yield
+
+
+def _compile_and_load(cpp_extension, directory: Path) -> str | None:
     try:
         # Headers are not compiled, but their text must rebuild the library: hash them into the flags.
         digest = hashlib.sha256(b"".join((HERE / h).read_bytes() for h in HEADERS)).hexdigest()[:16]
