@@ -9,7 +9,8 @@ WORKBENCH_QUEUE_PREFIX, WORKBENCH_WORKER_CAPACITY, WORKBENCH_HEARTBEAT_S, WORKBE
 WORKBENCH_DRAIN_S; the limits: WORKBENCH_SOCKET_MESSAGE_BYTES, WORKBENCH_USER_CONCURRENT_REQUESTS,
 WORKBENCH_USER_REQUESTS_PER_MINUTE, WORKBENCH_MAX_IN_FLIGHT, WORKBENCH_QUEUE_TIMEOUT_S, WORKBENCH_REQUEST_TIMEOUT_S,
 WORKBENCH_LIMIT_LEASE_S, WORKBENCH_LIMITS_PREFIX, WORKBENCH_USER_SOCKETS, WORKBENCH_SOCKET_FRAMES_PER_S,
-WORKBENCH_USER_TOKENIZE_PER_MINUTE; accounts: WORKBENCH_SIGNUP, WORKBENCH_LOGIN_FAILURES_PER_ACCOUNT,
+WORKBENCH_USER_TOKENIZE_PER_MINUTE, WORKBENCH_USER_INPUT_SHARE, WORKBENCH_USER_INPUT_QUEUE; accounts:
+WORKBENCH_SIGNUP, WORKBENCH_LOGIN_FAILURES_PER_ACCOUNT,
 WORKBENCH_LOGIN_FAILURES_PER_ADDRESS, WORKBENCH_SIGNUPS_PER_ADDRESS, WORKBENCH_THROTTLE_WINDOW_S; TLS:
 WORKBENCH_SECURE_COOKIES, WORKBENCH_PROXY_SSL_HEADER, WORKBENCH_HSTS_SECONDS, WORKBENCH_CSRF_TRUSTED_ORIGINS, WORKBENCH_CSP.
 docs/OPERATIONS.md says what each is for. Every variable is read through workbench/env.py, which
@@ -144,11 +145,16 @@ WORKBENCH_WORKER_LOST_S = env_float("WORKBENCH_WORKER_LOST_S", 4.0, positive=Tru
 # a request may wait for its first output and run in all (timeout).
 WORKBENCH_USER_CONCURRENT_REQUESTS = env_int("WORKBENCH_USER_CONCURRENT_REQUESTS", 64, minimum=0, unit="requests")
 WORKBENCH_USER_REQUESTS_PER_MINUTE = env_int("WORKBENCH_USER_REQUESTS_PER_MINUTE", 600, minimum=0, unit="requests")
-# Sockets one user may hold open in this web process, frames a second one socket may send (in bursts of
-# two seconds' worth), /tokenize and /detokenize calls one user may make a minute (0: no limit each).
+# Sockets one user may hold open (across web processes with the Celery transport), frames a second one
+# socket may send (in bursts of two seconds' worth), /tokenize and /detokenize calls one user may make a
+# minute (0: no limit each).
 WORKBENCH_USER_SOCKETS = env_int("WORKBENCH_USER_SOCKETS", 32, minimum=0, unit="sockets")
 WORKBENCH_SOCKET_FRAMES_PER_S = env_int("WORKBENCH_SOCKET_FRAMES_PER_S", 50, minimum=0, unit="frames")
 WORKBENCH_USER_TOKENIZE_PER_MINUTE = env_int("WORKBENCH_USER_TOKENIZE_PER_MINUTE", 600, minimum=0, unit="calls")
+# One user's share of the thread that reads large requests (workbench/serving/input_share.py): the fraction
+# of its time over 10 s, and how many of their large requests may wait for it (0: no limit each).
+WORKBENCH_USER_INPUT_SHARE = env_float("WORKBENCH_USER_INPUT_SHARE", 0.25, minimum=0, maximum=1, unit="of the thread")
+WORKBENCH_USER_INPUT_QUEUE = env_int("WORKBENCH_USER_INPUT_QUEUE", 2, minimum=0, unit="requests")
 WORKBENCH_MAX_IN_FLIGHT = env_int("WORKBENCH_MAX_IN_FLIGHT", 1024, minimum=0, unit="requests")
 WORKBENCH_QUEUE_TIMEOUT_S = env_float("WORKBENCH_QUEUE_TIMEOUT_S", 120.0, minimum=0, unit="seconds")
 WORKBENCH_REQUEST_TIMEOUT_S = env_float("WORKBENCH_REQUEST_TIMEOUT_S", 600.0, minimum=0, unit="seconds")

@@ -7,15 +7,18 @@ import os
 
 import pytest
 
-# The limited Daphne's limits (test_limits.py fills them, test_strangers.py the tokenize one;
+# The limited Daphne's limits (test_limits.py fills them, test_strangers.py the tokenize and input ones;
 # test_big_frames.py and test_prefix_cache_isolation.py stay within them).
 # The frame limit is low so that a flood outruns it however slowly a loaded machine answers each frame
 # (at 50 a second a server spending 20 ms a frame would never fall behind its budget).
+# The input share is so small that one large request spends it (10 ms of reading in 10 s).
 LIMITS = {"WORKBENCH_USER_CONCURRENT_REQUESTS": 2, "WORKBENCH_USER_REQUESTS_PER_MINUTE": 6, "WORKBENCH_MAX_IN_FLIGHT": 5,
-          "WORKBENCH_USER_TOKENIZE_PER_MINUTE": 6, "WORKBENCH_SOCKET_FRAMES_PER_S": 8}
+          "WORKBENCH_USER_TOKENIZE_PER_MINUTE": 6, "WORKBENCH_SOCKET_FRAMES_PER_S": 8,
+          "WORKBENCH_USER_INPUT_SHARE": 0.001}
 # Each test's users are its own, so one test's counts never meet another's.
 LIMITED_USERS = ["frames", "frames-1009", "alice", "carol", "dave", "erin", "gina", "hank", "ivan",
-                 "prefix-ws-bob", "prefix-ws-carol", "prefix-http-bob", "prefix-http-carol", "tokenizer", "jane", "flooder"]
+                 "prefix-ws-bob", "prefix-ws-carol", "prefix-http-bob", "prefix-http-carol", "tokenizer", "jane", "flooder",
+                 "big-reader", "bystander"]
 
 
 @pytest.fixture(scope="session")

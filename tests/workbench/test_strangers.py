@@ -31,6 +31,7 @@ pytestmark = pytest.mark.slow  # the shared Daphne's start, when this module run
 # The demo model's vocabulary is 4096 ids (0 to 4095).
 PAST_THE_VOCABULARY = 4_000_000_000
 LAST_ID = 4095
+BIG_PROMPT = "The list type is a mutable sequence of items. " * 5400  # about 250 KB
 
 
 def post(address: str, path: str, body: dict, token: str) -> tuple[int, dict]:
@@ -389,6 +390,24 @@ def test_one_socket_sends_at_most_its_frame_rate(limited_daphne):
     # The burst (16) at least; more as the budget refills while the server works through them.
     assert codes.count("unknown_request_id") >= 16, codes.count("unknown_request_id")
     assert after == "unknown_request_id", "liveness: after a pause the socket is answered again"
+
+
+def test_a_user_gets_a_share_of_the_thread_that_reads_large_requests(limited_daphne):
+    """Large requests (250 KB prompts here) are read on one thread that every user shares; a user whose
+    reading took more than WORKBENCH_USER_INPUT_SHARE of it over 10 s (a thousandth on the limited
+    Daphne: 10 ms, less than one such prompt) is refused more large ones, with 429 rate_limited, before
+    their work is done. Small requests, and other users' large ones, go on."""
+    address, tokens = limited_daphne
+    large = {"prompt": BIG_PROMPT}
+    first, _ = post(address, "/tokenize", large, tokens["big-reader"])
+    second, refused = post(address, "/tokenize", large, tokens["big-reader"])
+    small, _ = post(address, "/tokenize", {"prompt": "Hi"}, tokens["big-reader"])
+    other, counted = post(address, "/tokenize", large, tokens["bystander"])
+    assert first == 200, "liveness: a large request within the share is read"
+    assert second == 429 and refused["error"]["code"] == "rate_limited", refused
+    assert "WORKBENCH_USER_INPUT_SHARE" in refused["error"]["message"], refused
+    assert small == 200, "a small request is read where it arrives, outside the share"
+    assert other == 200 and counted["count"] > 10_000, "another user's share is their own"
 
 
 def test_tokenize_and_detokenize_are_limited_per_user(limited_daphne):

@@ -72,13 +72,13 @@ class GenerateConsumer(JsonSocketConsumer):
             vocabulary = served_models.vocabulary_of(model)
         except served_models.TokenizerUnreadable as exc:
             raise FrameError("unavailable", exc.message, request_id) from None
-        prompt, params, n = await input_work.prepared(self.frame_bytes, frames.generation, frame, tokenizer, request_id,
-                                                      vocabulary)
-        self.submitted += 1
-        engine_ids = choice_ids(f"ws-{self.socket_id}-{self.submitted}-{request_id}", n or 1)
         user = self.scope["user"]
         assert user is not None  # connect refused a socket without a signed-in user
         try:
+            prompt, params, n = await input_work.prepared(self.frame_bytes, user.username, frames.generation, frame,
+                                                          tokenizer, request_id, vocabulary)
+            self.submitted += 1
+            engine_ids = choice_ids(f"ws-{self.socket_id}-{self.submitted}-{request_id}", n or 1)
             admissions = limits.admit_all(user.username, n or 1)
         except limits.Refused as exc:
             raise FrameError(exc.code, exc.message, request_id, exc.retry_after) from None

@@ -23,10 +23,15 @@ from workbench.api.auth import api_key_token, bearer_token
 from workbench.api.models import ApiToken
 from workbench.protocol import request_input
 from workbench.protocol.json_input import JsonInputError, parse_object
-from workbench.serving import served_models
+from workbench.serving import limits, served_models
 from workbench.serving.transport import Transport
 
 UNSUPPORTED = "unsupported_parameter"  # the code of a field this server does not serve
+
+
+# The HTTP status of each error code the serving side answers with.
+ERROR_STATUS = {"invalid_request": 400, "invalid_params": 400, "rate_limited": 429, "overloaded": 503,
+                "unavailable": 503, "timeout": 504}
 
 
 class ApiError(Exception):
@@ -40,6 +45,13 @@ class ApiError(Exception):
     def refused(cls, exc: request_input.InvalidInput) -> "ApiError":
         """A 400 for what the shared rules refused, with their code, as every API answers it."""
         return cls(400, exc.message, param=exc.param, code=exc.code)
+
+    @classmethod
+    def limit(cls, refused: limits.Refused) -> "ApiError":
+        """A limit's refusal (429 or 503, with Retry-After)."""
+        return cls(ERROR_STATUS[refused.code], refused.message, code=refused.code,
+                   kind="rate_limit_error" if refused.code == "rate_limited" else "server_error",
+                   retry_after=refused.retry_after)
 
     @classmethod
     def unsupported(cls, param: str, message: str | None = None) -> "ApiError":

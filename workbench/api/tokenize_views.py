@@ -28,7 +28,7 @@ from engine.loading.tokenizer import Tokenizer
 from workbench.api import tokenize_limit
 from workbench.api.http_api import ApiError, authenticate, check_model, json_body, refuse_unless_off, tokenizer_of
 from workbench.protocol import request_input
-from workbench.serving import bridge, input_work, served_models
+from workbench.serving import bridge, input_work, limits, served_models
 from workbench.serving.model_facts import model_length
 
 TOKENIZE_FIELDS = {"model", "prompt", "messages", "add_special_tokens", "add_generation_prompt"}
@@ -101,8 +101,10 @@ def _view(answer: Answer) -> AsyncView:
             model = check_model(body, await served_models.served_from_loop())
             transport = await bridge.transport_from_loop()
             # A 250 KB prompt takes about 90 ms to tokenize: not on the event loop (input_work.py).
-            return JsonResponse(await input_work.prepared(len(request.body), answer, tokenizer_of(transport, model),
-                                                          model, body))
+            return JsonResponse(await input_work.prepared(len(request.body), user.get_username(), answer,
+                                                          tokenizer_of(transport, model), model, body))
+        except limits.Refused as exc:
+            return ApiError.limit(exc).response()
         except ApiError as exc:
             return exc.response()
 

@@ -19,7 +19,9 @@ import platform
 import shutil
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +84,7 @@ def _load() -> str | None:
 
 
 @contextlib.contextmanager
-def _building(directory: Path):
+def _building(directory: Path) -> Iterator[None]:
     """One builder at a time per directory, by an flock the kernel drops when its holder dies.
     cpp_extension's own lock is a plain file that its waiters poll for: a process killed while it
     builds (a server stopped during its first start) leaves the file behind, and every later load would
@@ -96,7 +98,7 @@ def _building(directory: Path):
         yield
 
 
-def _compile_and_load(cpp_extension, directory: Path) -> str | None:
+def _compile_and_load(cpp_extension: ModuleType, directory: Path) -> str | None:
     try:
         # Headers are not compiled, but their text must rebuild the library: hash them into the flags.
         digest = hashlib.sha256(b"".join((HERE / h).read_bytes() for h in HEADERS)).hexdigest()[:16]

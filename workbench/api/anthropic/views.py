@@ -54,7 +54,7 @@ async def _prepared(request: HttpRequest, count_only: bool) -> tuple[AbstractBas
     body = json_body(request)
     chat = translate.chat_body(body, count_only)
     try:
-        return user, body, await SERVINGS["chat"].prepare(chat, len(request.body))
+        return user, body, await SERVINGS["chat"].prepare(chat, len(request.body), user)
     except ApiError as exc:
         raise translate.renamed(exc) from None
 

@@ -73,7 +73,7 @@ async def _started(request: HttpRequest, kind: str) -> tuple[Started | dict[str,
     raw, translated = translate.generate_body(body) if kind == "generate" else (False, translate.chat_body(body))
     serving = SERVINGS["completion" if raw else "chat"]
     try:
-        prepared = await serving.prepare(translated, len(request.body))
+        prepared = await serving.prepare(translated, len(request.body), user)
     except ApiError as exc:
         raise translate.renamed(exc) from None
     return serving.start(prepared, user), body

@@ -29,8 +29,8 @@ from django.views.decorators.csrf import csrf_exempt
 from engine import SamplingParams
 from engine.loading.tokenizer import Tokenizer
 from workbench.api.choice_streams import ChoiceGroup, choice_ids, summed_usage
-from workbench.api.http_api import (ApiError, authenticate, check_model, json_body, refuse_unless_off, tokenizer_of,
-                                    vocabulary_of)
+from workbench.api.http_api import (ERROR_STATUS, ApiError, authenticate, check_model, json_body, refuse_unless_off,
+                                    tokenizer_of, vocabulary_of)
 from workbench.api.openai import params as openai_params
 from workbench.api.openai import tool_calls
 from workbench.api.openai.logprobs_shape import CompletionLogprobs, chat_content
@@ -52,8 +52,6 @@ IGNORED = {"model", "user", "stream", "stream_options"}
 OFF_ONLY: dict[str, object] = {"logit_bias": {}, "echo": False, "suffix": ""}
 FINISH_REASONS = {"stop": "stop", "length": "length", "tool_calls": "tool_calls", "canceled": "stop"}
 # A failed generation's HTTP status; anything else is 500. OpenAI's clients retry 429 and 5xx by themselves.
-ERROR_STATUS = {"invalid_request": 400, "invalid_params": 400, "rate_limited": 429, "overloaded": 503,
-                "unavailable": 503, "timeout": 504}
 
 
 def _body(request: HttpRequest) -> dict:
@@ -173,7 +171,7 @@ class _Serving:
                 raise ApiError(405, "use POST")
             user = await authenticate(request)
             body = _body(request)
-            started = self.start(await self.prepare(body, len(request.body)), user)
+            started = self.start(await self.prepare(body, len(request.body), user), user)
         except ApiError as exc:
             return exc.response()
         group, choices, meta, tools = started.group, started.choices, started.meta, started.prepared.tools
@@ -185,15 +183,19 @@ class _Serving:
             return response
         return await self.whole(group, choices, meta, tools)
 
-    async def prepare(self, body: dict, size: int) -> Prepared:
+    async def prepare(self, body: dict, size: int, user: AbstractBaseUser) -> Prepared:
         """The body checked and turned into what the engine runs (ApiError naming what is wrong); nothing
-        is admitted or submitted yet. `size`: the request's bytes, which place its work (input_work.py).
+        is admitted or submitted yet. `size`: the request's bytes, which place its work, done within
+        `user`'s share of the input thread (input_work.py).
         The other APIs' routes translate their bodies into this endpoint's
         and come through here, so one set of rules checks every way in."""
         served = await served_models.served_from_loop()
         transport = await bridge.transport_from_loop()
         # The checks template, tokenize and compile grammars: a large request's run off the event loop.
-        return await input_work.prepared(size, self._checked, body, served, transport)
+        try:
+            return await input_work.prepared(size, user.get_username(), self._checked, body, served, transport)
+        except limits.Refused as exc:
+            raise ApiError.limit(exc) from None
 
     def _checked(self, body: dict, served: list[str], transport: Transport) -> Prepared:
         tools = self.tools(body)
@@ -399,9 +401,7 @@ def _admit(user: str, n: int) -> list[limits.Admission]:
     try:
         return limits.admit_all(user, n)
     except limits.Refused as exc:
-        raise ApiError(ERROR_STATUS[exc.code], exc.message, code=exc.code,
-                       kind="rate_limit_error" if exc.code == "rate_limited" else "server_error",
-                       retry_after=exc.retry_after) from None
+        raise ApiError.limit(exc) from None
 
 
 @csrf_exempt

@@ -41,7 +41,7 @@ async def responses(request: HttpRequest) -> HttpResponseBase:
         previous = translate.check(body)
         messages = translate.conversation(body, await store.conversation_of(user, previous))
         try:
-            prepared = await SERVINGS["chat"].prepare(translate.chat_body(body, messages), len(request.body))
+            prepared = await SERVINGS["chat"].prepare(translate.chat_body(body, messages), len(request.body), user)
         except ApiError as exc:
             raise translate.renamed(exc) from None
         started = SERVINGS["chat"].start(prepared, user)
