@@ -1,2 +1,3 @@
-"""Device kernels, one module per op: `<op>_ref` (torch, any device), `<op>_cupy` (CuPy RawKernel) and
-`<op>()` dispatching by device. The device decode loop's ops land here with their CPU references."""
+"""Our kernels by backend: cpu/ (C++ through torch.utils.cpp_extension) and gpu/ (CuPy and Triton), each
+kernel beside its torch reference and a check that compares them; host_copy.py, which serves either
+device, sits here."""
