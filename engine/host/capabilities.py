@@ -52,8 +52,9 @@ REGISTRY: tuple[Capability, ...] = (
     Capability("ARC_LAYER_BISECT", "engine.decode.graphs:VerifySettings.bisect", "engine/decode/graphs", "Live",
                "With verification, record per-layer checksums and name the first divergent layer.",
                config_field="layer_bisect"),
-    Capability("ARC_TRITON_ATTENTION", "engine.model.attention:Attention.decode_backend", "engine/kernels/gpu/triton_paged_decode",
-               "Live", "On CUDA, decode attention through the Triton paged kernel (the cache read in place) where "
+    Capability("ARC_TRITON_ATTENTION", "engine.model.attention:Attention.decode_backend",
+               "engine/kernels/gpu/triton_paged_decode", "Live",
+               "On CUDA, decode attention through the Triton paged kernel (the cache read in place) where "
                "triton imports; off: the torch path (blocks gathered, SDPA with a mask).", default=True,
                settable=False, config_field="triton_attention"),
     Capability("ARC_PREFIX_CACHING", "engine.scheduler.base:SchedulerBase.prefix_caching", "engine/scheduler/block_pool", "Live",
