@@ -2,10 +2,9 @@
 
 A config is what its constructor was given: `EngineConfig(...)` reads no environment, so the Python API
 behaves the same whoever calls it. `EngineConfig.from_env(...)` is for the programs that take the
-engine's `ARC_*` flags from the environment (the serving layer, the command lines). Three build-time
-switches of the CPU route are read where they act, not here: WORKBENCH_CPU_KERNEL (the native kernels'
-path, or `off`; engine/kernels/cpu), WORKBENCH_FUSED_LAYERS=off (engine/model/fused_serving.py) and
-WORKBENCH_MODEL_CACHE (where packaged models are kept; engine/loading/packaged_models.py).
+engine's `ARC_*` flags from the environment (the serving layer, the command lines). Every variable the
+engine reads, these flags and the few build-time switches (the CPU kernel path, the fused layer, the
+model cache), is read through engine/environment.py, which lists them.
 """
 
 from __future__ import annotations

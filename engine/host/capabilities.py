@@ -11,9 +11,10 @@ reads nothing), and `Engine.set_flag` changes them between steps.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Literal
+
+from engine import environment
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,7 @@ def env_value(name: str) -> bool | int | None:
     """A registered flag from the environment, by its kind: booleans are true for "1", "true", "yes",
     "on"; an integer flag that is not an integer is an error naming it. Unset: the flag's default."""
     entry = capability(name)
-    raw = os.environ.get(name)
+    raw = environment.read(name)
     if raw is None:
         return entry.default
     if entry.kind == "bool":
