@@ -36,7 +36,7 @@ class EngineConfig:
     # model that matches HF transformers. On an AVX2 CPU torch's int4 kernel is vectorized only for
     # bfloat16 activations: quantized pays with dtype="bfloat16" and is slow in float32
     # (docs/BENCHMARKS_ARCHIVE.md, the SmolLM2 sections). On CUDA quantized keeps Q4_0/Q4_1 only, 4-bit on the
-    # device with bfloat16 scales (engine/model/cuda_int4.py), and needs dtype="bfloat16".
+    # device with bfloat16 scales (engine/kernels/gpu/cuda_int4.py), and needs dtype="bfloat16".
     weights: str | None = None
     scheduler: str = "paged"
     block_size: int = 16
