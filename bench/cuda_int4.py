@@ -1,4 +1,4 @@
-"""CudaInt4Linear's two routes timed side by side on a GPU, to tune MAX_ROWS (engine/model/cuda_int4.py):
+"""CudaInt4Linear's two routes timed side by side on a GPU, to tune MAX_ROWS (engine/kernels/gpu/cuda_int4.py):
 torch's int4 kernel against the per-call bf16 dequantization + F.linear, and a bf16 F.linear on a held
 dequantized weight (what weights="dequantized" runs) for scale, at each row count.
 
@@ -23,8 +23,8 @@ from torch.nn import functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.model import cuda_int4  # noqa: E402
-from engine.model.cuda_int4 import CudaInt4Linear  # noqa: E402
+from engine.kernels.gpu import cuda_int4  # noqa: E402
+from engine.kernels.gpu.cuda_int4 import CudaInt4Linear  # noqa: E402
 
 
 def median_ms(run: Callable[[], object], repeats: int) -> float:

@@ -4,7 +4,7 @@ bfloat16), side by side in one run.
 
 The torch path gathers each decode's blocks, pads them to the batch's longest and runs SDPA with an
 additive mask (engine/model/attention.py); the Triton kernel reads the cache in place
-(engine/kernels/triton_paged_decode.py). Timings are CUDA-event medians of --repeats calls of one layer's
+(engine/kernels/gpu/triton_paged_decode.py). Timings are CUDA-event medians of --repeats calls of one layer's
 decode attention, with the largest difference between the two outputs. On a machine without CUDA it says
 which path runs and stops; without Triton, also which SDPA kernel the torch path runs.
 Usage: python bench/decode_attention.py [--contexts 1024,8192] [--batches 1,64] [--repeats 50]

@@ -11,7 +11,7 @@ An HF directory (`demo` included): ours in four modes (host decode, the device d
 of `--burst-length`, captured decode graphs, both) beside HF transformers on that directory.
 A GGUF file (`smollm2` included): ours with quantized weights in float32 and bfloat16 and with
 dequantized float32 and bfloat16 weights (bf16 matmuls run on AMX where the CPU has it); host decode
-only: the loop and graphs modes are left out, as they do not pay on the CPU (docs/BENCHMARKS.md), beside
+only: the loop and graphs modes are left out, as they do not pay on the CPU (docs/BENCHMARKS_ARCHIVE.md), beside
 HF transformers loading the same file (fp32) and
 llama.cpp through `llama-cpp-python` on the same file with the same thread count, when installed
 (bench/llama_cpp_peer.py; 8 streams there are its batched API, 8 sequence ids in one context), and with

@@ -38,7 +38,7 @@ from engine.engine_config import EngineConfig
 from engine.grammar import Constraint, GrammarTokenizer, ResponseFormatError
 from engine.host.runtime_flags import RuntimeFlags
 from engine.host.stats import EngineStats
-from engine.kernels.cupy_support import compile_for
+from engine.kernels.gpu.cupy_support import compile_for
 from engine.loading.loader import load_model
 from engine.loading.tokenizer import Tokenizer
 from engine.model.attention import decode_attention_backend

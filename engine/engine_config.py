@@ -2,10 +2,9 @@
 
 A config is what its constructor was given: `EngineConfig(...)` reads no environment, so the Python API
 behaves the same whoever calls it. `EngineConfig.from_env(...)` is for the programs that take the
-engine's `ARC_*` flags from the environment (the serving layer, the command lines). Three build-time
-switches of the CPU route are read where they act, not here: WORKBENCH_CPU_KERNEL (the native kernels'
-path, or `off`; engine/kernels/cpu), WORKBENCH_FUSED_LAYERS=off (engine/model/fused_serving.py) and
-WORKBENCH_MODEL_CACHE (where packaged models are kept; engine/loading/packaged_models.py).
+engine's `ARC_*` flags from the environment (the serving layer, the command lines). Every variable the
+engine reads, these flags and the few build-time switches (the CPU kernel path, the fused layer, the
+model cache), is read through engine/environment.py, which lists them.
 """
 
 from __future__ import annotations
@@ -36,8 +35,8 @@ class EngineConfig:
     # kernel); "dequantized" expands them, exactly, into `dtype`. None: dequantized, the exact fp32
     # model that matches HF transformers. On an AVX2 CPU torch's int4 kernel is vectorized only for
     # bfloat16 activations: quantized pays with dtype="bfloat16" and is slow in float32
-    # (docs/BENCHMARKS.md, the SmolLM2 section). On CUDA quantized keeps Q4_0/Q4_1 only, 4-bit on the
-    # device with bfloat16 scales (engine/model/cuda_int4.py), and needs dtype="bfloat16".
+    # (docs/BENCHMARKS_ARCHIVE.md, the SmolLM2 sections). On CUDA quantized keeps Q4_0/Q4_1 only, 4-bit on the
+    # device with bfloat16 scales (engine/kernels/gpu/cuda_int4.py), and needs dtype="bfloat16".
     weights: str | None = None
     scheduler: str = "paged"
     block_size: int = 16

@@ -40,9 +40,9 @@ from engine.decode.leak_events import LeakEventLog
 from engine.decode.parked_queue import Foreign, ParkedQueue, Taken
 from engine.sequence import Sequence
 from engine.step_data import BurstGrant, ScheduledBatch, StepPlan
-from engine.kernels.commit_token import commit_token
-from engine.kernels.fault_word import fault_word
-from engine.kernels.ring_argmax import ring_argmax
+from engine.kernels.gpu.commit_token import commit_token
+from engine.kernels.gpu.fault_word import fault_word
+from engine.kernels.gpu.ring_argmax import ring_argmax
 
 log = logging.getLogger(__name__)
 

@@ -11,9 +11,10 @@ reads nothing), and `Engine.set_flag` changes them between steps.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Literal
+
+from engine import environment
 
 
 @dataclass(frozen=True)
@@ -52,8 +53,9 @@ REGISTRY: tuple[Capability, ...] = (
     Capability("ARC_LAYER_BISECT", "engine.decode.graphs:VerifySettings.bisect", "engine/decode/graphs", "Live",
                "With verification, record per-layer checksums and name the first divergent layer.",
                config_field="layer_bisect"),
-    Capability("ARC_TRITON_ATTENTION", "engine.model.attention:Attention.decode_backend", "engine/kernels/triton_paged_decode",
-               "Live", "On CUDA, decode attention through the Triton paged kernel (the cache read in place) where "
+    Capability("ARC_TRITON_ATTENTION", "engine.model.attention:Attention.decode_backend",
+               "engine/kernels/gpu/triton_paged_decode", "Live",
+               "On CUDA, decode attention through the Triton paged kernel (the cache read in place) where "
                "triton imports; off: the torch path (blocks gathered, SDPA with a mask).", default=True,
                settable=False, config_field="triton_attention"),
     Capability("ARC_PREFIX_CACHING", "engine.scheduler.base:SchedulerBase.prefix_caching", "engine/scheduler/block_pool", "Live",
@@ -80,7 +82,7 @@ def env_value(name: str) -> bool | int | None:
     """A registered flag from the environment, by its kind: booleans are true for "1", "true", "yes",
     "on"; an integer flag that is not an integer is an error naming it. Unset: the flag's default."""
     entry = capability(name)
-    raw = os.environ.get(name)
+    raw = environment.read(name)
     if raw is None:
         return entry.default
     if entry.kind == "bool":

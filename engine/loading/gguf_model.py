@@ -6,9 +6,11 @@
 
 The file is parsed by engine/loading/gguf_file.py (memory-mapped) and dequantized by the `gguf`
 package. Metadata becomes an HF-style config dict, so `ModelConfig.from_hf_dict` applies the same
-defaults and checks as for config.json. llama.cpp's converter permutes the rows of the Llama Q and K
-projections (it rotates pairs of adjacent features, HF rotates halves); `GGUFTensor.rows` undoes that,
-for float and quantized data alike, since the permutation moves whole output rows. Every way a file can
+defaults and checks as for config.json; the family's registry entry (engine/model/architectures/) names
+the file's architecture, its tensor names unlike Llama's, and what llama.cpp assumes where the metadata
+is silent. For some families (the entry's gguf_permuted_qk) llama.cpp's converter permutes the rows of
+the Q and K projections (it rotates pairs of adjacent features, HF rotates halves); `GGUFTensor.rows`
+undoes that, for float and quantized data alike, since the permutation moves whole output rows. Every way a file can
 be wrong (an architecture, tokenizer or tensor type we do not run, a missing key, a tensor whose shape
 disagrees with the metadata) raises `ModelLoadError` naming it.
 """
@@ -28,12 +30,8 @@ from engine.loading.gguf_file import GGUFFile, GGUFFormatError
 from engine.loading.model_errors import ModelLoadError
 from engine.loading.tokenizer import Tokenizer, TokenizerError
 from engine.model import ConfigError, ModelConfig
+from engine.model.architectures import registry
 
-# general.architecture -> our model_type. llama.cpp writes most Mistral models as "llama".
-ARCHITECTURES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3",
-                 "gemma3": "gemma3_text"}
-# Architectures whose converter permuted the Q/K rows (llama.cpp's `permute` in convert_hf_to_gguf).
-_PERMUTED_QK = {"llama", "mistral"}
 _REQUIRED = object()
 # Tensors that are settings, not parameters: Llama 3.1's RoPE scaling as per-frequency factors.
 ROPE_FREQS = "rope_freqs.weight"
@@ -48,18 +46,7 @@ _LAYER_TENSORS = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", 
                   "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
                   "ffn_norm": "post_attention_layernorm", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
                   "ffn_down": "mlp.down_proj"}
-# Where an architecture's names differ from Llama's: Phi-3's fused projections (split on loading,
-# engine/loading/fused_tensors.py), Gemma's norms around attention and MLP.
-_ARCHITECTURE_TENSORS = {
-    "phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
-    "gemma3": {"post_attention_norm": "post_attention_layernorm", "ffn_norm": "pre_feedforward_layernorm",
-               "post_ffw_norm": "post_feedforward_layernorm"},
-}
 _LAYER_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
-# llama.cpp's Gemma 3 defaults where the file is silent: every sixth layer attends to the whole
-# context, the others within the window, with RoPE base 10,000 there.
-_GEMMA3_WINDOW_PATTERN = 6
-_GEMMA3_SLIDING_ROPE_BASE = 10000.0
 
 
 @dataclass(frozen=True)
@@ -99,10 +86,12 @@ class GGUFCheckpoint:
         except (GGUFFormatError, OSError) as exc:
             raise ModelLoadError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc})") from exc
         architecture = self.metadata("general.architecture")
-        if architecture not in ARCHITECTURES:
+        families = registry.gguf_architectures()
+        if architecture not in families:
             raise ModelLoadError(f"{path}: architecture {architecture!r} is not supported; "
-                                 f"supported: {', '.join(ARCHITECTURES)}")
+                                 f"supported: {', '.join(families)}")
         self.architecture = architecture
+        self.family = families[architecture]
 
     def metadata(self, key: str, default: Any = _REQUIRED) -> Any:
         if key in self._file.metadata:
@@ -132,7 +121,7 @@ class GGUFCheckpoint:
         if longrope:
             raise ModelLoadError(f"{self.path}: LongRoPE scaling ({', '.join(longrope)}) is not supported")
         raw = {
-            "model_type": ARCHITECTURES[self.architecture],
+            "model_type": self.family.model_type,
             "vocab_size": self._arch("vocab_size", None) or len(self.metadata("tokenizer.ggml.tokens")),
             "hidden_size": hidden,
             "intermediate_size": self._arch("feed_forward_length"),
@@ -152,8 +141,8 @@ class GGUFCheckpoint:
             "final_logit_softcapping": self._arch("final_logit_softcapping", None),
             "attn_logit_softcapping": self._arch("attn_logit_softcapping", None),
         }
-        if self.architecture == "gemma3":
-            raw.update(self._gemma3_settings(raw, head_dim))
+        if self.family.gguf_settings is not None:
+            raw.update(self.family.gguf_settings(self._arch, raw, head_dim))
         try:
             return ModelConfig.from_hf_dict(raw)
         except ConfigError as exc:
@@ -162,19 +151,6 @@ class GGUFCheckpoint:
     def _rope_freq_factors(self) -> list[float] | None:
         tensor = next((t for t in self._file.tensors if t.name == ROPE_FREQS), None)
         return None if tensor is None else [float(v) for v in np.asarray(tensor.data, dtype=np.float32).reshape(-1)]
-
-    def _gemma3_settings(self, raw: dict[str, Any], head_dim: int) -> dict[str, Any]:
-        """What llama.cpp assumes for a Gemma 3 file where its metadata is silent."""
-        layers = raw["num_hidden_layers"]
-        pattern = self._arch("attention.sliding_window_pattern", _GEMMA3_WINDOW_PATTERN)
-        if isinstance(pattern, list):  # one flag per layer: True where the layer is windowed
-            kinds = ["sliding_attention" if windowed else "full_attention" for windowed in pattern]
-        else:
-            kinds = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(layers)]
-        # Gemma 3 27B scales queries by hidden_size / heads, the others by their head size (llama.cpp).
-        scalar = raw["hidden_size"] // raw["num_attention_heads"] if layers == 62 else head_dim
-        return {"layer_types": kinds, "query_pre_attn_scalar": scalar,
-                "rope_local_base_freq": self._arch("rope.freq_base_swa", _GEMMA3_SLIDING_ROPE_BASE)}
 
     def _rope_scaling(self) -> dict | None:
         kind = self._arch("rope.scaling.type", "none")
@@ -209,8 +185,8 @@ class GGUFCheckpoint:
             name = self._hf_name(tensor.name)
             shape = tuple(reversed(tensor.dims))  # ggml lists the fastest dimension first
             row_order = None
-            if self.architecture in _PERMUTED_QK and name.endswith(("q_proj.weight", "q_proj.bias",
-                                                                      "k_proj.weight", "k_proj.bias")):
+            if self.family.gguf_permuted_qk and name.endswith(("q_proj.weight", "q_proj.bias",
+                                                               "k_proj.weight", "k_proj.bias")):
                 heads = config.num_attention_heads if ".q_proj." in name else config.num_key_value_heads
                 row_order = _unpermute_rows(shape[0], heads)
             raw = tensor.data
@@ -239,7 +215,7 @@ class GGUFCheckpoint:
         if gguf_name in _GLOBAL_TENSORS:
             return _GLOBAL_TENSORS[gguf_name]
         match = _LAYER_NAME.fullmatch(gguf_name)
-        names = {**_LAYER_TENSORS, **_ARCHITECTURE_TENSORS.get(self.architecture, {})}
+        names = {**_LAYER_TENSORS, **self.family.gguf_tensors}
         if match is None or match.group(2) not in names:
             raise ModelLoadError(f"{self.path}: unexpected tensor {gguf_name!r} for this architecture")
         layer, part, kind = match.groups()

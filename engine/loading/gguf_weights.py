@@ -13,7 +13,7 @@ decode step at a quarter of bf16's bytes. Elsewhere it stays float, and so does 
 float head needs it anyway): the fp32 torch route would dequantize the whole vocabulary at every call.
 
 On CUDA (bfloat16 only: EngineConfig and load_model refuse another dtype), quantized keeps the Q4_0 and
-Q4_1 projections, as `CudaInt4Linear`s on the device (engine/model/cuda_int4.py: torch's int4 kernel,
+Q4_1 projections, as `CudaInt4Linear`s on the device (engine/kernels/gpu/cuda_int4.py: torch's int4 kernel,
 scales rounded to bfloat16), each built from its rows on the CPU, which are then dropped. Every other
 type is dequantized into bfloat16, with one log line that names them: the kernel has no 8-bit group
 route, and the CPU's Q8_0 split into two int4 groups would both double the kernel's reads and round
@@ -140,7 +140,7 @@ def _quantized_head(tensor: GGUFTensor | None) -> GGUFTensor | None:
 
 
 def _on_cuda(linear: "QuantizedLinear", device: torch.device) -> "nn.Module":
-    from engine.model.cuda_int4 import CudaInt4Linear
+    from engine.kernels.gpu.cuda_int4 import CudaInt4Linear
 
     return CudaInt4Linear.from_quantized(linear, device)
 
@@ -150,7 +150,7 @@ def _is_projection(tensor: GGUFTensor) -> bool:
 
 
 def _cuda_servable(tensor: GGUFTensor) -> bool:
-    from engine.model.cuda_int4 import CUDA_TYPES
+    from engine.kernels.gpu.cuda_int4 import CUDA_TYPES
 
     return tensor.qtype in CUDA_TYPES
 

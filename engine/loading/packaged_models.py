@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
+from engine import environment
 from engine.loading.model_errors import ModelLoadError
 
 log = logging.getLogger(__name__)
@@ -82,10 +83,10 @@ PACKAGED_MODELS = {
 
 
 def cache_dir() -> Path:
-    configured = os.environ.get("WORKBENCH_MODEL_CACHE")
+    configured = environment.read("WORKBENCH_MODEL_CACHE")
     if configured:
         return Path(configured)
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    base = environment.read("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "workbench" / "models"
 
 

@@ -1,5 +1,5 @@
-"""Model architectures as plain torch modules: the Llama block (llama, mistral, qwen2, qwen3, phi3) and
-Gemma 3's, told apart by their config (engine/model/config.py, SUPPORTED_MODEL_TYPES)."""
+"""Model architectures as plain torch modules: the Llama block with each family's declared differences
+(engine/model/architectures/, one module per family), switched by ModelConfig (engine/model/config.py)."""
 
 from engine.model.attention_metadata import AttentionMetadata
 from engine.model.config import ConfigError, ModelConfig

@@ -12,7 +12,7 @@ beside any others, whole or chunked at any boundary, in a captured graph's repla
 (a GPU, or no compiler) the step is split into its decodes, attended together as in a step of decodes
 only, and its prefills, each attended alone over its own keys by SDPA; there a prefill row's last bits
 can change with chunking. The decodes go, on CUDA where Triton imports, through the paged kernel
-(engine/kernels/triton_paged_decode.py: the cache read in place, a row's bits independent of the others);
+(engine/kernels/gpu/triton_paged_decode.py: the cache read in place, a row's bits independent of the others);
 otherwise through the torch path: their blocks gathered, padded to the group's longest and masked, so a
 row's last bits can change with the others' lengths.
 """
@@ -47,7 +47,7 @@ def decode_attention_backend(device: torch.device, triton_allowed: bool = True) 
         return "torch", f"the Triton kernel runs on CUDA only, not {device.type}"
     if not triton_allowed:
         return "torch", "ARC_TRITON_ATTENTION is off"
-    from engine.kernels import triton_paged_decode  # imports triton: only where it can serve
+    from engine.kernels.gpu import triton_paged_decode  # imports triton: only where it can serve
 
     if not triton_paged_decode.available():
         return "torch", str(triton_paged_decode.unavailable_reason())
@@ -153,7 +153,7 @@ class Attention(nn.Module):
         on them (on the torch path it still depends, in the last bits, on the longest decode beside it: keys are
         padded; not with the Triton kernel)."""
         if self.decode_backend == "triton":
-            from engine.kernels.triton_paged_decode import paged_decode_attention
+            from engine.kernels.gpu.triton_paged_decode import paged_decode_attention
 
             return paged_decode_attention(q, cache[0], cache[1], decodes.block_tables, decodes.positions, block_size,
                                           self.scale, self.sliding_window)

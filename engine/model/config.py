@@ -1,10 +1,11 @@
 """ModelConfig: the architecture hyper-parameters of a Llama-family checkpoint, read from HF config.json.
 
-One dataclass for llama, mistral, qwen2, qwen3, phi3 and gemma3: each is the Llama block with a few
+One dataclass for every family (engine/model/architectures/): each is the Llama block with a few
 switches (q/k/v bias, q/k norms, Gemma's norms around attention and MLP, the MLP's activation, the
 embedding scale, the attention scale, sliding-window layers with a RoPE base of their own, RoPE
-scaling). Values are checked in `__post_init__` so a malformed config fails at load time with a message
-naming the field, not deep inside a forward pass.
+scaling), which from_hf_dict sets as the family's registry entry says. Values are checked in
+`__post_init__` so a malformed config fails at load time with a message naming the field, not deep
+inside a forward pass.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3_text")
+from engine.model.architectures import registry
+from engine.model.architectures.family import Bias, Family
+
 SUPPORTED_ROPE_SCALING = ("llama3", "linear", "default")
 _ROPE_SCALING_KEYS = {"llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
                       "linear": ("factor",), "default": ()}
@@ -71,10 +74,7 @@ class ModelConfig:
         return self.sliding_window is not None and len({self.layer_window(i) for i in range(self.num_hidden_layers)}) > 1
 
     def __post_init__(self) -> None:
-        if self.model_type not in SUPPORTED_MODEL_TYPES:
-            raise ConfigError(
-                f"unsupported model_type {self.model_type!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
-            )
+        _family(self.model_type)
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                      "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings"):
             value = getattr(self, name)
@@ -110,14 +110,10 @@ class ModelConfig:
 
     @classmethod
     def from_hf_dict(cls, raw: dict[str, Any]) -> "ModelConfig":
-        """Build from the dict in an HF config.json, applying each model_type's HF defaults."""
-        if raw.get("model_type") == "gemma3" and isinstance(raw.get("text_config"), dict):
-            raw = {**raw["text_config"], "model_type": "gemma3_text"}  # the multimodal wrapper's language model
-        model_type = raw.get("model_type")
-        if model_type not in SUPPORTED_MODEL_TYPES:
-            raise ConfigError(
-                f"unsupported model_type {model_type!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
-            )
+        """Build from the dict in an HF config.json, read as its family's registry entry says (the
+        defaults HF applies where a key is absent, the keys the family reads at all)."""
+        raw = registry.unwrap(raw)
+        family = _family(raw.get("model_type"))
         missing = [k for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                                "num_attention_heads") if k not in raw]
         if missing:
@@ -125,64 +121,82 @@ class ModelConfig:
         heads = raw["num_attention_heads"]
         if not isinstance(heads, int) or heads <= 0:
             raise ConfigError(f"config field num_attention_heads must be a positive integer, got {heads!r}")
-        default_head_dim = {"qwen3": 128, "gemma3_text": 256}.get(model_type)
-        head_dim = raw.get("head_dim") or default_head_dim or raw["hidden_size"] // heads
+        _refuse_unsupported(raw)
         eos = raw.get("eos_token_id")
-        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
-        rope_theta, rope_scaling, rope_local_theta = _rope_settings(raw, model_type)
-        sliding_window = raw.get("sliding_window")
-        if model_type in ("qwen2", "qwen3") and not raw.get("use_sliding_window", False):
-            sliding_window = None
-        for key in ("final_logit_softcapping", "attn_logit_softcapping"):
-            if raw.get(key) is not None:
-                raise ConfigError(f"{key} is not supported (got {raw[key]!r})")
-        rotary = raw.get("partial_rotary_factor") or (raw.get("rope_parameters") or {}).get("partial_rotary_factor")
-        if rotary not in (None, 1, 1.0):
-            raise ConfigError(f"partial_rotary_factor {rotary!r} is not supported (RoPE over every head feature only)")
-        gemma = model_type == "gemma3_text"
+        rope_theta, rope_scaling, rope_local_theta = _rope_settings(raw, family)
         return cls(
-            model_type=model_type,
+            model_type=family.model_type,
             vocab_size=raw["vocab_size"],
             hidden_size=raw["hidden_size"],
             intermediate_size=raw["intermediate_size"],
             num_hidden_layers=raw["num_hidden_layers"],
             num_attention_heads=heads,
             num_key_value_heads=raw.get("num_key_value_heads") or heads,
-            head_dim=head_dim,
+            head_dim=raw.get("head_dim") or family.default_head_dim or raw["hidden_size"] // heads,
             max_position_embeddings=raw.get("max_position_embeddings", 2048),
             rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
             rope_theta=rope_theta,
             rope_scaling=rope_scaling,
-            tie_word_embeddings=raw.get("tie_word_embeddings", gemma),
-            # Qwen2 always has q/k/v bias and no o bias; Llama's and Qwen3's attention_bias covers q/k/v
-            # and o (Qwen3's o too); Mistral, Phi-3 and Gemma have none.
-            attention_bias=True if model_type == "qwen2" else (
-                model_type in ("llama", "qwen3") and bool(raw.get("attention_bias", False))),
-            attention_output_bias=model_type in ("llama", "qwen3") and bool(raw.get("attention_bias", False)),
-            mlp_bias=bool(raw.get("mlp_bias", False)) if model_type == "llama" else False,
-            sliding_window=sliding_window,
-            eos_token_ids=eos_ids,
-            layer_types=_layer_types(raw) if gemma else None,
             rope_local_theta=rope_local_theta,
             rope_freq_factors=tuple(raw["rope_freq_factors"]) if raw.get("rope_freq_factors") else None,
-            qk_norm=model_type in ("qwen3", "gemma3_text"),
-            sandwich_norms=gemma,
-            hidden_act=raw.get("hidden_activation") or ("gelu_pytorch_tanh" if gemma else raw.get("hidden_act", "silu")),
-            embedding_multiplier=raw["hidden_size"] ** 0.5 if gemma else None,
-            query_pre_attn_scalar=raw.get("query_pre_attn_scalar", 256) if gemma else None,
+            eos_token_ids=tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,)),
+            **_family_switches(raw, family),
         )
 
 
-def _rope_settings(raw: dict[str, Any], model_type: str) -> tuple[float, dict | None, float | None]:
+def _family(model_type: Any) -> Family:
+    if model_type not in registry.FAMILIES:
+        raise ConfigError(f"unsupported model_type {model_type!r}; supported: {', '.join(registry.model_types())}")
+    return registry.FAMILIES[model_type]
+
+
+def _refuse_unsupported(raw: dict[str, Any]) -> None:
+    """Settings no family here runs, refused by name rather than ignored."""
+    for key in ("final_logit_softcapping", "attn_logit_softcapping"):
+        if raw.get(key) is not None:
+            raise ConfigError(f"{key} is not supported (got {raw[key]!r})")
+    rotary = raw.get("partial_rotary_factor") or (raw.get("rope_parameters") or {}).get("partial_rotary_factor")
+    if rotary not in (None, 1, 1.0):
+        raise ConfigError(f"partial_rotary_factor {rotary!r} is not supported (RoPE over every head feature only)")
+
+
+def _bias(raw: dict[str, Any], how: Bias, key: str) -> bool:
+    return how == "always" or (how == "config" and bool(raw.get(key, False)))
+
+
+def _family_switches(raw: dict[str, Any], family: Family) -> dict[str, Any]:
+    """The ModelConfig fields in which families differ, as the family reads them from `raw`."""
+    sliding_window = raw.get("sliding_window")
+    if family.sliding_window_switch is not None and not raw.get(family.sliding_window_switch, False):
+        sliding_window = None
+    key = family.hidden_act_key
+    activation = raw.get("hidden_activation") or (family.hidden_act if key is None else raw.get(key, family.hidden_act))
+    return {
+        "tie_word_embeddings": raw.get("tie_word_embeddings", family.tie_word_embeddings),
+        "attention_bias": _bias(raw, family.qkv_bias, "attention_bias"),
+        "attention_output_bias": _bias(raw, family.output_bias, "attention_bias"),
+        "mlp_bias": _bias(raw, family.mlp_bias, "mlp_bias"),
+        "sliding_window": sliding_window,
+        "layer_types": None if family.window_pattern is None else _layer_types(raw, family.window_pattern),
+        "qk_norm": family.qk_norm,
+        "sandwich_norms": family.sandwich_norms,
+        "hidden_act": activation,
+        "embedding_multiplier": raw["hidden_size"] ** 0.5 if family.scaled_embedding else None,
+        "query_pre_attn_scalar": (None if family.query_pre_attn_scalar is None
+                                  else raw.get("query_pre_attn_scalar", family.query_pre_attn_scalar)),
+    }
+
+
+def _rope_settings(raw: dict[str, Any], family: Family) -> tuple[float, dict | None, float | None]:
     """(rope_theta, rope_scaling, the sliding layers' base) from either spelling HF uses: flat
     (rope_theta, rope_scaling, rope_local_base_freq) or, from transformers 5 on, one rope_parameters
-    dict, which Gemma 3 keys by layer type."""
+    dict, which a family with a base of its own for sliding layers keys by layer type."""
     params = raw.get("rope_parameters") or {}
     local = None
-    if model_type == "gemma3_text":
+    if family.local_rope:
         local = float(raw.get("rope_local_base_freq") or params.get("sliding_attention", {}).get("rope_theta") or 10000.0)
         params = params.get("full_attention", params)
-    theta = raw.get("rope_theta") or params.get("rope_theta") or (1e6 if model_type == "gemma3_text" else 10000.0)
+    theta = raw.get("rope_theta") or params.get("rope_theta") or family.rope_theta
     scaling = raw.get("rope_scaling")
     if scaling is None and params.get("rope_type", "default") != "default":
         scaling = {k: v for k, v in params.items() if k not in ("rope_theta", "partial_rotary_factor")}
@@ -191,11 +205,11 @@ def _rope_settings(raw: dict[str, Any], model_type: str) -> tuple[float, dict | 
     return float(theta), scaling, local
 
 
-def _layer_types(raw: dict[str, Any]) -> tuple[str, ...]:
-    """Gemma 3's layer kinds: as listed, or every `sliding_window_pattern`-th layer full (6 by default)."""
+def _layer_types(raw: dict[str, Any], default_pattern: int) -> tuple[str, ...]:
+    """The layers' kinds: as listed, or every `sliding_window_pattern`-th layer full."""
     listed = raw.get("layer_types")
     if listed is not None:
         return tuple(listed)
-    pattern = raw.get("sliding_window_pattern", 6)
+    pattern = raw.get("sliding_window_pattern", default_pattern)
     return tuple("full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
                  for i in range(raw["num_hidden_layers"]))

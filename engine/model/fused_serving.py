@@ -15,13 +15,13 @@ logits are the same bits whatever else is in the step.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
+from engine import environment
 from engine.kernels import cpu as cpu_kernels
 from engine.model.attention_metadata import AttentionMetadata
 
@@ -85,7 +85,7 @@ def prepare(model: "LlamaForCausalLM", layers: list["DecoderLayer"]) -> FusedSer
     """Gives each layer its fused weights and returns the route's other parts, where the model can take
     it (see the module's docstring); else None and the model is left as it was."""
     config = model.config
-    if (os.environ.get("WORKBENCH_FUSED_LAYERS", "on") == "off" or isinstance(model.lm_head, nn.Linear)
+    if (environment.read("WORKBENCH_FUSED_LAYERS") == "off" or isinstance(model.lm_head, nn.Linear)
             or config.hidden_act not in cpu_kernels.ACTIVATIONS or config.attention_output_bias or config.mlp_bias
             or not cpu_kernels.native_available()
             or model.model.norm.weight.dtype != torch.bfloat16):

@@ -102,7 +102,7 @@ def fuse_projections(*projections: nn.Module) -> Callable[[torch.Tensor], torch.
         weight, bias = fuse_linears(*linears)
         return partial(float_linear, weight=weight, bias=bias)
     # Imported only here: they need the gguf package, which a float model (and the GPU image) lacks.
-    from engine.model.cuda_int4 import CudaInt4Linear, fuse_cuda_int4
+    from engine.kernels.gpu.cuda_int4 import CudaInt4Linear, fuse_cuda_int4
     from engine.model.quantized import QuantizedLinear, fuse_quantized
 
     quantized = [p for p in projections if isinstance(p, QuantizedLinear)]

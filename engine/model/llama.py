@@ -149,7 +149,7 @@ class LlamaForCausalLM(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         # One kernel whatever the row count: a row's logits must not depend on the rows beside it (batch
-        # invariance), so no faster route for few rows (docs/BENCHMARKS.md has the cost).
+        # invariance), so no faster route for few rows (docs/BENCHMARKS_ARCHIVE.md has the cost).
         if self.fused is not None and hidden.dtype == torch.float32:  # the fused route's fp32 hidden states
             return self.fused.logits(hidden)
         return self.lm_head(hidden)

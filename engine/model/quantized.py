@@ -1,6 +1,6 @@
 """GGUF quantized linear weights (Q4_0, Q4_1, Q8_0, and the K-quants) served quantized on the CPU, with
 their exact values. (On CUDA the loader serves Q4_0 and Q4_1 from these rows through
-engine/model/cuda_int4.py instead, with bfloat16 scales.)
+engine/kernels/gpu/cuda_int4.py instead, with bfloat16 scales.)
 
 The K-quants (Q4_K, Q5_K, Q6_K, and Q5_1 as Q5_K) arrive re-encoded per 32-block by
 engine/loading/transcode.py, which states their row formats; they run on the native kernels only (below,
@@ -57,8 +57,6 @@ indexing on axis 0): each row is independent, whole blocks along the input dimen
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol
 
 import gguf
 import numpy as np
@@ -67,9 +65,10 @@ from torch import nn
 from torch.nn import functional as F
 
 from engine.kernels import cpu as cpu_kernels
+from engine.kernels.fused_parts import fused_bias
+from engine.kernels.int4_operands import GROUP, kernel_operands
 
 Q = gguf.GGMLQuantizationType
-GROUP = 32  # ggml block size of Q4_0/Q4_1/Q8_0, used as the kernel's group size
 # A 32-block's bytes in the rows a QuantizedLinear holds: ggml's own for Q4_0/Q4_1/Q8_0, the transcoder's
 # re-encoding for the K-quants (engine/loading/transcode.py).
 BLOCK_BYTES = {Q.Q4_0: 2 + 16, Q.Q4_1: 2 + 2 + 16, Q.Q8_0: 2 + 32, Q.Q4_K: 4 + 4 + 16, Q.Q5_K: 4 + 4 + 32,
@@ -80,12 +79,11 @@ BLOCK_BYTES = {Q.Q4_0: 2 + 16, Q.Q4_1: 2 + 2 + 16, Q.Q8_0: 2 + 32, Q.Q4_K: 4 + 4
 # Held in the transcoder's rows, not the file's, and served by the native kernels only.
 K_QUANTS = frozenset({Q.Q4_K, Q.Q5_K, Q.Q6_K})
 FP32_KERNEL_MAX_ROWS = {Q.Q4_0: 1, Q.Q4_1: 1, Q.Q8_0: 0}  # the K-quants never: the int4 kernel has no route
-N_MULTIPLE = 16  # _convert_weight_to_int4pack_for_cpu: "expect N to be dividable by 16"
 
 
 class QuantizedLinear(nn.Module):
     """y = x @ W.T (+ bias) for a ggml Q4_0/Q4_1/Q8_0 weight W [out, in], kept quantized. CPU only
-    (on CUDA, engine/model/cuda_int4.py's CudaInt4Linear is built from its rows).
+    (on CUDA, engine/kernels/gpu/cuda_int4.py's CudaInt4Linear is built from its rows).
 
     `raw` [out, row_bytes] uint8 (a buffer): the ggml blocks as loaded, what dequantize() and fusion read.
     Derived from it on first use: `native_packed`, the native kernels' layout (`packed()`; None where they
@@ -192,7 +190,7 @@ class QuantizedLinear(nn.Module):
         """torch's int4 kernel's packed weight and its fp32 and bf16 scales, made once, on first use:
         a model served through the native kernels in bfloat16 never holds them."""
         if self._int4 is None:
-            nibbles, scales_zeros = _kernel_operands(self.raw.numpy(), self.qtype)
+            nibbles, scales_zeros = kernel_operands(self.raw.numpy(), self.qtype)
             # innerKTiles only matters for the CUDA layout; the CPU op ignores it.
             packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(nibbles, 1)
             self._int4 = (packed, scales_zeros, scales_zeros.to(torch.bfloat16))
@@ -238,27 +236,6 @@ def _nibbles(qs: torch.Tensor) -> torch.Tensor:
     return torch.cat([qs & 0x0F, qs >> 4], dim=-1)
 
 
-class FusablePart(Protocol):
-    qtype: gguf.GGMLQuantizationType
-    in_features: int
-    out_features: int
-    bias: torch.Tensor | None
-
-
-def fused_bias(linears: Sequence[FusablePart]) -> torch.Tensor | None:
-    """The bias of a module fusing `linears` (the parts' biases concatenated, or None); ValueError unless
-    the parts share the type and in_features, and all or none of them has a bias."""
-    first = linears[0]
-    for linear in linears[1:]:
-        if linear.qtype != first.qtype or linear.in_features != first.in_features:
-            raise ValueError(f"cannot fuse {linear.qtype.name} [{linear.out_features}, {linear.in_features}] "
-                             f"with {first.qtype.name} [{first.out_features}, {first.in_features}]: "
-                             f"parts must share the type and in_features")
-    if len({linear.bias is None for linear in linears}) > 1:
-        raise ValueError("cannot fuse parts with and without bias")
-    return None if first.bias is None else torch.cat([linear.bias for linear in linears if linear.bias is not None])
-
-
 def fuse_quantized(*linears: QuantizedLinear) -> QuantizedLinear:
     """One module for several projections of the same input (outputs concatenated in order), so q/k/v or
     gate/up run as one matmul, as fuse_linears does for float weights: the parts' ggml rows become views
@@ -277,32 +254,3 @@ def fuse_quantized(*linears: QuantizedLinear) -> QuantizedLinear:
         linear.fused_into_another = True
         start += linear.out_features
     return fused
-
-
-def _kernel_operands(raw: np.ndarray, qtype: gguf.GGMLQuantizationType) -> tuple[torch.Tensor, torch.Tensor]:
-    """ggml blocks [out, row_bytes] -> the int4 kernel's inputs: nibbles int32 [out_padded, k] in 0..15
-    and scales_zeros float32 [k/32, out_padded, 2] (scale, zero) with w = (nibble - 8) * scale + zero;
-    k is in_features, or twice it for Q8_0."""
-    out = raw.shape[0]
-    blocks = raw.reshape(out, -1, BLOCK_BYTES[qtype])                     # [out, G, bytes]
-    d = blocks[..., 0:2].copy().view(np.float16).astype(np.float32)       # [out, G, 1]
-    if qtype == Q.Q8_0:
-        q = blocks[..., 2:].copy().view(np.int8)                          # [out, G, 32]
-        high, low = (q >> 4) + 8, q & 0x0F                                # q = 16 * (high - 8) + low
-        nibbles = np.stack([high, low], axis=2).reshape(out, -1)          # [out, G * 2 * 32]
-        scale = np.concatenate([16 * d, d], axis=-1)                      # [out, G, 2]: high, low group
-        zero = np.concatenate([np.zeros_like(d), 8 * d], axis=-1)
-    else:
-        qs = blocks[..., -16:]
-        nibbles = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(out, -1)
-        scale = d
-        if qtype == Q.Q4_0:
-            zero = np.zeros_like(d)
-        else:  # d * q + m = d * (q - 8) + (m + 8d)
-            zero = blocks[..., 2:4].copy().view(np.float16).astype(np.float32) + 8 * d
-    scale, zero = scale.reshape(out, -1), zero.reshape(out, -1)         # [out, groups]
-    padded = -out % N_MULTIPLE  # extra rows with scale and zero 0: weight 0, sliced off the output
-    nibbles = np.pad(nibbles, ((0, padded), (0, 0)))
-    scales_zeros = np.stack([np.pad(scale, ((0, padded), (0, 0))), np.pad(zero, ((0, padded), (0, 0)))], -1)
-    scales_zeros = np.ascontiguousarray(scales_zeros.transpose(1, 0, 2))  # [groups, out_padded, 2]
-    return torch.from_numpy(nibbles.astype(np.int32)), torch.from_numpy(scales_zeros)

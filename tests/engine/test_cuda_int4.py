@@ -1,5 +1,5 @@
 """CudaInt4Linear without a GPU: the nibble bytes torch's CUDA packing reads, the bfloat16 weights its
-per-call dequantization gives (the kernel's, by construction) within the bound engine/model/cuda_int4.py
+per-call dequantization gives (the kernel's, by construction) within the bound engine/kernels/gpu/cuda_int4.py
 states, fusion, the forward's plumbing on a faked CUDA device, and which GGUF tensors the loader keeps
 4-bit on CUDA. tests/engine/test_cuda_int4_gpu.py runs the kernel itself on a GPU.
 
@@ -21,10 +21,11 @@ from engine.loading.gguf_model import GGUFCheckpoint
 from engine.loading.loader import load_model
 from engine.loading.model_errors import ModelLoadError
 from engine.model import LlamaForCausalLM
-from engine.model.cuda_int4 import (MAX_ROWS, CudaInt4Linear, dequantize_int4, fuse_cuda_int4, inner_k_tiles,
+from engine.kernels.gpu.cuda_int4 import (MAX_ROWS, CudaInt4Linear, dequantize_int4, fuse_cuda_int4, inner_k_tiles,
                                     pack_nibbles, unpack_nibbles)
 from engine.model.layers import fuse_projections
-from engine.model.quantized import QuantizedLinear, _kernel_operands
+from engine.kernels.int4_operands import kernel_operands
+from engine.model.quantized import QuantizedLinear
 from engine.model.quantized_embedding import QuantizedEmbedding
 from tests.engine.test_quantized_linear import ggml_weight
 
@@ -37,7 +38,7 @@ U = 2.0**-8  # bfloat16's unit roundoff
 def weight_bound(linear: QuantizedLinear) -> torch.Tensor:
     """The module docstring's bound on |w' - w| for each weight, float64 [out, in]:
     u |w| + u (1 + u) (|q - 8| |d| + |m + 8d|)."""
-    nibbles, scales_zeros = _kernel_operands(linear.raw.numpy(), linear.qtype)
+    nibbles, scales_zeros = kernel_operands(linear.raw.numpy(), linear.qtype)
     out = linear.out_features
     q = nibbles[:out].double()
     scale, zero = (scales_zeros[:, :out, i].T.double().repeat_interleave(32, dim=1) for i in (0, 1))
@@ -63,7 +64,7 @@ def test_nibbles_pack_two_to_a_byte_the_even_element_high():
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_the_module_holds_the_kernel_operands_nibbles_and_bfloat16_scales(qtype):
     linear, module = cpu_built(qtype, 40, 96)
-    nibbles, scales_zeros = _kernel_operands(linear.raw.numpy(), qtype)
+    nibbles, scales_zeros = kernel_operands(linear.raw.numpy(), qtype)
     assert torch.equal(unpack_nibbles(module.nibbles), nibbles[:40].to(torch.uint8))
     assert module.scales_zeros.dtype == torch.bfloat16 and module.scales_zeros.shape == (3, 40, 2)
     assert torch.equal(module.scales_zeros, scales_zeros[:, :40].to(torch.bfloat16))

@@ -1,6 +1,6 @@
 """CudaInt4Linear and a Q4_0 GGUF served quantized, on a CUDA device: torch's int4 kernel computes with the
 weights the per-call dequantization gives, bit for bit; the module's outputs on either route stay within
-the tolerance the stated weight bound gives (engine/model/cuda_int4.py); and a model served quantized is
+the tolerance the stated weight bound gives (engine/kernels/gpu/cuda_int4.py); and a model served quantized is
 as close to the exact fp32 model as the bfloat16 dequantized one, through the engine's graphs as eagerly.
 Marked gpu: skipped without CUDA; bench/gpu_check.sh runs them on a GPU machine (where the gguf package
 comes from the wheels bench/gpu_webdeps.py fetches into .whl/; without them the module is skipped).
@@ -25,9 +25,10 @@ gguf = pytest.importorskip("gguf", reason="the gguf package (bench/gpu_webdeps.p
 from engine import Engine, EngineConfig, SamplingParams  # noqa: E402
 from engine.decode.graphs import DecodeGraphs, GraphMode  # noqa: E402
 from engine.loading.loader import load_model  # noqa: E402
-from engine.model import cuda_int4  # noqa: E402
-from engine.model.cuda_int4 import CudaInt4Linear  # noqa: E402
-from engine.model.quantized import QuantizedLinear, _kernel_operands  # noqa: E402
+from engine.kernels.gpu import cuda_int4  # noqa: E402
+from engine.kernels.gpu.cuda_int4 import CudaInt4Linear  # noqa: E402
+from engine.kernels.int4_operands import kernel_operands  # noqa: E402
+from engine.model.quantized import QuantizedLinear  # noqa: E402
 from tests.engine.test_quantized_linear import ggml_weight  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -81,7 +82,7 @@ def test_outputs_are_within_the_tolerance_the_weight_bound_gives(qtype, shape, r
     row, |x| @ B.T; fp32 accumulation, K 2^-23 |x| @ (|W| + B).T; the output's bf16 rounding, u |y|; and
     with a bias the second rounding of the sum."""
     linear, module = built(qtype, *shape, bias=bias)
-    nibbles, scales_zeros = _kernel_operands(linear.raw.numpy(), qtype)
+    nibbles, scales_zeros = kernel_operands(linear.raw.numpy(), qtype)
     out, inp = shape
     q = nibbles[:out].double().cuda()
     scale, zero = (scales_zeros[:, :out, i].T.double().cuda().repeat_interleave(32, dim=1) for i in (0, 1))

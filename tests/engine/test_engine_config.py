@@ -107,7 +107,7 @@ def test_graphs_and_the_capture_stream_default_on_on_cuda_and_off_elsewhere(monk
 
 
 def test_quantized_weights_on_cuda_are_taken_in_bfloat16_and_refused_in_another_dtype(monkeypatch):
-    """torch's CUDA int4 kernel takes bfloat16 activations only (engine/model/cuda_int4.py)."""
+    """torch's CUDA int4 kernel takes bfloat16 activations only (engine/kernels/gpu/cuda_int4.py)."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # only so a CUDA config can be built here
     config = EngineConfig(device="cuda", dtype="bfloat16", weights="quantized")
     assert config.weight_format == "quantized"

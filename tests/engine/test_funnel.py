@@ -1,7 +1,8 @@
 """Every way a sequence leaves the running set passes the set_state funnel and stands the loop down.
 
-One test per path of GUIDE section 3: each ends with the right finish_reason, the stand-down hook saw
-the sequence in the state that path sets, and the KV pool is whole again afterwards.
+One test per path (docs/DEVICE_LOOP.md, "The mechanisms", the funnel stand-down): each ends with the
+right finish_reason, the stand-down hook saw the sequence in the state that path sets, and the KV pool
+is whole again afterwards.
 """
 
 from __future__ import annotations

@@ -25,9 +25,9 @@ from engine import Engine, EngineConfig, SamplingParams
 from engine.decode.graphs import DecodeGraphs, GraphMode
 from engine.model import LlamaForCausalLM, ModelConfig
 from engine.scheduler.kv_cache import KVShape, PagedKVCache
-from engine.kernels.commit_token import commit_token
-from engine.kernels.fault_word import fault_word
-from engine.kernels.ring_argmax import ring_argmax
+from engine.kernels.gpu.commit_token import commit_token
+from engine.kernels.gpu.fault_word import fault_word
+from engine.kernels.gpu.ring_argmax import ring_argmax
 from tests.conftest import TINY_BASE
 
 GREEDY = dict(temperature=0, ignore_eos=True)

@@ -1,6 +1,6 @@
 """The engine's surface for a host (workbench/serving/engine_host.py): stats(), apply_flags(),
 leak_events_since(). The serving layer reads the engine through these only, so each is checked against
-what it reports on, with the waitlist interleave of GUIDE section 3 as the source of real leak events."""
+what it reports on, with the waitlist interleave (docs/DEVICE_LOOP.md, the owner tag) as the source of real leak events."""
 
 from __future__ import annotations
 

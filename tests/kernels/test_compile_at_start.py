@@ -1,5 +1,5 @@
 """The CuPy kernels compile when an engine starts on a CUDA device, and a CuPy that cannot load NVRTC
-stops the start with one error naming the package to install (engine/kernels/cupy_support.py).
+stops the start with one error naming the package to install (engine/kernels/gpu/cupy_support.py).
 
 This machine has no GPU and no CuPy: a stand-in CuPy records what is compiled and, where a test says
 so, fails as CuPy fails without NVRTC ("CuPy failed to load libnvrtc.so.13: OSError: ..."). On the
@@ -16,8 +16,8 @@ import torch
 
 from engine import Engine, EngineConfig
 from engine import engine as engine_module
-from engine.kernels import cupy_support
-from engine.kernels.cupy_support import KERNELS, NvrtcMissingError, compile_for
+from engine.kernels.gpu import cupy_support
+from engine.kernels.gpu.cupy_support import KERNELS, NvrtcMissingError, compile_for
 
 NO_NVRTC = "CuPy failed to load libnvrtc.so.13: OSError: libnvrtc.so.13: cannot open shared object file"
 

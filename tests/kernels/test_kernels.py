@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.kernels.commit_token import commit_token, commit_token_cupy, commit_token_ref
-from engine.kernels.fault_word import fault_word, fault_word_cupy, fault_word_ref
-from engine.kernels.ring_argmax import ring_argmax, ring_argmax_cupy, ring_argmax_ref
+from engine.kernels.gpu.commit_token import commit_token, commit_token_cupy, commit_token_ref
+from engine.kernels.gpu.fault_word import fault_word, fault_word_cupy, fault_word_ref
+from engine.kernels.gpu.ring_argmax import ring_argmax, ring_argmax_cupy, ring_argmax_ref
 
 
 def logits_with_ties(device="cpu", rows=5, vocab=50_000, seed=0):

@@ -10,15 +10,15 @@ import numpy
 import pytest
 import torch
 
-import engine.kernels.commit_token
-import engine.kernels.fault_word
-import engine.kernels.ring_argmax
+import engine.kernels.gpu.commit_token
+import engine.kernels.gpu.fault_word
+import engine.kernels.gpu.ring_argmax
 from engine import Engine, EngineConfig, SamplingParams
-from engine.kernels import cupy_support
-from engine.kernels.commit_token import commit_token_cupy
-from engine.kernels.cupy_support import KernelContractError
-from engine.kernels.fault_word import fault_word_cupy, fault_word_ref
-from engine.kernels.ring_argmax import ring_argmax_cupy, ring_argmax_ref
+from engine.kernels.gpu import cupy_support
+from engine.kernels.gpu.commit_token import commit_token_cupy
+from engine.kernels.gpu.cupy_support import KernelContractError
+from engine.kernels.gpu.fault_word import fault_word_cupy, fault_word_ref
+from engine.kernels.gpu.ring_argmax import ring_argmax_cupy, ring_argmax_ref
 from tests.kernels.test_kernels import logits_with_ties
 
 
@@ -62,7 +62,7 @@ def test_ring_argmax_launches_one_block_per_row_and_writes_the_ring_in_place(lau
     ring_argmax_cupy(logits, ring, 1)
     ring_argmax_ref(logits.float(), expected, 1)
     [(name, grid, block, (scores, vocab, out))] = launches
-    assert (name, grid, block) == ("ring_argmax", 5, engine.kernels.ring_argmax.THREADS)
+    assert (name, grid, block) == ("ring_argmax", 5, engine.kernels.gpu.ring_argmax.THREADS)
     assert scores.dtype == torch.float32 and vocab == 50_000 and type(vocab) is numpy.int64
     assert out.data_ptr() == ring[1].data_ptr(), "the kernel must write the ring itself, not a copy"
     assert torch.equal(ring, expected)
@@ -93,22 +93,22 @@ def test_wrong_dtypes_layouts_and_scalars_are_refused_before_any_launch(launches
         commit_token_cupy(torch.arange(2), torch.zeros(2, 2, dtype=torch.long)[:, 0], torch.zeros(2, dtype=torch.long))
     with pytest.raises(KernelContractError, match="fault must be a torch.int32 tensor"):
         fault_word_cupy(logits, torch.zeros(1, dtype=torch.long))
-    kernel = engine.kernels.fault_word.KERNEL
+    kernel = engine.kernels.gpu.fault_word.KERNEL
     with pytest.raises(KernelContractError, match="n must be a numpy.int64, got int"):
         kernel.launch(1, 32, (logits.view(-1), 20, torch.zeros(1, dtype=torch.int32)), logits.device)
     with pytest.raises(KernelContractError, match="block 128 but the kernel is written for 256"):
-        engine.kernels.ring_argmax.KERNEL.launch(2, 128, (logits, numpy.int64(10), torch.zeros(2, dtype=torch.long)),
+        engine.kernels.gpu.ring_argmax.KERNEL.launch(2, 128, (logits, numpy.int64(10), torch.zeros(2, dtype=torch.long)),
                                           logits.device)
     assert launches == [], "nothing that broke its contract was launched"
 
 
 def test_each_signature_is_read_from_its_source_and_shared_arrays_match_the_block():
-    for module in (engine.kernels.ring_argmax, engine.kernels.commit_token, engine.kernels.fault_word):
+    for module in (engine.kernels.gpu.ring_argmax, engine.kernels.gpu.commit_token, engine.kernels.gpu.fault_word):
         kernel = module.KERNEL
         assert kernel.params and all(p.ctype in cupy_support.POINTEE_DTYPES for p in kernel.params)
         for size in re.findall(r"__shared__ [\w ]+\[(\d+)\]", kernel.source):
             assert int(size) == kernel.threads, f"{kernel.name}: shared arrays sized for another block"
-    assert [(p.name, p.ctype, p.pointer) for p in engine.kernels.ring_argmax.KERNEL.params] == \
+    assert [(p.name, p.ctype, p.pointer) for p in engine.kernels.gpu.ring_argmax.KERNEL.params] == \
         [("logits", "float", True), ("vocab", "long long", False), ("out", "long long", True)]
 
 
@@ -117,7 +117,7 @@ def test_the_device_loop_through_the_cupy_wrappers_decodes_like_host_decode(laun
     params = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
     prompts = ["class Node:", [5, 6, 7]]
     expected = [r.token_ids for r in Engine(EngineConfig(model=str(checkpoint), device_loop=False)).generate(prompts, params)]
-    for module in (engine.kernels.ring_argmax, engine.kernels.commit_token, engine.kernels.fault_word):
+    for module in (engine.kernels.gpu.ring_argmax, engine.kernels.gpu.commit_token, engine.kernels.gpu.fault_word):
         monkeypatch.setattr(module, "use_cupy", lambda *tensors: True)
     looped = Engine(EngineConfig(model=str(checkpoint), device_loop=True, graphs=True))
     got = [r.token_ids for r in looped.generate(prompts, params)]
@@ -163,7 +163,7 @@ def test_tensors_are_shared_and_launched_on_torchs_stream(monkeypatch, with_from
     monkeypatch.setattr(cupy_support, "_compiled", lambda kernel: fake.RawKernel(kernel.source, kernel.name))
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device: type("S", (), {"cuda_stream": 77})())
     fault = torch.zeros(1, dtype=torch.int32)
-    cupy_support.cupy_launch(engine.kernels.fault_word.KERNEL, 1, 32, (torch.zeros(4), numpy.int64(4), fault),
+    cupy_support.cupy_launch(engine.kernels.gpu.fault_word.KERNEL, 1, 32, (torch.zeros(4), numpy.int64(4), fault),
                              torch.device("cuda", 0))
     stream = ("from_external" if with_from_external else "ExternalStream", 77)
     # DLPack hand-over outside torch's stream would order against the legacy stream (a capture breaker).

@@ -1,4 +1,4 @@
-"""Every CUDA source in engine/kernels/ compiles with NVRTC for sm_90 (the H200), on this CPU machine.
+"""Every CUDA source in engine/kernels/gpu/ compiles with NVRTC for sm_90 (the H200), on this CPU machine.
 
 CuPy's RawKernel compiles with NVRTC and adds no headers, so a source that leans on one (INFINITY,
 FLT_MAX) compiles with nvcc and fails only on the first GPU run. NVRTC needs no GPU or driver: the
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-import engine.kernels
-from engine.kernels.cupy_support import CudaKernel
+import engine.kernels.gpu
+from engine.kernels.gpu.cupy_support import CudaKernel
 
 ARCH = "sm_90"
 
@@ -58,14 +58,14 @@ def compile_cubin(nvrtc: ctypes.CDLL, source: str, name: str) -> tuple[int, str,
 
 
 def kernel_sources() -> list[CudaKernel]:
-    """Every CudaKernel in engine/kernels/; a module with CUDA source but no CudaKernel fails here instead of
+    """Every CudaKernel in engine/kernels/gpu/; a module with CUDA source but no CudaKernel fails here instead of
     escaping the compile check."""
     found = []
-    for info in pkgutil.iter_modules(engine.kernels.__path__):
-        module = importlib.import_module(f"engine.kernels.{info.name}")
+    for info in pkgutil.iter_modules(engine.kernels.gpu.__path__):
+        module = importlib.import_module(f"engine.kernels.gpu.{info.name}")
         mine = [value for value in vars(module).values() if isinstance(value, CudaKernel)]
         if re.search(r"__global__ void \w+\(", Path(module.__file__).read_text()):
-            assert mine, f"engine/kernels/{info.name}.py has CUDA source outside a CudaKernel"
+            assert mine, f"engine/kernels/gpu/{info.name}.py has CUDA source outside a CudaKernel"
         found += mine
     return found
 

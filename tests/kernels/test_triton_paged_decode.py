@@ -1,4 +1,4 @@
-"""The Triton paged decode attention kernel (engine/kernels/triton_paged_decode.py) against the torch decode
+"""The Triton paged decode attention kernel (engine/kernels/gpu/triton_paged_decode.py) against the torch decode
 path it replaces on CUDA (engine/model/attention.py: gather the blocks, mask, attend), on the CPU under
 Triton's interpreter.
 
@@ -36,7 +36,7 @@ if INTERPRETED:
     os.environ["TRITON_INTERPRET"] = "1"
 pytest.importorskip("triton", reason="triton is not installed (pip install triton: the test extra has it)")
 
-from engine.kernels import triton_paged_decode  # noqa: E402
+from engine.kernels.gpu import triton_paged_decode  # noqa: E402
 
 
 @pytest.fixture

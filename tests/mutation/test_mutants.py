@@ -1,4 +1,4 @@
-"""Mutation check of the leak tests (GUIDE section 3): each mutant must make its named tests fail, or
+"""Mutation check of the leak tests (docs/DEVICE_LOOP.md, "The mechanisms"): each mutant must make its named tests fail, or
 the type check report its error.
 
 A test mutant is applied to a scratch copy of engine/ and tests/, and the named tests run there in a

@@ -240,7 +240,7 @@ def serving_engine(config: EngineConfig):
 
 @pytest.fixture
 def interleaving_transport(tiny_checkpoint):
-    """An engine staged for the waitlist interleave of GUIDE section 3: the bucket scheduler runs one
+    """An engine staged for the waitlist interleave (docs/DEVICE_LOOP.md, the owner tag): the bucket scheduler runs one
     length bucket per step and moves the other sequence aside with no state change, so only the parked
     queue's owner tag stands between the two (as in tests/engine/test_device_loop_leaks.py)."""
     checkpoint = tiny_checkpoint("llama", seed=11)

@@ -71,7 +71,7 @@ def deliver(deliveries: Iterable[tuple[Sink, StreamEvent]]) -> None:
     """Hand each event to its sink, from another thread, one call per group of sinks (GroupedSink).
     Each call_soon_threadsafe writes to a loop's self-pipe, and one write per request per engine step
     was measured at 6% of the engine thread with 32 clients; a worker's outbox woken per request sent
-    a step's deltas to a web process as four messages instead of one (docs/BENCHMARKS.md)."""
+    a step's deltas to a web process as four messages instead of one (docs/BENCHMARKS_ARCHIVE.md)."""
     groups: dict[object, list[tuple[GroupedSink, StreamEvent]]] = defaultdict(list)
     for sink, event in deliveries:
         group = getattr(sink, "group", None)

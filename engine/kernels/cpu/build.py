@@ -14,7 +14,6 @@ import contextlib
 import fcntl
 import hashlib
 import logging
-import os
 import platform
 import shutil
 import sys
@@ -22,6 +21,8 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+
+from engine import environment
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,7 @@ def build_directory() -> Path:
     """One directory per checkout: cpp_extension rebuilds when the sources' paths change, so two
     checkouts sharing one directory (a test run in a fresh clone beside a working tree) would rebuild
     over each other, each process that loads meanwhile stalling on the build."""
-    root = os.environ.get("TORCH_EXTENSIONS_DIR")
+    root = environment.read("TORCH_EXTENSIONS_DIR")
     base = Path(root) if root else Path.home() / ".cache" / "workbench" / "torch_extensions"
     return base / f"{NAME}-{hashlib.sha256(str(HERE).encode()).hexdigest()[:12]}"
 
@@ -59,18 +60,18 @@ def _find_ninja() -> str | None:
         return found
     beside = Path(sys.executable).parent / "ninja"
     if beside.exists():
-        os.environ["PATH"] = f"{beside.parent}{os.pathsep}{os.environ.get('PATH', '')}"
+        environment.put_on_path(str(beside.parent))
         return str(beside)
     return None
 
 
 def _load() -> str | None:
     """Builds (or finds built) and loads the library; None on success, else the reason it is unavailable."""
-    if os.environ.get("WORKBENCH_CPU_KERNEL") == "off":
+    if environment.read("WORKBENCH_CPU_KERNEL") == "off":
         return "disabled by WORKBENCH_CPU_KERNEL=off"
     if sys.platform != "linux" or platform.machine() != "x86_64":
         return f"the native CPU kernels are for x86-64 Linux, not {platform.machine()} {sys.platform}"
-    compiler = os.environ.get("CXX", "c++")
+    compiler = environment.read("CXX") or "c++"
     if shutil.which(compiler) is None:
         return f"no C++ compiler ({compiler!r} not found)"
     if _find_ninja() is None:

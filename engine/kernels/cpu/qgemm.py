@@ -13,11 +13,11 @@ False the ops do not exist (engine/kernels/cpu/build.py says why) and callers us
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 import torch
 
+from engine import environment
 from engine.kernels.cpu import build
 
 PATHS = {"auto": -1, "scalar": 0, "avx2": 1, "avx512": 2}
@@ -45,7 +45,7 @@ def _ops() -> torch._ops._OpNamespace:
 
 
 def _path_id(path: str | None) -> int:
-    name = path or os.environ.get("WORKBENCH_CPU_KERNEL") or "auto"
+    name = path or environment.read("WORKBENCH_CPU_KERNEL") or "auto"
     if name not in PATHS:
         raise ValueError(f"unknown CPU kernel path {name!r}: one of {', '.join(PATHS)}")
     return PATHS[name]

@@ -1,4 +1,4 @@
-# The model that wrote each reply (workers may host different models; issue 21).
+# The model that wrote each reply (workers may host different models).
 
 from django.db import migrations, models
 

@@ -1,4 +1,4 @@
-"""A reply keeps its usage's cached_tokens: the prompt tokens the prefix cache already held (issue 18).
+"""A reply keeps its usage's cached_tokens: the prompt tokens the prefix cache already held.
 
 Replies stored before this have none (null), which the page shows as nothing rather than as 0.
 """

@@ -40,7 +40,7 @@ return 1
 class OneTripChannelLayer(RedisChannelLayer):
     """channels-redis with `send` in one round trip instead of four (the same keys, scores and
     message format, so its receive is unchanged). A worker sends once per engine step; the four round
-    trips cost a third of a millisecond of its CPU each time (docs/BENCHMARKS.md)."""
+    trips cost a third of a millisecond of its CPU each time (docs/BENCHMARKS_ARCHIVE.md)."""
 
     async def send(self, channel: str, message: dict[str, object]) -> None:
         assert self.require_valid_channel_name(channel), "Channel name not valid"

@@ -1,5 +1,5 @@
 """`python manage.py createapitoken USERNAME [--name NAME]`: creates the user if absent and prints a
-new API token on its last line (GUIDE section 4)."""
+new API token on its last line, where a script reads it (docs/PROTOCOL.md says how a client sends it)."""
 
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand

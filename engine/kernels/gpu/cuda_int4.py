@@ -1,7 +1,7 @@
 """GGUF Q4_0 and Q4_1 linear weights kept 4-bit on an NVIDIA GPU, through torch's weight-only int4 kernel.
 
 Built from a QuantizedLinear's ggml rows (engine/model/quantized.py) with the same operands torch's CPU
-int4 kernel takes there (`_kernel_operands`): per 32-group, a nibble q in 0..15, a scale and a zero, with
+int4 kernel takes there (engine/kernels/int4_operands.py): per 32-group, a nibble q in 0..15, a scale and a zero, with
     w = (q - 8) * scale + zero:      Q4_0: scale d, zero 0;    Q4_1: scale d, zero m + 8d.
 On CUDA (`_weight_int4pack_mm`, read in torch's aten/src/ATen/native/cuda/int4mm.cu) the scales and zeros
 are bfloat16 and so are the activations (the kernel checks `A.dtype() == kBFloat16`) and the output:
@@ -50,12 +50,18 @@ kernel takes inner_k_tiles 2, 4 or 8 with K a multiple of inner_k_tiles * 16, an
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import gguf
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from engine.model.quantized import GROUP, QuantizedLinear, _kernel_operands, fused_bias
+from engine.kernels.fused_parts import fused_bias
+from engine.kernels.int4_operands import GROUP, kernel_operands
+
+if TYPE_CHECKING:
+    from engine.model.quantized import QuantizedLinear
 
 Q = gguf.GGMLQuantizationType
 CUDA_TYPES = frozenset({Q.Q4_0, Q.Q4_1})
@@ -117,7 +123,7 @@ class CudaInt4Linear(nn.Module):
         and zeros rounded to bfloat16. Nothing of `linear` is kept: the caller drops it."""
         if linear.qtype not in CUDA_TYPES:
             raise ValueError(f"CudaInt4Linear serves Q4_0 and Q4_1, not {linear.qtype.name}")
-        nibbles, scales_zeros = _kernel_operands(linear.raw.numpy(), linear.qtype)  # rows padded to 16
+        nibbles, scales_zeros = kernel_operands(linear.raw.numpy(), linear.qtype)  # rows padded to 16
         out = linear.out_features
         nibble_bytes = pack_nibbles(nibbles[:out])
         scales = scales_zeros[:, :out].to(torch.bfloat16).contiguous()  # the one rounding of d and m + 8d

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy
 import torch
 
-from engine.kernels.cupy_support import CudaKernel, use_cupy
+from engine.kernels.gpu.cupy_support import CudaKernel, use_cupy
 
 _SOURCE = r"""
 extern "C" __global__ void fault_word(const float* logits, const long long n, int* fault) {

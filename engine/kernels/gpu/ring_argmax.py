@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy
 import torch
 
-from engine.kernels.cupy_support import CudaKernel, use_cupy
+from engine.kernels.gpu.cupy_support import CudaKernel, use_cupy
 
 THREADS = 256
 
