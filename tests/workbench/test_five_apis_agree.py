@@ -1,6 +1,6 @@
 """One seeded, sampled request through each of the five APIs a client may speak (chat completions,
 completions, Responses, Messages, Ollama's chat), each through its own official SDK against the shared
-in-process Daphne: every one gets the same reply, and the two that return logprobs (chat completions, and
+Daphnes (in-process, and over the Celery workers): every one gets the same reply, and the two that return logprobs (chat completions, and
 completions given the chat template's token ids) the same tokens with the same logprobs, to the bit. One
 serving path under five dialects: a translation that dropped or changed a sampling field (a default of
 the dialect's own, a name mapped wrong) gives another reply here."""
@@ -30,8 +30,8 @@ def chat_template_ids(address: str, token: str) -> list[int]:
         return json.load(answer)["tokens"]
 
 
-def test_one_seeded_request_gets_the_same_tokens_through_every_api(inprocess_daphne):
-    address = inprocess_daphne.address
+def test_one_seeded_request_gets_the_same_tokens_through_every_api(daphne_server):
+    address, _ = daphne_server
     _, token = Session(address).sign_up(unique_name("five-apis")).new_token("sdk")
     sampling = {"temperature": 1.0, "top_p": 1.0}
     extra = {"seed": SEED, "top_k": TOP_K}
