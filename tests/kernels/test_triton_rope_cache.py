@@ -6,7 +6,8 @@ GQA (fewer KV heads than query heads), head dims 64 and 128, llama3-scaled frequ
 apart, slots scattered over a cache larger than the step; the q/k/v heads as views into one fused
 projection output, as the model passes them. float32: the rotated queries within 1e-6 absolute and
 relative, the whole caches likewise (every slot the step does not own untouched, bit for bit). bfloat16
-on a GPU only (the gpu-marked test).
+on a GPU only (the gpu-marked test): Triton 3.9's interpreter truncates float32 to bfloat16 where
+compiled code and torch round to nearest even, so the rounded products differ there.
 """
 
 from __future__ import annotations
