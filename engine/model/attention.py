@@ -14,7 +14,8 @@ only, and its prefills, each attended alone over its own keys by SDPA; there a p
 can change with chunking. The decodes go, on CUDA where Triton imports, through the paged kernel
 (engine/kernels/gpu/triton_paged_decode.py: the cache read in place, a row's bits independent of the others);
 otherwise through the torch path: their blocks gathered, padded to the group's longest and masked, so a
-row's last bits can change with the others' lengths.
+row's last bits can change with the others' lengths. A step of decodes only on the Triton backend also
+rotates q and k and writes the cache in one kernel (engine/kernels/gpu/triton_rope_cache.py).
 """
 
 from __future__ import annotations
@@ -93,6 +94,17 @@ class Attention(nn.Module):
         qk = qkv[..., : heads + kv_heads, :]
         if self.qk_norm:  # each head normed over its own features, before RoPE (Qwen3, Gemma 3)
             qk = torch.cat([self.q_norm(qk[..., :heads, :]), self.k_norm(qk[..., heads:, :])], dim=-2)
+        if metadata is not None and cache is not None and self.decode_backend == "triton" and metadata.decode_only:
+            # A step of decodes on the Triton backend: RoPE and the cache write in one kernel, then the paged
+            # decode kernel; the same arithmetic as below, fewer passes over q, k and v.
+            from engine.kernels.gpu.triton_rope_cache import rope_and_cache_write
+
+            q = rope_and_cache_write(qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads:], cos, sin,
+                                     metadata.slot_mapping, *cache)                 # [N, H, D]
+            decodes = metadata.for_window(self.sliding_window).decodes
+            assert decodes is not None  # a step has at least one sequence
+            out = self._decode(q, cache, decodes, metadata.block_size)
+            return self.o_proj(out.reshape(*lead, heads * dim))
         # RoPE once over the query and key heads together.
         qk = apply_rope(qk, cos, sin)
         q, k, v = qk[..., :heads, :], qk[..., heads:, :], qkv[..., heads + kv_heads:, :]

@@ -48,11 +48,24 @@ class DecoderLayer(nn.Module):
                 cache: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
         if self.fused is not None and metadata is not None and cache is not None:
             return fused_serving.layer_forward(self, self.fused, x, cos, sin, metadata, cache)
+        attended = self.self_attn(self.input_layernorm(x), cos, sin, metadata, cache)
         if self.sandwich:
-            x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), cos, sin, metadata, cache))
-            return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, metadata, cache)
-        return x + self.mlp(self.post_attention_layernorm(x))
+            normed, x = self._add_and_norm(self.post_attention_layernorm(attended), x, self.pre_feedforward_layernorm,
+                                           metadata)
+            return x + self.post_feedforward_layernorm(self.mlp(normed))
+        normed, x = self._add_and_norm(attended, x, self.post_attention_layernorm, metadata)
+        return x + self.mlp(normed)
+
+    def _add_and_norm(self, out: torch.Tensor, residual: torch.Tensor, norm: RMSNorm,
+                      metadata: AttentionMetadata | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(residual + out), residual + out): in one Triton kernel for a step of decodes on the Triton
+        backend (CUDA), with the module's roundings (engine/kernels/gpu/triton_add_rmsnorm.py)."""
+        if metadata is not None and metadata.decode_only and self.self_attn.decode_backend == "triton":
+            from engine.kernels.gpu.triton_add_rmsnorm import add_rmsnorm
+
+            return add_rmsnorm(out, residual, norm.weight, norm.eps)
+        total = residual + out
+        return norm(total), total
 
 
 class DecoderStack(nn.Module):

@@ -191,3 +191,33 @@ def test_the_attention_layer_takes_the_kernel_with_either_metadata_builder(kerne
         expected = attention._decode(q, cache, decodes, 16)
         attention.decode_backend = "triton"
         torch.testing.assert_close(attention._decode(q, cache, decodes, 16), expected, atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("window", [None, 200])
+def test_each_row_works_on_its_own_partitions_only(kernel, monkeypatch, window):
+    """One long row beside very short ones: the grid spans the long row's 24 partitions for every row, but
+    a row's programs past its position (or before its window) write nothing, and the merge reads only the
+    row's own partitions. The workspace starts as NaN: whatever a row does not own stays NaN, and a merge
+    that read any of it would turn the row's output NaN (NaN times a zero weight is NaN)."""
+    workspaces = []
+    allocate = triton_paged_decode._workspace
+
+    def poisoned(*shape_and_device):
+        part_out, part_lse = allocate(*shape_and_device)
+        workspaces.append((part_out.fill_(float("nan")), part_lse.fill_(float("nan"))))
+        return workspaces[-1]
+
+    monkeypatch.setattr(triton_paged_decode, "_workspace", poisoned)
+    lengths = [3000, 1, 2, 129, 700]
+    check(kernel, lengths, 4, 1, dim=16, window=window, seed=31)
+    (part_out, part_lse), = workspaces
+    partition = triton_paged_decode.PARTITION
+    assert part_lse.shape[2] == -(-max(lengths) // partition)
+    for row, length in enumerate(lengths):
+        first = max(length - window, 0) // partition if window else 0
+        owned = torch.zeros(part_lse.shape[2], dtype=torch.bool)
+        owned[first: -(-length // partition)] = True
+        written = ~part_lse[row].isnan()                          # [H, parts]
+        assert torch.equal(written, owned.expand_as(written)), f"row {row} (length {length})"
+        assert not part_out[row][:, owned, :16].isnan().any()
+        assert part_out[row][:, ~owned].isnan().all()

@@ -13,8 +13,13 @@ place through the block table, only the keys its sequence may see:
 - no gather, no mask, no padding: a program walks its partition's tokens from the first key the
   sequence may see (its sliding window's start) to its position, each token's slot read from the table.
 
-A row's result does not depend on the other rows: partitions have a fixed size, so a sequence's split
-depends on its own length only, and the partitions past its length merge with weight exactly zero.
+Each row's work is bounded by its own length: the grid is as wide as the bucket's block tables (it depends
+on shapes only, so a captured graph replays it), but a program whose partition lies wholly past its
+row's position, or wholly before its sliding window, returns at once, reading and writing nothing, and
+the merge reads only the row's own partitions, ceil(length / PARTITION) of them less those before the
+window. A short row beside a long one costs one idle program per unused partition, not a partition's
+keys, stores and merge. A row's result does not depend on the other rows: partitions have a fixed size,
+so a sequence's split depends on its own length (and window) only.
 
 Cache layout as engine/scheduler/kv_cache.py allocates it: [slots, Hkv, D] per layer, slot = block *
 block_size + offset. Scores, softmax and the weighted sum accumulate in float32; the output is rounded to
@@ -69,6 +74,8 @@ if triton is not None:
         hi = tl.minimum(lo + PARTITION_SIZE, length)
         if WINDOWED:
             lo = tl.maximum(lo, length - window)                     # keys after position - window
+        if lo >= hi:  # wholly past the row's position or before its window: not one of its partitions
+            return
         g = tl.arange(0, BLOCK_G)
         d = tl.arange(0, BLOCK_D)
         heads = kv_head * GROUP + g                                  # the query heads of this KV head
@@ -98,11 +105,10 @@ if triton is not None:
                         mask=ok[:, None] & d_ok[None, :], other=0.0)   # [T, D]
             acc = acc * rescale[:, None] + tl.dot(weights.to(v.dtype), v, input_precision=PRECISION)
             row_max = new_max
-        empty = row_sum == 0.0  # a partition wholly past the sequence's length or before its window
-        out = acc / tl.where(empty, 1.0, row_sum)[:, None]
+        out = acc / row_sum[:, None]  # a live partition has at least one key: row_sum > 0
         store_mask = head_ok[:, None] & d_ok[None, :]
         if SPLIT:
-            lse = tl.where(empty, float("-inf"), row_max + tl.log2(tl.where(empty, 1.0, row_sum)))
+            lse = row_max + tl.log2(row_sum)
             tl.store(part_lse_ptr + seq * stride_pb + heads * stride_ph + part * stride_ps, lse, mask=head_ok)
             tl.store(part_out_ptr + (seq * stride_pb + heads[:, None] * stride_ph + part * stride_ps) * BLOCK_D
                      + d[None, :], out, mask=store_mask)
@@ -111,29 +117,37 @@ if triton is not None:
                      out.to(out_ptr.dtype.element_ty), mask=store_mask)
 
     @triton.jit
-    def _merge_kernel(part_out_ptr, part_lse_ptr, out_ptr, num_parts,
+    def _merge_kernel(part_out_ptr, part_lse_ptr, out_ptr, positions_ptr, window,
                       stride_pb, stride_ph, stride_ps, stride_ob, stride_oh,
-                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CHUNK: tl.constexpr):
+                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PARTITION_SIZE: tl.constexpr,
+                      CHUNK: tl.constexpr, WINDOWED: tl.constexpr):
         seq = tl.program_id(0)
         head = tl.program_id(1)
+        length = tl.load(positions_ptr + seq).to(tl.int32) + 1
+        last = tl.cdiv(length, PARTITION_SIZE)                       # the row's partitions: first .. last - 1
+        first = 0
+        if WINDOWED:
+            first = tl.maximum(length - window, 0) // PARTITION_SIZE
         d = tl.arange(0, BLOCK_D)
         base = seq * stride_pb + head * stride_ph
         top = float("-inf")
         total = 0.0
         acc = tl.zeros([BLOCK_D], tl.float32)
         # CHUNK partitions at a time, in partition order (a 128k context has 1024 of them), merged online.
-        # Empty partitions (lse -inf) weigh exactly 0 and a chunk of only empty ones rescales by exactly 1,
-        # so the partitions past a row's length never change its bits.
-        for start in range(0, num_parts, CHUNK):
+        # Chunks stay aligned to partition 0 whatever the window, and the masked slots of a chunk weigh
+        # exactly 0 (lse -inf), so a row's bits depend on its own partitions only; the workspace of the
+        # others is never read (their programs wrote nothing there).
+        for start in range(first - first % CHUNK, last, CHUNK):
             p = start + tl.arange(0, CHUNK)
-            lse = tl.load(part_lse_ptr + base + p * stride_ps, mask=p < num_parts, other=float("-inf"))  # [C]
+            mine = (p >= first) & (p < last)
+            lse = tl.load(part_lse_ptr + base + p * stride_ps, mask=mine, other=float("-inf"))  # [C]
             new_top = tl.maximum(top, tl.max(lse, 0))
             seen = new_top != float("-inf")
             shift = tl.where(seen, new_top, 0.0)  # never -inf - -inf
             rescale = tl.where(seen, tl.exp2(top - shift), 1.0)
             weights = tl.exp2(lse - shift)
             parts = tl.load(part_out_ptr + (base + p[:, None] * stride_ps) * BLOCK_D + d[None, :],
-                            mask=(p[:, None] < num_parts) & (d[None, :] < HEAD_DIM), other=0.0)  # [C, D]
+                            mask=mine[:, None] & (d[None, :] < HEAD_DIM), other=0.0)  # [C, D]
             acc = acc * rescale + tl.sum(parts * weights[:, None], 0)
             total = total * rescale + tl.sum(weights, 0)
             top = new_top
@@ -164,8 +178,7 @@ def paged_decode_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache
     out = torch.empty_like(q)
     split = parts > 1
     if split:
-        part_out = torch.empty((batch, heads, parts, block_d), dtype=torch.float32, device=q.device)
-        part_lse = torch.empty((batch, heads, parts), dtype=torch.float32, device=q.device)
+        part_out, part_lse = _workspace(batch, heads, parts, block_d, q.device)
     else:  # not read: the single partition writes the output itself
         part_out = part_lse = out
     # fp32 caches: a true float32 product (Triton's default for float32 inputs is TF32 on a GPU).
@@ -182,6 +195,14 @@ def paged_decode_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache
         PRECISION=precision)
     if split:
         _merge_kernel[(batch, heads)](
-            part_out, part_lse, out, parts, heads * parts, parts, 1, out.stride(0), out.stride(1),
-            HEAD_DIM=dim, BLOCK_D=block_d, CHUNK=MERGE_CHUNK)
+            part_out, part_lse, out, positions, window or 0, heads * parts, parts, 1, out.stride(0), out.stride(1),
+            HEAD_DIM=dim, BLOCK_D=block_d, PARTITION_SIZE=PARTITION, CHUNK=MERGE_CHUNK, WINDOWED=window is not None)
     return out
+
+
+def _workspace(batch: int, heads: int, parts: int, block_d: int,
+               device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each partition's normalized output [B, H, parts, BLOCK_D] and log-sum-exp [B, H, parts], float32;
+    left uninitialized: a row's partitions past its length are neither written nor read."""
+    return (torch.empty((batch, heads, parts, block_d), dtype=torch.float32, device=device),
+            torch.empty((batch, heads, parts), dtype=torch.float32, device=device))
