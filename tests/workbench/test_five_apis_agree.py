@@ -1,9 +1,9 @@
-"""One seeded, sampled request through each of the five APIs a client may speak (chat completions,
-completions, Responses, Messages, Ollama's chat), each through its own official SDK against the shared
-Daphnes (in-process, and over the Celery workers): every one gets the same reply, and the two that return logprobs (chat completions, and
-completions given the chat template's token ids) the same tokens with the same logprobs, to the bit. One
-serving path under five dialects: a translation that dropped or changed a sampling field (a default of
-the dialect's own, a name mapped wrong) gives another reply here."""
+"""One seeded, sampled request through each of the five APIs a client may speak (chat completions, completions,
+Responses, Messages, Ollama's chat), each through its own official SDK against the shared Daphnes (in-process,
+and over the Celery workers): every one gets the same reply, and the two that return logprobs (chat
+completions, and completions given the chat template's token ids) the same tokens with the same logprobs, to
+the bit. One serving path under five dialects: a translation that dropped or changed a sampling field (a
+default of the dialect's own, a name mapped wrong) gives another reply here."""
 
 from __future__ import annotations
 
