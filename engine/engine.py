@@ -115,6 +115,7 @@ class Engine:
         self._requests: dict[str, _Request] = {}
         self._seq_ids = itertools.count()
         self.runtime_flags = RuntimeFlags(self.device_loop, self.runner, self.scheduler)
+        self.runtime_flags.audit.permille = config.replay_audit_permille
         self._grammar_tokenizer: GrammarTokenizer | None = None  # built on the first constrained request
         self.identity = identity_of(str(config.model), self.loaded.path, config.device, config.weight_format,
                                     config.dtype)  # what each finished request's record names

@@ -62,7 +62,7 @@ REGISTRY: tuple[Capability, ...] = (
     Capability("ARC_REPLAY_AUDIT_PERMILLE", "engine.host.replay_audit:AuditSettings.permille", "engine/host/replay_audit",
                "Live", "Per thousand finished requests, how many the replay audit re-runs alone while the engine "
                "is idle and compares bit for bit (1000: every one; 0: only those an operator picks).",
-               default=10, kind="int"),
+               default=10, kind="int", config_field="replay_audit_permille"),
 )
 
 BY_NAME = {capability.name: capability for capability in REGISTRY}

@@ -144,6 +144,7 @@ async def test_the_audit_counts_equal_reruns_and_catches_the_batched_row_mutant(
     from workbench.ops.models import LeakEvent
 
     transport = await asyncio.to_thread(bridge.transport)
+    [was] = [flags["ARC_REPLAY_AUDIT_PERMILLE"] for flags in transport.flags_in_force().values()]
     await transport.change_flag("ARC_REPLAY_AUDIT_PERMILLE", 1000)
     try:
         # The liveness control: the same batch without the mutant, every re-run equal.
@@ -172,4 +173,4 @@ async def test_the_audit_counts_equal_reruns_and_catches_the_batched_row_mutant(
             what="the mismatch stored as a leak event")
         assert "re-run alone differs at output token" in event.message
     finally:
-        await transport.change_flag("ARC_REPLAY_AUDIT_PERMILLE", 10)
+        await transport.change_flag("ARC_REPLAY_AUDIT_PERMILLE", was)
