@@ -4,13 +4,14 @@ by their own user.
 The serving layer hands each finished API request's record to `keep` on the stream's loop
 (record_keepers.RECORD_KEEPERS); the write runs on a thread, and a lookup that comes before it has landed
 (POST /v1/reproduce/{id} right after the reply) waits for it, so a client never races its own record.
-Expired records are deleted as new ones are written.
+Expired records are deleted as new ones are written, at most once every PURGE_EVERY_S in a process.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from datetime import timedelta
 
 from channels.db import database_sync_to_async
@@ -24,8 +25,11 @@ from workbench.serving.record_keepers import KeptRecord
 
 log = logging.getLogger(__name__)
 
+PURGE_EVERY_S = 60.0
+
 # Writes under way in this process, by (user name, request id).
 _writing: dict[tuple[str, str], asyncio.Future] = {}
+_purged_at = [float("-inf")]  # time.monotonic() of this process's last purge
 
 
 def keep(kept: KeptRecord, record: dict) -> None:
@@ -50,10 +54,12 @@ def _store(kept: KeptRecord, record: dict) -> None:
     user = get_user_model().objects.filter(username=kept.user).first()
     if user is None:  # an internal caller with no account: nobody could ask for it
         return
-    ReproduceRecord.objects.filter(created_at__lt=_cutoff()).delete()
-    ReproduceRecord.objects.update_or_create(user=user, request_id=kept.request_id,
-                                             defaults={"model": kept.model, "record": record,
-                                                       "created_at": timezone.now()})
+    if time.monotonic() - _purged_at[0] >= PURGE_EVERY_S:
+        _purged_at[0] = time.monotonic()
+        ReproduceRecord.objects.filter(created_at__lt=_cutoff()).delete()
+    # Engine ids are unique per request (a uuid on the HTTP routes, the socket's id on the websocket API):
+    # a plain insert, one query.
+    ReproduceRecord.objects.create(user=user, request_id=kept.request_id, model=kept.model, record=record)
 
 
 async def record_of(user: AbstractBaseUser, request_id: str) -> ReproduceRecord | None:
