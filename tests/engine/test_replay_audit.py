@@ -1,6 +1,6 @@
 """The replay audit (engine/host/replay_audit.py) and the records it compares (engine/reproduce.py).
 
-The leak test is the mutant the issue names: one row's logits perturbed in their last bit only when the
+The leak test is a batched-row mutant: one row's logits perturbed in their last bit only when the
 batch holds more than 3 rows. Requests that ran in such a batch are re-run alone, where the mutant does
 not fire, and the audit must report the difference as a leak event naming the first differing token.
 Its liveness control is the same run without the mutant: every re-run equal, no event. Every sampled
