@@ -32,9 +32,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import tempfile
 import time
+import urllib.request
 from dataclasses import asdict
 from pathlib import Path
 
@@ -113,12 +115,15 @@ def main(argv: list[str] | None = None) -> int:
                                greedy_share=args.greedy_share)]
                 results, wall = run_load(target, plans[0])
             after = asyncio.run(engines(target)) if target.session else {}
+            audit = audit_counts(target.address)
         finally:
             target.stop()
     report = load_oracle.judge(results, load_oracle.solo([s for plan in plans for mine in plan for s in mine],
                                                          args.near_tie_eps))
-    report.update(transport=target.transport, near_tie_eps=args.near_tie_eps, wall_s=round(wall, 1))
-    failed = bool(report["mismatches"] or report["offset_gaps"] or report["unanswered"])
+    report.update(transport=target.transport, near_tie_eps=args.near_tie_eps, wall_s=round(wall, 1),
+                  tokens_per_s=round(report["tokens"] / wall, 1), replay_audit=audit)
+    failed = bool(report["mismatches"] or report["offset_gaps"] or report["unanswered"]
+                  or audit.get("mismatched"))
     if target.session:
         lines, runtime_ok = runtime_check(before, after, args.device_loop, args.graphs)
         report["runtime"] = lines
@@ -131,6 +136,34 @@ def main(argv: list[str] | None = None) -> int:
         failed |= not report["soak_flat"]
     print(json.dumps(report, indent=1))
     return 1 if failed else 0
+
+
+def audit_counts(address: str, settle_s: float = 10.0, timeout_s: float = 600.0) -> dict[str, float]:
+    """The replay audit's counts on /metrics (summed over workers) once they stop moving: the audit
+    re-runs its queue while the stack is idle, after the load (docs/OPERATIONS.md, "The replay audit").
+    ARC_REPLAY_AUDIT_PERMILLE chooses the share at the stack's start."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def scrape() -> dict[str, float]:
+        text = urllib.request.urlopen(f"http://{address}/metrics", timeout=30).read().decode()
+        counts: dict[str, float] = {}
+        for family in text_string_to_metric_families(text):
+            if family.name.startswith("workbench_replay_audit"):
+                for sample in family.samples:
+                    if sample.name.endswith("_total"):
+                        key = sample.name.removeprefix("workbench_replay_").removesuffix("_total")
+                        counts[key] = counts.get(key, 0) + sample.value
+        return counts
+
+    deadline, last, still_since = time.monotonic() + timeout_s, scrape(), time.monotonic()
+    while os.environ.get("ARC_REPLAY_AUDIT_PERMILLE") != "0" and time.monotonic() < deadline:
+        time.sleep(0.5)
+        now = scrape()
+        if now != last:
+            last, still_since = now, time.monotonic()
+        elif time.monotonic() - still_since >= settle_s:
+            break
+    return {key.removeprefix("audit_") if key != "audited" else key: value for key, value in last.items()}
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ from engine.decode.runner import AliasedLogitsError, ModelRunner
 from engine.detokenizer import IncrementalDetokenizer
 from engine.engine_config import EngineConfig
 from engine.grammar import Constraint, GrammarTokenizer, ResponseFormatError
+from engine.host.replay_audit import AUDIT_SCOPE
 from engine.host.runtime_flags import RuntimeFlags
 from engine.host.stats import EngineStats
 from engine.kernels.gpu.cupy_support import compile_for
@@ -43,6 +44,7 @@ from engine.loading.loader import load_model
 from engine.loading.tokenizer import Tokenizer
 from engine.model.attention import decode_attention_backend
 from engine.outputs import GenerationResult, RequestOutput, Usage, timings_of
+from engine.reproduce import drawn_seed, identity_of, record_of
 from engine.sampler import SampleRequest, TokenLogprob
 from engine.sampling_params import InvalidSamplingParams, SamplingParams
 from engine.scheduler import SchedulerLimits, make_scheduler
@@ -113,7 +115,10 @@ class Engine:
         self._requests: dict[str, _Request] = {}
         self._seq_ids = itertools.count()
         self.runtime_flags = RuntimeFlags(self.device_loop, self.runner, self.scheduler)
+        self.runtime_flags.audit.permille = config.replay_audit_permille
         self._grammar_tokenizer: GrammarTokenizer | None = None  # built on the first constrained request
+        self.identity = identity_of(str(config.model), self.loaded.path, config.device, config.weight_format,
+                                    config.dtype)  # what each finished request's record names
 
     def _kv_pool(self, config: EngineConfig, device: torch.device) -> PagedKVCache:
         """The KV pool as the config sizes it, logged with why that size; sets the length limit it allows."""
@@ -161,15 +166,15 @@ class Engine:
         constraint = self._constraint(params)
         if params.max_tokens is None:  # resolved once, so schedulers and the device loop see a number
             params = dataclasses.replace(params, max_tokens=self.max_model_len - len(prompt_ids))
-        scope = cache_scope if self.config.prefix_cache_scope == "user" else ""
+        seed = drawn_seed() if params.seed is None else params.seed  # kept in the params: the record re-derives the draws
+        params = dataclasses.replace(params, seed=seed)
+        # The replay audit's re-runs keep a scope of their own even where users share one.
+        scope = cache_scope if self.config.prefix_cache_scope == "user" or cache_scope == AUDIT_SCOPE else ""
         seq = Sequence(next(self._seq_ids), request_id, prompt_ids, params, self._stand_down, scope)
         if arrival is not None:
             seq.timings.arrival = min(arrival, seq.timings.arrival)
         generator = torch.Generator(device=self.loaded.device)
-        if params.seed is not None:
-            generator.manual_seed(params.seed)
-        else:
-            generator.seed()  # fresh entropy for this request only; torch.seed() would reseed the process
+        generator.manual_seed(seed)
         self._requests[request_id] = _Request(seq, IncrementalDetokenizer(self.tokenizer, params.stop), generator,
                                               constraint=constraint)
         self.scheduler.add(seq)
@@ -396,9 +401,12 @@ class Engine:
         error = state.message if isinstance(state, (Error, FinishedIgnored)) else None
         finish_reason = state.reason.finish_reason if isinstance(state, Done) else \
             "canceled" if isinstance(state, FinishedAborted) else "error"
+        ran_out = isinstance(state, Done) and state.reason is not StopReason.CANCELED
+        record = record_of(self.identity, seq.prompt_ids, seq.params, seq.output_ids,
+                           seq.logprobs if seq.params.logprobs is not None else None, finish_reason) if ran_out else None
         return self._delta(request, text, finished=True, finish_reason=finish_reason, error=error,
                            usage=Usage(len(seq.prompt_ids), len(seq.output_ids), seq.cached_tokens or 0),
-                           timings=timings_of(seq.timings, len(seq.output_ids)))
+                           timings=timings_of(seq.timings, len(seq.output_ids)), record=record)
 
     def _stand_down(self, seq: Sequence) -> None:
         self.device_loop.stand_down(seq)

@@ -77,6 +77,8 @@ class EngineConfig:
     # On CUDA, decode attention through the Triton paged kernel where triton imports; False: the torch
     # path (blocks gathered, SDPA with a mask), which every other device takes anyway.
     triton_attention: bool = True
+    # Per thousand finished requests, how many a host's replay audit re-runs (engine/host/replay_audit.py).
+    replay_audit_permille: int = 10
 
     @classmethod
     def from_env(cls, **overrides: Any) -> EngineConfig:
@@ -104,6 +106,8 @@ class EngineConfig:
                      "max_prefill_beside_decodes"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1 or None, got {getattr(self, name)}")
+        if not isinstance(self.replay_audit_permille, int) or not 0 <= self.replay_audit_permille <= 1000:
+            raise ValueError(f"replay_audit_permille must be 0 to 1000, got {self.replay_audit_permille!r}")
         if self.weights not in (None, "quantized", "dequantized"):
             raise ValueError(f"weights must be 'quantized', 'dequantized' or None, got {self.weights!r}")
         if self.prefix_cache_scope not in PREFIX_CACHE_SCOPES:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from engine.reproduce import ReproRecord
 from engine.sampler import TokenLogprob
 from engine.sequence import Timings
 
@@ -39,6 +40,9 @@ class RequestOutput:
     error: str | None = None
     usage: Usage | None = None         # on the finishing delta
     timings: dict[str, float | None] | None = None  # on the finishing delta
+    # On the finishing delta of a request that ran to its end (not canceled, not failed): what
+    # re-deriving it needs (engine/reproduce.py).
+    record: ReproRecord | None = None
 
 
 @dataclass(frozen=True)

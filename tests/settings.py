@@ -17,5 +17,8 @@ os.environ.setdefault("WORKBENCH_SIGNUPS_PER_ADDRESS", "0")
 # The protocol fuzzers and load tests send frames as fast as a socket takes them: no frame limit on the
 # shared servers. Its own test runs on the limited Daphne (tests/workbench/conftest.py), at a low limit.
 os.environ.setdefault("WORKBENCH_SOCKET_FRAMES_PER_S", "0")
+# No replay audit drawn at random: a test's run must not change with a draw. The audit's own tests set
+# the share (tests/engine/test_replay_audit.py, tests/workbench/test_reproduce.py).
+os.environ.setdefault("ARC_REPLAY_AUDIT_PERMILLE", "0")
 
 from workbench.settings import *  # noqa: E402,F403  (the key must be in the environment first)

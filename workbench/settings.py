@@ -164,6 +164,9 @@ WORKBENCH_REQUEST_TIMEOUT_S = env_float("WORKBENCH_REQUEST_TIMEOUT_S", 600.0, mi
 WORKBENCH_LIMIT_LEASE_S = env_float("WORKBENCH_LIMIT_LEASE_S", 30.0, positive=True, unit="seconds")
 WORKBENCH_LIMITS_PREFIX = env_str("WORKBENCH_LIMITS_PREFIX", "", pattern=r"[A-Za-z0-9_-]{1,32}",
                                   expected="1-32 letters, digits, '-' or '_'")
+# How long an API request's reproducibility record is kept for POST /v1/reproduce/{id} (chat replies keep
+# theirs with the stored message).
+WORKBENCH_REPRODUCE_RETENTION_S = env_float("WORKBENCH_REPRODUCE_RETENTION_S", 86400.0, positive=True, unit="seconds")
 # On a warm shutdown (SIGTERM) a worker takes nothing new and gives what it holds this long to finish.
 WORKBENCH_DRAIN_S = env_float("WORKBENCH_DRAIN_S", 30.0, minimum=0, unit="seconds")
 

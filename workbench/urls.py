@@ -3,13 +3,14 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 
 from workbench.accounts import login, signup
-from workbench.api import server_views, tokenize_views
+from workbench.api import reproduce_views, server_views, tokenize_views
 from workbench.api.anthropic import views as anthropic_views
 from workbench.api.ollama import views as ollama_views
 from workbench.api.openai import views as openai_views
 from workbench.api.openai.openapi import openapi_json
 from workbench.api.responses import views as responses_views
 from workbench.chat import conversation_views as chat_manage
+from workbench.chat import reproduce_views as chat_reproduce
 from workbench.chat import views as chat
 from workbench.ops import metrics as ops_metrics
 from workbench.ops import views as ops
@@ -23,6 +24,8 @@ urlpatterns = [
     path("c/<int:conversation_id>/export.json", chat_manage.export_json, name="export_json"),
     path("c/<int:conversation_id>/versions/<int:message_id>", chat_manage.show_version, name="show_version"),
     path("c/<int:conversation_id>/settings", chat_manage.save_settings, name="conversation_settings"),
+    path("c/<int:conversation_id>/replies/<int:message_id>/reproduce", chat_reproduce.reproduce,
+         name="reproduce_reply"),
     path("settings/chat-defaults", chat_manage.save_defaults, name="chat_defaults"),
     path("tokens", chat.tokens, name="tokens"),
     path("tokens/<int:token_id>/revoke", chat.revoke_token, name="revoke_token"),
@@ -33,6 +36,7 @@ urlpatterns = [
     path("v1/models", openai_views.models),
     path("v1/completions", openai_views.completions),
     path("v1/chat/completions", openai_views.chat_completions),
+    path("v1/reproduce/<str:request_id>", reproduce_views.reproduce),
     path("v1/messages", anthropic_views.messages),
     path("v1/responses", responses_views.responses),
     path("v1/responses/<str:response_id>", responses_views.response),

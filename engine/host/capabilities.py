@@ -61,6 +61,10 @@ REGISTRY: tuple[Capability, ...] = (
     Capability("ARC_PREFIX_CACHING", "engine.scheduler.base:SchedulerBase.prefix_caching", "engine/scheduler/block_pool", "Live",
                "Reuse cached KV blocks of a prompt prefix computed before for the same cache scope (the user, "
                "unless widened); off forgets every cached prefix.", default=True, config_field="prefix_caching"),
+    Capability("ARC_REPLAY_AUDIT_PERMILLE", "engine.host.replay_audit:AuditSettings.permille", "engine/host/replay_audit",
+               "Live", "Per thousand finished requests, how many the replay audit re-runs alone while the engine "
+               "is idle and compares bit for bit (1000: every one; 0: only those an operator picks).",
+               default=10, kind="int", config_field="replay_audit_permille"),
 )
 
 BY_NAME = {capability.name: capability for capability in REGISTRY}

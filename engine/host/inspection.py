@@ -65,6 +65,10 @@ def engine_state(engine: Engine, users: Mapping[str, str] | None = None, with_se
         "leak_events": [event.as_dict() for event in engine.leak_events.recent(RECENT)],
         "prefix_cache": _prefix_cache(engine),
         "replay_checks": [_check(record) for record in checks],
+        # Which arithmetic route answers, and whether it promises the same bits whatever else runs (the
+        # replay audit reports a difference there as a leak; elsewhere as a distance).
+        "route": {"route": engine.identity.route, "invariant": engine.identity.invariant,
+                  "weights_sha256": engine.identity.weights_sha256},
     }
 
 

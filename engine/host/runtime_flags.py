@@ -10,6 +10,7 @@ from engine.decode.device_loop import DeviceLoop
 from engine.decode.graphs import GraphMode
 from engine.decode.runner import ModelRunner
 from engine.host.capabilities import capability, checked_value
+from engine.host.replay_audit import AuditSettings
 from engine.scheduler import SchedulerBase
 
 
@@ -19,6 +20,7 @@ class RuntimeFlags:
         self._runner = runner
         self._scheduler = scheduler
         self._pending: dict[str, bool | int] = {}
+        self.audit = AuditSettings()  # the replay audit's share, which the host's ReplayAudit reads
 
     def request(self, name: str, value: bool | int) -> None:
         entry = capability(name)
@@ -37,7 +39,8 @@ class RuntimeFlags:
                 "ARC_GRAPHS": self._runner.use_graphs, "ARC_CAPTURE_STREAM": graphs.mode is GraphMode.CUDA_GRAPHS,
                 "ARC_GRAPH_VERIFY_REPLAYS": graphs.verify.every, "ARC_GRAPH_VERIFY_ALWAYS": graphs.verify.always,
                 "ARC_LAYER_BISECT": graphs.verify.bisect, "ARC_PREFIX_CACHING": self._scheduler.prefix_caching,
-                "ARC_TRITON_ATTENTION": self._runner.loaded.model.decode_attention == "triton"}
+                "ARC_TRITON_ATTENTION": self._runner.loaded.model.decode_attention == "triton",
+                "ARC_REPLAY_AUDIT_PERMILLE": self.audit.permille}
 
     def apply(self) -> None:
         """At a step boundary: apply every change asked for since the last one, in order."""
@@ -59,4 +62,6 @@ class RuntimeFlags:
                     graphs.set_verification(bisect=bool(value))
                 case "ARC_PREFIX_CACHING":
                     self._scheduler.set_prefix_caching(bool(value))
+                case "ARC_REPLAY_AUDIT_PERMILLE":
+                    self.audit.permille = min(int(value), 1000)
         self._pending.clear()

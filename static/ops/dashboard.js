@@ -45,6 +45,12 @@
     return `on, scope ${cache.scope}; ${Math.round(cache.usage * 100)}% of KV blocks cached; ${rate}`;
   }
 
+  function routeText(route) {
+    if (!route) return "-";
+    // The replay audit compares bits on an invariant route (a difference is a leak event), distances elsewhere.
+    return `${route.route}: ${route.invariant ? "bit-invariant" : "not bit-invariant (the audit reports distances)"}`;
+  }
+
   function renderWorkers(workers) {
     const cards = Object.entries(workers).map(([id, w]) => {
       const state = w.state || {};
@@ -57,6 +63,7 @@
           el("dt", {text: "device loop"}), el("dd", {class: "device-loop", "data-engaged": String(!!(loop && loop.engaged)), text: deviceLoopText(loop)}),
           el("dt", {text: "parked / dropped"}), el("dd", {text: loop ? `${loop.parked} parked, ${loop.foreign_dropped} foreign dropped` : "-"}),
           el("dt", {text: "prefix cache"}), el("dd", {class: "prefix-cache", text: prefixCacheText(state.prefix_cache)}),
+          el("dt", {text: "route"}), el("dd", {class: "route", "data-invariant": String(!!(state.route && state.route.invariant)), text: routeText(state.route)}),
           el("dt", {text: "capture"}), el("dd", {class: "capture", "data-mode": capture.mode || "", text: `${capture.mode || "?"}: ${capture.reason || ""}`}),
           el("dt", {text: "graphs"}), el("dd", {text: `${capture.graphs ? "on" : "off"}, ${capture.replays || 0} replays`}),
           ...(w.heartbeat_age_s === undefined ? [] : [el("dt", {text: "heartbeat"}), el("dd", {text: `${w.heartbeat_age_s} s ago`})]),

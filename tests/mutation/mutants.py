@@ -15,6 +15,7 @@ from dataclasses import dataclass
 LEAKS = "tests/engine/test_device_loop_leaks.py"
 PREFIX = "tests/engine/test_prefix_cache.py"
 CHUNKED = "tests/engine/test_chunked_prefill.py"
+AUDIT = "tests/engine/test_replay_audit.py"
 
 
 @dataclass(frozen=True)
@@ -167,6 +168,27 @@ MUTANTS = (
         """,
         ("tests/engine/test_attention_invariance.py::"
          "test_tokens_and_logprobs_alone_batched_or_beside_a_chunked_prompt[host-decode-bfloat16]",),
+    ),
+    Mutant(
+        # The replay audit re-runs every drawn request but finds every re-run equal: the batched-row mutant
+        # of its test (one row's logits perturbed only in a batch of more than 3) must still be caught.
+        "replay audit compares nothing",
+        "engine/host/replay_audit.py", "ReplayAudit._judge",
+        "compare(job.record, rerun)", "Comparison(True)",
+        (f"{AUDIT}::test_a_row_perturbed_only_when_batched_is_a_leak_event",),
+    ),
+    Mutant(
+        "replay audit re-runs under a user's prefix-cache scope",
+        "engine/host/replay_audit.py", "ReplayAudit.tick",
+        "engine.add_request(rerun_id, job.record.prompt_ids, job.record.sampling_params(), cache_scope=AUDIT_SCOPE)",
+        "engine.add_request(rerun_id, job.record.prompt_ids, job.record.sampling_params())",
+        (f"{AUDIT}::test_an_audit_yields_to_live_work_and_runs_under_its_own_scope",),
+    ),
+    Mutant(
+        "a request without a seed drawn from entropy nobody recorded",
+        "engine/engine.py", "Engine.add_request",
+        "generator.manual_seed(seed)", "generator.seed()",
+        (f"{AUDIT}::test_an_unseeded_request_records_a_drawn_seed_that_reproduces_it",),
     ),
     Mutant(
         "a SequenceState variant added without a funnel arm",

@@ -52,6 +52,23 @@ class ApiToken(models.Model):
             self.save(update_fields=["revoked_at"])
 
 
+class ReproduceRecord(models.Model):
+    """An API request's reproducibility record (engine/reproduce.py), kept for its own user for
+    WORKBENCH_REPRODUCE_RETENTION_S and re-derived by POST /v1/reproduce/{id}."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="reproduce_records")
+    request_id = models.CharField(max_length=200)  # the id the API answered with (a choice's engine id)
+    model = models.CharField(max_length=500)  # the served model's name, as the request chose it
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+    record = models.JSONField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["user", "request_id"], name="one_record_per_user_request")]
+
+    def __str__(self) -> str:
+        return f"{self.request_id} ({self.user})"
+
+
 class StoredResponse(models.Model):
     """A /v1/responses reply kept because its request said `store` (OpenAI's default): read back with
     GET /v1/responses/{id} and continued with `previous_response_id`, by its own user only."""

@@ -22,6 +22,8 @@ class MessageAdmin(admin.ModelAdmin):
     list_display = ("conversation", "role", "short_content", "finish_reason", "completion_tokens", "created_at")
     list_filter = ("role", "finish_reason", "created_at")
     search_fields = ("content", "error", "conversation__title", "conversation__owner__username")
+    # What the reply is checked against when its owner asks to reproduce it: nobody edits that.
+    readonly_fields = ("reproduce",)
 
     @admin.display(description="content")
     def short_content(self, message: Message) -> str:

@@ -239,7 +239,7 @@ class ChatConsumer(JsonSocketConsumer):
             return
         under_way.publish({"type": "started", "asked": asked})
         text, event = "", StreamEvent()
-        stream = admission.submit(transport, engine_id, prompt, params, model)
+        stream = admission.submit(transport, engine_id, prompt, params, model, keep_record=False)  # kept with the reply
         if self.stop_asked:
             transport.cancel(engine_id)
         async for event in stream:
@@ -294,4 +294,4 @@ class ChatConsumer(JsonSocketConsumer):
             error=event.error or "", prompt_tokens=usage.get("prompt_tokens"),
             completion_tokens=usage.get("completion_tokens"), cached_tokens=usage.get("cached_tokens"),
             time_to_first_token=timings.get("time_to_first_token"),
-            decode_tokens_per_s=timings.get("decode_tokens_per_s"))
+            decode_tokens_per_s=timings.get("decode_tokens_per_s"), reproduce=event.reproduce)

@@ -210,6 +210,9 @@ class Message(models.Model):
     # stored before the deployment said, which was then WORKBENCH_MODEL. The database default lets rows be
     # written without it (an older web process during a rolling upgrade; the page tests' stored replies).
     model = models.CharField(max_length=500, blank=True, default="", db_default="")
+    # What re-deriving the reply needs (engine/reproduce.py); None: it did not run to its end, or was
+    # stored before records were kept.
+    reproduce = models.JSONField(null=True, blank=True)
 
     class Meta:
         ordering = ["created_at", "id"]

@@ -38,7 +38,15 @@ COUNTERS = {"preemptions": ("workbench_preemptions", "Sequences preempted for ro
             "prefix_cache_queries": ("workbench_prefix_cache_queries", "Prompt tokens looked up in the prefix cache"),
             "prefix_cache_hits": ("workbench_prefix_cache_hits", "Prompt tokens found in the prefix cache"),
             "parked_tokens_dropped": ("workbench_parked_tokens_dropped",
-                                      "Parked tokens dropped because their owner did not match")}
+                                      "Parked tokens dropped because their owner did not match"),
+            "replay_audited": ("workbench_replay_audited", "Finished requests the replay audit re-ran alone"),
+            "replay_audit_equal": ("workbench_replay_audit_equal", "Audited re-runs equal to the record, bit for bit"),
+            "replay_audit_mismatched": ("workbench_replay_audit_mismatched",
+                                        "Audited re-runs that differ on a bit-invariant route (leak events)"),
+            "replay_audit_differed": ("workbench_replay_audit_differed",
+                                      "Audited re-runs that differ on a route that promises no bits"),
+            "replay_audit_dropped": ("workbench_replay_audit_dropped",
+                                     "Audits dropped unrun from a full queue")}
 HISTOGRAMS = {"ttft": ("workbench_time_to_first_token_seconds", "Time to first token"),
               "itl": ("workbench_inter_token_latency_seconds", "Time between tokens")}
 

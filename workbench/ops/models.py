@@ -9,6 +9,7 @@ from django.db import models
 from django.utils import timezone
 
 from engine.decode.leak_events import ALIASED_LOGITS, FOREIGN_PARKED_DROPPED
+from engine.host.replay_audit import REPLAY_MISMATCH
 
 
 class FlagChange(models.Model):
@@ -50,8 +51,10 @@ class RequestCancel(models.Model):
 
 
 class LeakEvent(models.Model):
-    """One catch by the owner tag (foreign parked tokens dropped) or the logits identity check."""
-    KINDS = [(FOREIGN_PARKED_DROPPED, "foreign parked tokens dropped"), (ALIASED_LOGITS, "aliased-logits step error")]
+    """One catch by the owner tag (foreign parked tokens dropped), the logits identity check, or the replay
+    audit (a request re-run alone came out different on a bit-invariant route)."""
+    KINDS = [(FOREIGN_PARKED_DROPPED, "foreign parked tokens dropped"), (ALIASED_LOGITS, "aliased-logits step error"),
+             (REPLAY_MISMATCH, "re-run alone differs")]
     worker = models.CharField(max_length=128)
     engine_run = models.CharField(max_length=32)  # the engine's start: numbers count from 1 per start
     number = models.PositiveIntegerField()

@@ -21,6 +21,7 @@ from typing import Callable, assert_never, cast
 
 from engine import Engine, InvalidSamplingParams, PromptError, RequestError, SamplingParams
 from engine.host.inspection import engine_state
+from engine.host.replay_audit import ReplayAudit
 from engine.loading.tokenizer import Tokenizer, TokenizerError
 from engine.outputs import RequestOutput
 from workbench.serving.metrics import EngineMetrics, MetricsSnapshot
@@ -183,11 +184,12 @@ class EngineHost:
             self.startup_error = exc
             self._ready.set()
             return
+        self.audit = ReplayAudit(self.engine.runtime_flags.audit, self.engine.leak_events)
         self._publish_snapshot()
         self._ready.set()
         while True:
-            # Idle: block until work arrives. Busy: take what is queued and step.
-            block = not self.engine.has_unfinished_requests()
+            # Idle: block until work arrives (or an audit may run). Busy: take what is queued and step.
+            block = not self.engine.has_unfinished_requests() and not self.audit.waiting
             commands = [self._commands.get()] if block else []
             while not self._commands.empty():
                 commands.append(self._commands.get())
@@ -195,6 +197,7 @@ class EngineHost:
                 return
             for command in commands:
                 self._apply(command)
+            self.audit.tick(self.engine)  # live work just taken in makes a running audit yield
             self._publish_snapshot()  # before the step: a long prefill must not hide what it holds
             if self.engine.has_unfinished_requests():
                 self._step()
@@ -257,7 +260,12 @@ class EngineHost:
             return
         deliveries: list[tuple[Sink, StreamEvent]] = []
         for output in outputs:
+            if self.audit.owns(output.request_id):  # a re-run: no client, no serving metrics, never audited
+                self.audit.observe(output)
+                continue
             self.metrics.observe(output)
+            if output.finished:
+                self.audit.offer(output)
             sink = self._sinks.get(output.request_id)
             if sink is None:
                 continue
@@ -295,7 +303,7 @@ class EngineHost:
     def _publish_snapshot(self) -> None:
         stats, request_ids, flags = self.engine.stats(), tuple(self._sinks), self.engine.flags()
         self._snapshot = HostSnapshot(running=stats.running, waiting=stats.waiting,
-                                      request_ids=request_ids, metrics=self.metrics.snapshot(stats),
+                                      request_ids=request_ids, metrics=self.metrics.snapshot(stats, self.audit.counts()),
                                       flags=flags, state=self._state(request_ids, flags))
         if self._taken_in:  # after the new snapshot: a request is always in one or the other
             with self._arriving_lock:
@@ -329,5 +337,6 @@ def _event(output: RequestOutput) -> StreamEvent:
                        finished=output.finished, finish_reason=output.finish_reason,
                        usage=output.usage.as_dict() if output.usage else None, timings=output.timings,
                        error_code="engine_error" if output.error else None, error=output.error,
+                       reproduce=None if output.record is None else output.record.as_dict(),
                        logprobs=None if output.logprobs is None else [
                            [lp.token_id, lp.logprob, [list(pair) for pair in lp.top]] for lp in output.logprobs])

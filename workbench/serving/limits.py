@@ -30,6 +30,7 @@ import redis
 from django.conf import settings
 
 from engine import SamplingParams
+from workbench.serving.record_keepers import RECORD_KEEPERS, KeptRecord
 from workbench.serving.streams import RequestStream, StreamEvent
 from workbench.serving.transport import Transport
 from workbench.serving.user_counts import Busy, Lease, MemoryUserCounts, TooFrequent, UserCounts
@@ -132,14 +133,16 @@ class Admission:
             self._limiter._release(self._counts, self._lease)
 
     def submit(self, transport: Transport, request_id: str, prompt: str | list[int],
-               params: SamplingParams, model: str = "") -> RequestStream:
-        """transport.submit, from an event loop, with the request's timeouts and its release attached."""
+               params: SamplingParams, model: str = "", keep_record: bool = True) -> RequestStream:
+        """transport.submit, from an event loop, with the request's timeouts and its release attached.
+        With `keep_record`, its reproducibility record goes to each of RECORD_KEEPERS when it ends."""
         try:
             stream = transport.submit(request_id, prompt, params, user=self.user, model=model)
         except BaseException:
             self.release()
             raise
-        _Deadlines(stream, self, lambda: transport.cancel(request_id))
+        kept = KeptRecord(self.user, request_id, model) if keep_record else None
+        _Deadlines(stream, self, lambda: transport.cancel(request_id), kept)
         return stream
 
 
@@ -147,8 +150,9 @@ class _Deadlines:
     """Watches one stream (on its loop): the first output stops the queue-wait timer, the last event
     stops both and releases the admission; a timer that fires cancels the request and ends the stream."""
 
-    def __init__(self, stream: RequestStream, admission: Admission, cancel: Callable[[], None]) -> None:
-        self.stream, self.admission, self.cancel = stream, admission, cancel
+    def __init__(self, stream: RequestStream, admission: Admission, cancel: Callable[[], None],
+                 kept: KeptRecord | None = None) -> None:
+        self.stream, self.admission, self.cancel, self.kept = stream, admission, cancel, kept
         queue_s, request_s = settings.WORKBENCH_QUEUE_TIMEOUT_S, settings.WORKBENCH_REQUEST_TIMEOUT_S
         loop = stream.loop
         self.queue_timer = loop.call_later(queue_s, self._expire, (
@@ -167,6 +171,9 @@ class _Deadlines:
                 self.request_timer.cancel()
                 self.request_timer = None
             self.admission.release()
+            if self.kept is not None and event.reproduce is not None:
+                for keeper in RECORD_KEEPERS:
+                    keeper(self.kept, event.reproduce)
 
     def _expire(self, message: str) -> None:
         self.cancel()  # the engine lets it go at its next step; its own last event is dropped

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from bisect import bisect_left
 from collections import Counter
+from collections.abc import Mapping
 from typing import TypedDict
 
 from engine.host.stats import EngineStats
@@ -44,6 +45,13 @@ class MetricsSnapshot(TypedDict):
     replay_max_delta: float
     ttft: HistogramSnapshot
     itl: HistogramSnapshot
+    # The replay audit's counts (engine/host/replay_audit.py): re-runs compared, bit-equal, mismatched
+    # on a bit-invariant route (leak events), differed on a route that promises no bits, dropped unrun.
+    replay_audited: int
+    replay_audit_equal: int
+    replay_audit_mismatched: int
+    replay_audit_differed: int
+    replay_audit_dropped: int
 
 
 class Histogram:
@@ -91,8 +99,10 @@ class EngineMetrics:
         self._last_delta.pop(request_id, None)
         self.finished["error"] += 1
 
-    def snapshot(self, stats: EngineStats) -> MetricsSnapshot:
-        """Counters and gauges as of `stats` (the engine's, taken on its thread just now) and this."""
+    def snapshot(self, stats: EngineStats, audit: Mapping[str, int] | None = None) -> MetricsSnapshot:
+        """Counters and gauges as of `stats` (the engine's, taken on its thread just now), `audit` (the
+        replay audit's counts) and this."""
+        audit = audit or {}
         return {
             "running": stats.running, "waiting": stats.waiting,
             "kv_cache_usage": stats.kv_cache_usage,
@@ -105,4 +115,9 @@ class EngineMetrics:
             "parked_tokens_dropped": stats.parked_tokens_dropped,
             "replay_max_delta": stats.replay_max_delta,
             "ttft": self.ttft.snapshot(), "itl": self.itl.snapshot(),
+            "replay_audited": audit.get("replay_audited", 0),
+            "replay_audit_equal": audit.get("replay_audit_equal", 0),
+            "replay_audit_mismatched": audit.get("replay_audit_mismatched", 0),
+            "replay_audit_differed": audit.get("replay_audit_differed", 0),
+            "replay_audit_dropped": audit.get("replay_audit_dropped", 0),
         }

@@ -29,6 +29,9 @@ class StreamEvent:
     # Per token of `token_ids` when the request asks for logprobs: [token_id, logprob, [[id, logprob],
     # ...the top N]], plain lists so that they travel through msgpack as they are.
     logprobs: list[list] | None = None
+    # On the last event of a request that ran to its end: its reproducibility record (engine/reproduce.py,
+    # ReproRecord.as_dict()), which the web side keeps with the reply.
+    reproduce: dict | None = None
 
     @classmethod
     def failure(cls, code: str, message: str) -> "StreamEvent":
@@ -43,6 +46,7 @@ class StreamEvent:
         self.finished, self.finish_reason = later.finished, later.finish_reason
         self.usage, self.timings = later.usage or self.usage, later.timings or self.timings
         self.error_code, self.error = later.error_code or self.error_code, later.error or self.error
+        self.reproduce = later.reproduce or self.reproduce
 
     def as_message(self) -> dict:
         """A plain dict for the channel layer (msgpack) between a worker and a web process. Shallow:

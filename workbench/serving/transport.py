@@ -34,6 +34,7 @@ class EngineState(TypedDict, total=False):
     leak_events: list[dict[str, object]]  # the latest, each with its `number`
     prefix_cache: dict[str, object]  # enabled, scope, usage, queries, hits, hit_rate
     replay_checks: list[dict[str, object]]  # the latest and the divergent replay verifications, each with `replay`
+    route: dict[str, object]  # the arithmetic route, whether it is bit-invariant, the weights' SHA-256
     error: str
 
 

@@ -167,6 +167,28 @@ def _generation(summary: str, request: str, reply: str) -> dict:
                       **ERRORS}}}
 
 
+TOKEN = {"type": ["object", "null"], "properties": {"id": {"type": "integer"}, "text": {"type": "string"}}}
+REPRODUCTION = {"type": "object", "required": ["id", "object", "identical", "first_difference"], "properties": {
+    "id": {"type": "string"}, "object": {"const": "reproduction"}, "identical": {"type": "boolean"},
+    "first_difference": {"type": ["object", "null"], "description": "where the re-run first parts from the record",
+                         "properties": {"index": {"type": "integer"}, "recorded": TOKEN, "reproduced": TOKEN}},
+    "distance": {"type": ["number", "null"],
+                 "description": "max |logprob difference| of the sampled tokens (where the request kept logprobs)"},
+    "same_model": {"type": "boolean"}, "route": {"type": "string"}, "invariant": {"type": "boolean"},
+    "recorded_digest": {"type": "string"}, "reproduced_digest": {"type": "string"}}}
+REPRODUCE = {"post": {
+    "summary": "re-derive one of your own recent requests from its record and compare the bits "
+               "(docs/PROTOCOL.md, \"Reproduce\")",
+    "security": [{"bearer": []}],
+    "parameters": [{"name": "id", "in": "path", "required": True, "schema": {"type": "string"},
+                    "description": "the id a completion answered with (choice i > 0: `{id}-{i}`)"}],
+    "responses": {"200": {"description": "the comparison", "content": {"application/json": {"schema": REPRODUCTION}}},
+                  "401": ERRORS["401"],
+                  "404": {**ERRORS["404"], "description": "no record of yours by that id (another user's, or "
+                                                          "past WORKBENCH_REPRODUCE_RETENTION_S)"},
+                  "429": ERRORS["429"], "500": ERRORS["500"], "503": ERRORS["503"]}}}
+
+
 def document() -> dict:
     return copy.deepcopy({
         "openapi": "3.1.0",
@@ -180,6 +202,7 @@ def document() -> dict:
                 "200": {"description": "the models requests may name", "content": {"application/json": {"schema": {
                     "type": "object", "properties": {"object": {"const": "list"}, "data": {"type": "array"}}}}}},
                 "401": ERRORS["401"]}}},
+            "/v1/reproduce/{id}": REPRODUCE,
         },
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer", "description": "an API token"}},
