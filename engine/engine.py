@@ -17,8 +17,8 @@ the finish checks and a finished request's last delta (postprocess.py), the row-
 failed forward (step_recovery.py), and the KV pool's sizing at start (kv_pool.py).
 
 A host that runs the engine on a thread of its own (workbench/serving/engine_host.py) reads it through
-the last section only: `stats()`, `apply_flags()`, `leak_events_since()`: the host's whole contract,
-kept beside the methods it reports on.
+the last section only: `stats()`, `snapshot()`, `apply_flags()`, `leak_events_since()`: the host's
+whole contract, kept beside the methods it reports on.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from engine.decode.leak_events import LeakEvent, LeakEventLog
 from engine.decode.runner import ModelRunner
 from engine.engine_config import EngineConfig
 from engine.host.runtime_flags import RuntimeFlags
+from engine.host.snapshot import EngineSnapshot, take_snapshot
 from engine.host.stats import EngineStats, stats_of
 from engine.intake import Intake, LiveRequest, RequestError
 from engine.kernels.cupy_support import compile_for
@@ -87,7 +88,7 @@ class Engine:
         self.runner = ModelRunner(self.loaded, self.kv_cache, self.device_loop, graphs, config.graphs_on)
         if config.graphs_on and graphs.mode is GraphMode.CUDA_GRAPHS:  # now, not mid-serving: a capture stalls
             graphs.capture_ahead(rows=min(config.max_num_seqs, BUCKETS[-1]), tokens=self.length_limit)
-        self.last_step: RunnerOutput = NOTHING_RAN  # the last step's rows, for inspection (engine/host/inspection.py)
+        self.last_step: RunnerOutput = NOTHING_RAN  # the last step's rows, for inspection (snapshot())
         # Called after the device loop with each sequence the funnel stands down (metrics, tests).
         self.stand_down_listeners: list[Callable[[Sequence], None]] = []
         self._requests: dict[str, LiveRequest] = {}
@@ -136,7 +137,7 @@ class Engine:
         return self.runtime_flags.in_force()
 
     def live_sequences(self) -> list[Sequence]:
-        """Every sequence not yet finished, in arrival order (for inspection: engine/host/inspection.py)."""
+        """Every sequence not yet finished, in arrival order."""
         return [request.seq for request in self._requests.values()]
 
     def has_unfinished_requests(self) -> bool:
@@ -192,11 +193,17 @@ class Engine:
                 collected[output.request_id].append(output)
         return [GenerationResult.from_deltas(collected[request_id]) for request_id in ids]
 
-    # -- for a host that runs the engine (workbench/serving): counts, flags, leak events ------------
+    # -- for a host that runs the engine (workbench/serving): counts, inspection, flags, leak events --
 
     def stats(self) -> EngineStats:
         """The counts a host reports (load, heartbeat, metrics), as of now; call on the engine's thread."""
         return stats_of(self.kv_cache, self.scheduler, self.device_loop, self.runner.graphs)
+
+    def snapshot(self, with_sequences: bool = True) -> EngineSnapshot:
+        """The inner state an operator inspects (engine/host/snapshot.py), as of now; call on the engine's
+        thread. Without `with_sequences` the per-sequence list, which grows with the load, is left out."""
+        return take_snapshot(self.device_loop, self.runner, self.leak_events, self.live_sequences(), self.last_step,
+                             self.stats(), self.scheduler.prefix_caching, self.config.prefix_cache_scope, with_sequences)
 
     def apply_flags(self) -> None:
         """Put the flag changes asked for (set_flag) in force now. step() does this itself; a host calls
