@@ -91,7 +91,7 @@ class Engine:
         self.last_step: RunnerOutput = NOTHING_RAN  # the last step's rows, for inspection (snapshot())
         # Called after the device loop with each sequence the funnel stands down (metrics, tests).
         self.stand_down_listeners: list[Callable[[Sequence], None]] = []
-        self._requests: dict[str, LiveRequest] = {}
+        self._requests: dict[str, LiveRequest] = {}  # by request id; Postprocess.finish forgets a finished one
         self.runtime_flags = RuntimeFlags(self.device_loop, self.runner, self.scheduler)
         self._intake = Intake(config, self.loaded, self.max_model_len)
         self._postprocess = Postprocess(self.scheduler, self._requests, self.loaded.eos_token_ids, self.length_limit)
