@@ -98,7 +98,7 @@ def _draw(logits: torch.Tensor, rows: list[SampleRequest]) -> list[int]:
                 rows[index].generator.set_state(state)
                 tokens[index] = _sample_exactly(logits[index], rows[index])
     except Exception:
-        # The step fails and the engine runs its rows again one by one (Engine._rows_alone): every
+        # The step fails and the engine runs its rows again one by one (engine/step_recovery.py): every
         # generator as before it, so a seeded row draws there what it would have drawn here.
         for index, _, state in drawn:
             rows[index].generator.set_state(state)

@@ -58,7 +58,7 @@ def load_gguf_weights(model: LlamaForCausalLM, checkpoint: GGUFCheckpoint, dtype
     """`device`: where the model's parameters are; on CUDA quantized keeps Q4_0/Q4_1 projections only."""
     expected = expected_tensors(model)
     seen: set[str] = set()
-    kept = {}  # module path -> its GGUF tensor, for the weights served quantized
+    kept: dict[str, GGUFTensor] = {}  # module path -> its GGUF tensor, for the weights served quantized
     by_name: dict[str, GGUFTensor] = {}  # the head's candidates, kept from the one pass over the file
     on_cpu = device.type == "cpu"
     tied = model.config.tie_word_embeddings
@@ -97,13 +97,18 @@ def load_gguf_weights(model: LlamaForCausalLM, checkpoint: GGUFCheckpoint, dtype
         head = _quantized_head(by_name.get(HEAD_SOURCES[tied]))
         if head is not None:
             kept["lm_head"] = head
+    _replace_linears(model, kept, device)
+
+
+def _replace_linears(model: LlamaForCausalLM, kept: dict[str, GGUFTensor], device: torch.device) -> None:
+    """Each float Linear named in `kept` (module path -> its GGUF tensor) replaced by its quantized rows."""
     for path, tensor in kept.items():
         parent, _, attr = path.rpartition(".")
         owner = model.get_submodule(parent)
         linear = getattr(owner, attr)
         rows = _quantized_linear(tensor, linear.in_features, linear.bias)
         # On CUDA the CPU rows are dropped with the QuantizedLinear that held them.
-        setattr(owner, attr, rows if on_cpu else _on_cuda(rows, device))
+        setattr(owner, attr, rows if device.type == "cpu" else _on_cuda(rows, device))
 
 
 def _quantized_linear(tensor: GGUFTensor, in_features: int, bias: torch.Tensor | None = None) -> "QuantizedLinear":

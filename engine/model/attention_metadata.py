@@ -87,12 +87,7 @@ class AttentionMetadata:
             windowed = cls.build(block_size=block_size, block_tables=block_tables, cached_lens=cached_lens,
                                  query_lens=query_lens, sliding_window=sliding_window, device=device, dtype=dtype)
             return replace(whole, windowed=windowed)
-        if not (len(block_tables) == len(cached_lens) == len(query_lens)) or not query_lens:
-            raise ValueError("block_tables, cached_lens and query_lens must be non-empty and of one length")
-        for b, table in enumerate(block_tables):
-            if len(table) * block_size < cached_lens[b] + query_lens[b]:
-                raise ValueError(f"sequence {b}: {cached_lens[b] + query_lens[b]} tokens do not fit its "
-                                 f"{len(table)} blocks")
+        _check_fits(block_size, block_tables, cached_lens, query_lens)
         # Plain Python lists first, one tensor per field at the end: this runs every step, and many
         # small tensor operations cost more than the arithmetic.
         device = torch.device(device)
@@ -114,11 +109,7 @@ class AttentionMetadata:
                 prefills.append(_prefill_group(flat, table, cached, count, block_size, sliding_window, device, dtype))
             flat += count
             last.append(flat - 1)
-        native = None
-        if device.type == "cpu":
-            widest = max(len(t) for t in block_tables)
-            native = (device_tensor([t + t[-1:] * (widest - len(t)) for t in block_tables], device),
-                      device_tensor([b for b, count in enumerate(query_lens) for _ in range(count)], device))
+        native = _native_tables(block_tables, query_lens, device) if device.type == "cpu" else None
         decodes = None
         if decode_rows:
             decodes = _decode_group(
@@ -130,6 +121,25 @@ class AttentionMetadata:
                    last_token_index=device_tensor(last, device), decodes=decodes, prefills=tuple(prefills),
                    block_size=block_size, block_tables=None if native is None else native[0],
                    token_sequence=None if native is None else native[1])
+
+
+def _check_fits(block_size: int, block_tables: list[list[int]], cached_lens: list[int],
+                query_lens: list[int]) -> None:
+    if not (len(block_tables) == len(cached_lens) == len(query_lens)) or not query_lens:
+        raise ValueError("block_tables, cached_lens and query_lens must be non-empty and of one length")
+    for b, table in enumerate(block_tables):
+        if len(table) * block_size < cached_lens[b] + query_lens[b]:
+            raise ValueError(f"sequence {b}: {cached_lens[b] + query_lens[b]} tokens do not fit its "
+                             f"{len(table)} blocks")
+
+
+def _native_tables(block_tables: list[list[int]], query_lens: list[int],
+                   device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The native CPU op's block tables (each padded with its own last block, never read) and each flat
+    token's sequence."""
+    widest = max(len(t) for t in block_tables)
+    return (device_tensor([t + t[-1:] * (widest - len(t)) for t in block_tables], device),
+            device_tensor([b for b, count in enumerate(query_lens) for _ in range(count)], device))
 
 
 def _decode_group(*, token_index: list[int] | None, block_tables: list[list[int]], positions: list[int],

@@ -12,7 +12,7 @@ Chunked prefill: each step feeds at most `max_num_batched_tokens` tokens (`_chun
 first, one token each; a prompt longer than what is left is fed in chunks over several steps, in the
 same forwards as the running decodes, so a long paste does not freeze the other streams. Its blocks
 are reserved whole at admission; each chunk's full blocks are cached as soon as it is fed (the
-engine's `_chunk_fed`); a cached prefix is skipped and the chunks start after it. A sequence still
+engine's `Postprocess.chunk_fed`); a cached prefix is skipped and the chunks start after it. A sequence still
 mid-prefill feeds more than one token, so it is never served a parked token nor given a burst
 (engine/decode/device_loop.py: both need a one-token decode).
 """

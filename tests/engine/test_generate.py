@@ -6,8 +6,7 @@ import json
 
 import pytest
 
-from engine import Engine, EngineConfig, SamplingParams
-from engine.engine import PromptError
+from engine import Engine, EngineConfig, PromptError, SamplingParams
 from engine.sampling_params import InvalidSamplingParams
 
 GREEDY = dict(temperature=0, ignore_eos=True)

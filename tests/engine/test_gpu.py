@@ -8,8 +8,7 @@ import pytest
 import torch
 import transformers
 
-from engine import Engine, EngineConfig, SamplingParams
-from engine.engine import PromptError
+from engine import Engine, EngineConfig, PromptError, SamplingParams
 from engine.sampling_params import InvalidSamplingParams
 from engine.decode.graphs import DecodeGraphs, GraphMode
 from engine.loading.loader import load_model

@@ -80,7 +80,7 @@ def test_a_deployment_scope_shares_and_turning_the_flag_off_forgets(checkpoint):
     engine = engine_for(checkpoint, prefix_cache_scope="deployment")
     run(engine, "alice-1", PROMPT, "alice")
     assert run(engine, "bob-1", PROMPT, "bob").usage.cached_tokens == 20
-    shown = engine_state(engine)["prefix_cache"]  # what the dashboard's worker card shows
+    shown = engine_state(engine.snapshot())["prefix_cache"]  # what the dashboard's worker card shows
     assert shown["enabled"] and shown["scope"] == "deployment" and shown["hit_rate"] == 20 / 42 and shown["usage"] > 0
     engine.set_flag("ARC_PREFIX_CACHING", False)
     assert run(engine, "bob-2", PROMPT, "bob").usage.cached_tokens == 0

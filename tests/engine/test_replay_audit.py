@@ -170,7 +170,7 @@ def test_at_zero_permille_only_a_picked_request_is_audited(engine):
 def test_the_dashboard_state_names_the_route_and_whether_it_is_invariant(engine):
     from engine.host.inspection import engine_state
 
-    route = engine_state(engine)["route"]
+    route = engine_state(engine.snapshot())["route"]
     assert route == {"route": engine.identity.route, "invariant": engine.identity.invariant,
                      "weights_sha256": engine.identity.weights_sha256}
     assert route["route"].startswith("cpu/dequantized/float32/") and len(route["weights_sha256"]) == 64

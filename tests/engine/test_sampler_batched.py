@@ -124,7 +124,7 @@ def test_an_overflowing_row_needs_float64(grammars):
 
 
 def test_nan_logits_fail_the_step_in_both_and_the_batched_one_draws_nothing(grammars):
-    """The engine then samples each row alone (Engine._rows_alone), so the failed step must leave every
+    """The engine then samples each row alone (engine/step_recovery.py), so the failed step must leave every
     generator as it found it. The per-row sampler did not: the rows before the failing one had drawn."""
     logits = step_logits(0, 3, "cpu")
     logits[1, 7] = float("nan")

@@ -186,7 +186,7 @@ MUTANTS = (
     ),
     Mutant(
         "a request without a seed drawn from entropy nobody recorded",
-        "engine/engine.py", "Engine.add_request",
+        "engine/intake.py", "Intake.admit",
         "generator.manual_seed(seed)", "generator.seed()",
         (f"{AUDIT}::test_an_unseeded_request_records_a_drawn_seed_that_reproduces_it",),
     ),

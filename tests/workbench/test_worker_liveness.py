@@ -58,7 +58,7 @@ def web_side(cluster: Cluster) -> Iterator[CeleryTransport]:
 
 def routed_to(transport: CeleryTransport, worker_id: str) -> bool:
     """Whether the web side would route a request to `worker_id` now (live, fresh, not draining)."""
-    return worker_id in {beat.worker_id for beat in transport._routable()}
+    return worker_id in {beat.worker_id for beat in transport.roster.routable()}
 
 
 async def last_event(stream: RequestStream) -> StreamEvent:

@@ -6,7 +6,8 @@ and hands each output to its request's sink (a RequestStream for the in-process 
 the worker's outbox in a Celery worker, worker.py). A cancel therefore reaches the engine at its next
 step. What other threads may read (the requests held, flags, metrics, the inspection snapshot) is
 published as one immutable HostSnapshot after each step; the engine is read only through its public
-surface (Engine.stats(), apply_flags(), leak_events_since(), flags()) and engine/host/inspection.py.
+surface (Engine.stats(), snapshot(), apply_flags(), leak_events_since(), flags()), the snapshot turned
+into the dashboard's JSON by engine/host/inspection.py.
 """
 
 from __future__ import annotations
@@ -319,7 +320,7 @@ class EngineHost:
         self._state_key, self._state_at = key, now
         try:
             # A plain dict on the engine's side (engine/ imports nothing of workbench/): EngineState names its keys.
-            return cast(EngineState, engine_state(self.engine, self._users, with_sequences=self.sequences_in_state))
+            return cast(EngineState, engine_state(self.engine.snapshot(self.sequences_in_state), self._users))
         except Exception as exc:  # a view for operators must never stop the engine serving
             log.exception("the engine's inspection snapshot failed")
             return {"error": f"{type(exc).__name__}: {exc}"}

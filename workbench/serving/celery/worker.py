@@ -9,8 +9,9 @@ continuously; the link loop (its own thread and event loop) sends the outputs ba
 the control channel, and drops the requests of web processes that went away; the heartbeat has a
 thread of its own (heartbeat.py), so that neither the engine's step nor the link's work can delay it.
 
-One class: the link's loops share the worker's state (the reply channel of every request held, the
-outbox, draining), and a split would pass it around.
+The link's loops share the worker's state (the outbox, draining) in one class; the reply channel of
+every request held is a table of its own (reply_channels.py), and the queue's deletion at a stop a
+function of its own (worker_queue.py).
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ from workbench.serving.celery.outbox import Outbox
 from workbench.serving.celery.heartbeat import HeartbeatThread
 from workbench.serving.celery.presence import Heartbeat, Presence, admit_once
 from workbench.serving.celery.redis_layer import OneTripChannelLayer, make_layer
+from workbench.serving.celery.reply_channels import ReplyChannels
+from workbench.serving.celery.worker_queue import delete_queue
 from workbench.serving.celery.worker_settings import WorkerSettings
 from workbench.serving.engine_host import STATE_EVERY_S, EngineHost
 from workbench.serving.engine_settings import served_engine_config
@@ -68,8 +71,7 @@ class WorkerHost:
         self._loop = asyncio.new_event_loop()
         self._wake = asyncio.Event()
         self.outbox = Outbox(lambda: self._loop.call_soon_threadsafe(self._wake.set))
-        self._reply_of: dict[str, str] = {}  # request id -> reply channel, while the engine holds it
-        self._reply_lock = threading.Lock()
+        self._replies = ReplyChannels()
         self.started = False
         self._draining = False
         self._tasks: list[asyncio.Task] = []
@@ -124,23 +126,7 @@ class WorkerHost:
             time.sleep(0.05)
         self.engine_host.stop()
         self.heartbeat.stop(retire_worker=self.worker_id)
-        self._delete_queue()
-
-    def _delete_queue(self) -> None:
-        """The queue dies with its worker (its id is new at every start): delete it, with kombu's bindings
-        of it, which Redis would otherwise keep for every worker start ever (the web side's publishes
-        bind it to an exchange of its own name, this worker's consumer to the default exchange), and any
-        task published in the moment before its web process saw the drain (that client gets worker_lost)."""
-        queues = self.app.amqp.queues
-        try:
-            with self.app.connection_for_write() as connection:
-                connection.ensure_connection(max_retries=1)  # Redis away: give up now, not retry for ever
-                for queue in (queues[self.queue], queues.new_missing(self.queue)):
-                    bound = queue(connection.default_channel)
-                    bound.declare()  # kombu deletes the bindings its channel knows of: this one now does
-                    bound.delete()
-        except Exception as exc:  # Redis away: the keys stay, as they do for a killed worker
-            log.warning("could not delete queue %s: %s", self.queue, exc)
+        delete_queue(self.app, self.queue)
 
     # -- the Celery task's side (the worker's main thread) --------------------------------------
 
@@ -173,8 +159,7 @@ class WorkerHost:
             except (InvalidSamplingParams, TypeError) as exc:
                 sink.push_threadsafe(StreamEvent.failure("invalid_params", str(exc)))
                 continue
-            with self._reply_lock:
-                self._reply_of[request_id] = reply_channel
+            self._replies.hold(request_id, reply_channel)
             user = request.get("user")
             prompt = cast("str | list[int]", request.get("prompt"))  # unchecked: the engine refuses a garbled one
             self.engine_host.add(request_id, prompt, sampling, sink,
@@ -253,10 +238,7 @@ class WorkerHost:
                 self._loop.call_later(0.5, self._wake.set)
             return
         self.outbox.sent(reply_channel)
-        with self._reply_lock:
-            for request_id, event in events.items():
-                if event.finished:
-                    self._reply_of.pop(request_id, None)
+        self._replies.finished(request_id for request_id, event in events.items() if event.finished)
 
     async def _orphans(self) -> None:
         """Requests whose web process is gone are canceled (its clients can never be answered). Gone
@@ -264,8 +246,7 @@ class WorkerHost:
         missed: set[str] = set()
         while True:
             await asyncio.sleep(2 * self.settings.heartbeat_s)
-            with self._reply_lock:
-                channels = sorted(set(self._reply_of.values()))
+            channels = self._replies.channels()
             missing = set(channels) - await self.presence.webs_alive(channels)
             for channel in missing & missed:
                 log.warning("web process of %s is gone; canceling its requests", channel)
@@ -276,11 +257,7 @@ class WorkerHost:
         self.outbox.discard(reply_channel)
         if self.outbox:  # other channels' deltas may have arrived meanwhile without a wake-up
             self._wake.set()
-        with self._reply_lock:
-            orphans = [rid for rid, channel in self._reply_of.items() if channel == reply_channel]
-            for request_id in orphans:
-                del self._reply_of[request_id]
-        for request_id in orphans:
+        for request_id in self._replies.forget_channel(reply_channel):
             self.engine_host.cancel(request_id)
 
 
