@@ -29,6 +29,9 @@ class StreamEvent:
     # Per token of `token_ids` when the request asks for logprobs: [token_id, logprob, [[id, logprob],
     # ...the top N]], plain lists so that they travel through msgpack as they are.
     logprobs: list[list] | None = None
+    # On a request's first delta when it asks for prompt logprobs: per prompt token [token_id, logprob,
+    # [[id, logprob], ...]], the first token's logprob null (nothing precedes it).
+    prompt_logprobs: list[list] | None = None
 
     @classmethod
     def failure(cls, code: str, message: str) -> "StreamEvent":
@@ -40,6 +43,7 @@ class StreamEvent:
         self.token_ids += later.token_ids
         if later.logprobs is not None:
             self.logprobs = (self.logprobs or []) + later.logprobs
+        self.prompt_logprobs = self.prompt_logprobs or later.prompt_logprobs
         self.finished, self.finish_reason = later.finished, later.finish_reason
         self.usage, self.timings = later.usage or self.usage, later.timings or self.timings
         self.error_code, self.error = later.error_code or self.error_code, later.error or self.error

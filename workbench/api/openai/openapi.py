@@ -29,6 +29,9 @@ def _number(minimum: float, maximum: float, exclusive_minimum: bool = False) -> 
 
 
 TOKEN_COUNT = _nullable({"type": "integer", "minimum": 1})
+# max_tokens 0 is taken with echo alone (the prompt scored, nothing generated), refused otherwise.
+COMPLETION_TOKEN_COUNT = _nullable({"type": "integer", "minimum": 0,
+                                    "description": "0 only with echo: true (the prompt scored alone)"})
 SAMPLING = {
     "model": {"type": "string",
               "description": "one of the served models (GET /v1/models; left out: the default); another is a 404"},
@@ -68,10 +71,11 @@ SAMPLING = {
                                  "properties": {"include_usage": {"type": "boolean"}}}),
     "user": _nullable({"type": "string", "description": "accepted and ignored"}),
     "logit_bias": _nullable({"type": "object", "maxProperties": 0, "description": "not served: only {}"}),
-    "echo": _nullable({"const": False, "description": "not served: only false"}),
     "suffix": _nullable({"const": "", "description": "not served: only the empty string"}),
 }
 TOP_N = {"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS}
+PROMPT_LOGPROBS = _nullable({**TOP_N, "description": "vLLM's extension: each prompt token's logprob and the top N "
+                                                     "(not with stream)"})
 FUNCTION_CALL = {"type": "object", "required": ["id", "type", "function"], "properties": {
     "id": {"type": "string"}, "type": {"const": "function"},
     "function": {"type": "object", "required": ["name", "arguments"], "properties": {
@@ -99,16 +103,23 @@ CHAT_REQUEST = {"type": "object", "required": ["messages"], "additionalPropertie
     "messages": {"type": "array", "minItems": 1, "items": MESSAGE},
     "logprobs": _nullable({"type": "boolean"}),
     "top_logprobs": _nullable({**TOP_N, "description": "needs logprobs: true"}),
+    "echo": _nullable({"const": False, "description": "not served here (on /v1/completions it is): only false"}),
+    "prompt_logprobs": PROMPT_LOGPROBS,
     "tools": _nullable({"type": "array", "items": TOOL}),
     "tool_choice": TOOL_CHOICE,
     "parallel_tool_calls": _nullable({"type": "boolean", "description": "one call per turn is made either way"}),
 }}
 COMPLETION_REQUEST = {"type": "object", "required": ["prompt"], "additionalProperties": False, "properties": {
     **SAMPLING,
+    "max_tokens": COMPLETION_TOKEN_COUNT,
     "prompt": {"anyOf": [{"type": "string", "minLength": 1},
                          {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}},
                          {"type": "array", "minItems": 1, "maxItems": 1, "items": {"type": "string", "minLength": 1}}]},
     "logprobs": _nullable({**TOP_N, "description": "the number of alternatives per token"}),
+    "echo": _nullable({"type": "boolean", "description": "the prompt's text (and, with logprobs, its tokens' "
+                                                         "logprobs, the first null) ahead of the completion's; "
+                                                         "with max_tokens 0, the prompt scored alone"}),
+    "prompt_logprobs": PROMPT_LOGPROBS,
 }}
 
 USAGE = {"type": "object", "properties": {
@@ -123,8 +134,10 @@ CHAT_LOGPROBS = _nullable({"type": "object", "properties": {"content": {"type": 
                                     "top_logprobs": {"type": "array", "items": TOKEN_LOGPROB}}}}}})
 COMPLETION_LOGPROBS = _nullable({"type": "object", "properties": {
     "tokens": {"type": "array", "items": {"type": "string"}},
-    "token_logprobs": {"type": "array", "items": {"type": "number"}},
-    "top_logprobs": {"type": "array", "items": {"type": "object", "additionalProperties": {"type": "number"}}},
+    "token_logprobs": {"type": "array", "items": {"type": ["number", "null"]}, "description": "an echoed prompt's "
+                                                                                            "first is null"},
+    "top_logprobs": {"type": "array", "items": {"anyOf": [
+        {"type": "object", "additionalProperties": {"type": "number"}}, {"type": "null"}]}},
     "text_offset": {"type": "array", "items": {"type": "integer"}}}})
 FINISH = {"type": ["string", "null"], "enum": ["stop", "length", "tool_calls", "error", None]}
 
@@ -137,10 +150,16 @@ def _reply(obj: str, choice: dict) -> dict:
             "index": {"type": "integer"}, "finish_reason": FINISH, **choice}}}}}
 
 
+# vLLM's: null for the first prompt token, then token id -> its logprob and text, for the token and the top N.
+VLLM_PROMPT_LOGPROBS = {"type": "array", "items": {"anyOf": [{"type": "null"}, {
+    "type": "object", "additionalProperties": {"type": "object", "properties": {
+        "logprob": {"type": "number"}, "decoded_token": {"type": "string"}}}}]}}
 CHAT_REPLY = _reply("chat.completion", {"logprobs": CHAT_LOGPROBS, "message": {"type": "object", "properties": {
     "role": {"const": "assistant"}, "content": {"type": ["string", "null"]},
     "tool_calls": {"type": "array", "items": FUNCTION_CALL}}}})
-COMPLETION_REPLY = _reply("text_completion", {"logprobs": COMPLETION_LOGPROBS, "text": {"type": "string"}})
+CHAT_REPLY["properties"]["prompt_logprobs"] = VLLM_PROMPT_LOGPROBS
+COMPLETION_REPLY = _reply("text_completion", {"logprobs": COMPLETION_LOGPROBS, "text": {"type": "string"},
+                                              "prompt_logprobs": VLLM_PROMPT_LOGPROBS})
 ERROR = {"type": "object", "required": ["error"], "properties": {"error": {
     "type": "object", "required": ["message", "type", "param", "code"], "properties": {
         "message": {"type": "string"}, "type": {"type": "string"},
