@@ -142,10 +142,17 @@ COMPLETION_LOGPROBS = _nullable({"type": "object", "properties": {
 FINISH = {"type": ["string", "null"], "enum": ["stop", "length", "tool_calls", "error", None]}
 
 
+# llama.cpp server's, which open-webui reads (workbench/api/openai/server_timings.py): choice 0's.
+TIMINGS = {"type": "object", "properties": {
+    **{k: {"type": "integer"} for k in ("cache_n", "prompt_n", "predicted_n")},
+    **{k: {"type": ["number", "null"]} for k in ("prompt_ms", "prompt_per_token_ms", "prompt_per_second", "predicted_ms",
+                                                 "predicted_per_token_ms", "predicted_per_second")}}}
+
+
 def _reply(obj: str, choice: dict) -> dict:
     return {"type": "object", "required": ["id", "object", "created", "model", "choices"], "properties": {
         "id": {"type": "string"}, "object": {"const": obj}, "created": {"type": "integer"},
-        "model": {"type": "string"}, "usage": _nullable(USAGE),
+        "model": {"type": "string"}, "usage": _nullable(USAGE), "timings": TIMINGS,
         "choices": {"type": "array", "items": {"type": "object", "properties": {
             "index": {"type": "integer"}, "finish_reason": FINISH, **choice}}}}}
 

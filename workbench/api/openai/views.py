@@ -33,6 +33,7 @@ from workbench.api.http_api import (ApiError, authenticate, check_model, json_bo
                                     vocabulary_of)
 from workbench.api.openai import params as openai_params
 from workbench.api.openai import prompt_report, tool_calls
+from workbench.api.openai.server_timings import llama_timings
 from workbench.api.openai.logprobs_shape import CompletionLogprobs, chat_content
 from workbench.api.openai.usage import openai_usage
 from workbench.protocol import request_input
@@ -285,18 +286,24 @@ class _Serving:
                                       "logprobs": self.logprobs(choice, choice.records)}
             shaped.append({**one, **self.whole_choice(choice, finish, tools)})
         usage = openai_usage(summed_usage([choice.last.usage for choice in choices]))
+        timings = llama_timings(choices[0].last.usage, choices[0].last.timings)  # llama.cpp serves one choice
         return JsonResponse({**meta, "object": self.whole_object, "choices": shaped, "usage": usage,
-                             **self.reply_fields(choices)})
+                             **({"timings": timings} if timings else {}), **self.reply_fields(choices)})
 
     async def sse(self, group: ChoiceGroup, choices: list[_Choice], meta: dict, include_usage: bool,
                   tools: tool_calls.Tools) -> AsyncIterator[str]:
         calls = [tool_calls.CallStream(tools) for _ in choices]  # each choice makes its own calls
 
-        def chunk(parts: list[dict], usage: dict | None = None) -> str:
+        def chunk(parts: list[dict], usage: dict | None = None, timings: dict | None = None) -> str:
             payload = {**meta, "object": self.chunk_object, "choices": parts}
             if include_usage:
                 payload["usage"] = usage
+            if timings is not None:  # a choice's last chunk: llama.cpp's timings (server_timings.py)
+                payload["timings"] = timings
             return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+        def timed(event: StreamEvent, finish: str | None) -> dict | None:
+            return llama_timings(event.usage, event.timings) if finish else None
 
         def part(index: int, event: StreamEvent, finish: str | None, text: str | None = None) -> dict:
             return {"index": index, **self.part_body(event.text if text is None else text), "finish_reason": finish,
@@ -327,11 +334,11 @@ class _Serving:
                         yield chunk([{"index": index, "delta": delta, "finish_reason": None, "logprobs": None}])
                     finish = tool_calls.finish_reason(finish, calls[index].calls > 0) if finish else None
                     if finish or event.logprobs:
-                        yield chunk([part(index, event, finish, text="")])
+                        yield chunk([part(index, event, finish, text="")], timings=timed(event, finish))
                 # A delta whose text is held back (half a character, a stop string's start) still sends
                 # its tokens' logprobs, so that a stream carries every value the whole reply does.
                 elif event.text or finish or event.logprobs:
-                    yield chunk([part(index, event, finish)])
+                    yield chunk([part(index, event, finish)], timings=timed(event, finish))
             else:
                 if include_usage:
                     yield chunk([], openai_usage(summed_usage([choice.last.usage for choice in choices])))
