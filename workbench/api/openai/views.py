@@ -36,6 +36,7 @@ from workbench.api.openai import prompt_report, tool_calls
 from workbench.api.openai.server_timings import llama_timings
 from workbench.api.openai.logprobs_shape import CompletionLogprobs, chat_content
 from workbench.api.openai.usage import openai_usage
+from workbench.api.reasoning import ReasoningSplit, prompt_opens_thinking, split_whole
 from workbench.protocol import request_input
 from workbench.serving import bridge, input_work, limits, served_models
 from workbench.serving.streams import StreamEvent
@@ -78,7 +79,8 @@ class _Choice:
     """One choice of a reply: its engine sequence, and what it has sent so far."""
 
     def __init__(self, engine_id: str, tokenizer: Tokenizer, logprobs: bool,
-                 report: prompt_report.PromptReport = prompt_report.PromptReport(), prompt_text: str = "") -> None:
+                 report: prompt_report.PromptReport = prompt_report.PromptReport(), prompt_text: str = "",
+                 split: ReasoningSplit | None = None) -> None:
         self.engine_id, self.tokenizer = engine_id, tokenizer
         self.text, self.last = "", StreamEvent()  # a stream always ends with its finished event
         # The logprob records, when the request asks for them (empty, not null, for a reply of no tokens)
@@ -87,6 +89,7 @@ class _Choice:
         self.report, self.prompt_text = report, prompt_text  # what the reply says of its prompt (echo)
         self.prompt_records: list[list] | None = None  # StreamEvent.prompt_logprobs, from the first event
         self.echo_sent = False  # whether the echoed prompt's records went out (they lead the first logprobs)
+        self.split = split  # a thinking model's reasoning and answer given apart (chat: workbench/api/reasoning.py)
 
     def add(self, event: StreamEvent) -> None:
         self.text += event.text
@@ -183,6 +186,14 @@ class _Serving:
         """The event as the reply shows it (all of it, unless the endpoint leaves something out)."""
         return event
 
+    def reasoning_split(self, prepared: Prepared) -> ReasoningSplit | None:
+        """A new choice's reasoning splitter, where the endpoint gives a thinking model's reasoning apart."""
+        return None
+
+    def split_reasoning(self, index: int, choice: _Choice, event: StreamEvent) -> tuple[StreamEvent, list[dict]]:
+        """A streamed event's answer (as the event) and the chunk parts of its reasoning, sent before it."""
+        return event, []
+
     def reply_fields(self, choices: list[_Choice]) -> dict[str, object]:
         """Fields of a whole reply past OpenAI's (vLLM's extensions)."""
         return {}
@@ -234,8 +245,8 @@ class _Serving:
         request_id = f"{self.id_prefix}-{uuid.uuid4().hex}"
         engine_ids = choice_ids(request_id, prepared.n)
         echoed = prompt_report.prompt_text(prepared.prompt, prepared.tokenizer) if prepared.report.echo else ""
-        choices = [_Choice(engine_id, prepared.tokenizer, prepared.params.logprobs is not None, prepared.report, echoed)
-                   for engine_id in engine_ids]
+        choices = [_Choice(engine_id, prepared.tokenizer, prepared.params.logprobs is not None, prepared.report, echoed,
+                           self.reasoning_split(prepared)) for engine_id in engine_ids]
         group = ChoiceGroup.submit(prepared.transport, admissions, engine_ids, prepared.prompt, prepared.params,
                                    prepared.model)
         return Started(prepared, group, choices, {"id": request_id, "created": int(time.time()),
@@ -321,6 +332,9 @@ class _Serving:
                 if index not in opened and (opening := self.opening_part(index, choices[index])) is not None:
                     yield chunk([opening])
                 opened.add(index)
+                event, reasoning_parts = self.split_reasoning(index, choices[index], event)
+                for reasoning_part in reasoning_parts:
+                    yield chunk([reasoning_part])
                 choices[index].last = event  # a stream sends each part as it comes: no whole text is kept
                 if event.error_code:
                     if event.text or event.logprobs:  # what came before the failure (a stream interval holds it back)
@@ -374,12 +388,31 @@ class ChatServing(_Serving):
         return None if records is None else {"content": chat_content(choice.tokenizer, records)}
 
     def whole_choice(self, choice: _Choice, finish: str | None, tools: tool_calls.Tools) -> dict[str, object]:
-        content, calls = tool_calls.parse(choice.text, tools)
+        text, reasoning = choice.text, None
+        if choice.split is not None:
+            reasoning, text = split_whole(choice.text, choice.split.opened)
+        content, calls = tool_calls.parse(text, tools)
         reason = tool_calls.finish_reason(finish, bool(calls))
-        if reason == "length" and not calls and (cut := tool_calls.cut(choice.text, tools)) is not None:
+        if reason == "length" and not calls and (cut := tool_calls.cut(text, tools)) is not None:
             content, calls = None, [cut]  # a forced call max_tokens ended: its arguments so far, still "length"
-        return {"finish_reason": reason,
-                "message": {"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {})}}
+        thought = {} if reasoning is None else {"reasoning_content": reasoning}
+        return {"finish_reason": reason, "message": {"role": "assistant", "content": content, **thought,
+                                                     **({"tool_calls": calls} if calls else {})}}
+
+    def reasoning_split(self, prepared: Prepared) -> ReasoningSplit | None:
+        tokenizer = prepared.tokenizer
+        if not tokenizer.thinks or not isinstance(prepared.prompt, list):
+            return None
+        tail = tokenizer.decode(prepared.prompt[-8:], skip_special_tokens=False)
+        return ReasoningSplit(prompt_opens_thinking(tail))
+
+    def split_reasoning(self, index: int, choice: _Choice, event: StreamEvent) -> tuple[StreamEvent, list[dict]]:
+        if choice.split is None:
+            return event, []
+        reasoning, answer = choice.split.feed(event.text, final=event.finished)
+        parts = [{"index": index, "delta": {"reasoning_content": reasoning}, "finish_reason": None,
+                  "logprobs": None}] if reasoning else []
+        return replace(event, text=answer), parts
 
     def part_body(self, text: str) -> dict[str, object]:
         return {"delta": {"content": text}}
