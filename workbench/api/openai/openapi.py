@@ -193,6 +193,19 @@ def _generation(summary: str, request: str, reply: str) -> dict:
                       **ERRORS}}}
 
 
+def _other_api(summary: str, method: str = "post", body: bool = True) -> dict:
+    """A route of another client's API: its body and replies are that API's, documented in docs/PROTOCOL.md
+    ("Other clients' APIs"), not restated here."""
+    operation: dict[str, Any] = {"summary": summary, "security": [{"bearer": []}], "responses": {
+        "200": {"description": "the API's own reply (docs/PROTOCOL.md)"}, **{k: ERRORS[k] for k in ("400", "401", "404")}}}
+    if body:
+        operation["requestBody"] = {"required": True, "content": {"application/json": {"schema": {"type": "object"}}}}
+    return {method: operation}
+
+
+RESPONSE_ID = [{"name": "response_id", "in": "path", "required": True, "schema": {"type": "string"}}]
+
+
 def document() -> dict:
     return copy.deepcopy({
         "openapi": "3.1.0",
@@ -201,6 +214,14 @@ def document() -> dict:
         "paths": {
             "/v1/chat/completions": _generation("a chat completion", "ChatCompletionRequest", "ChatCompletion"),
             "/v1/completions": _generation("a completion", "CompletionRequest", "Completion"),
+            "/v1/responses": _other_api("OpenAI's Responses API: a response, whole or streamed"),
+            "/v1/responses/{response_id}": {
+                "parameters": RESPONSE_ID,
+                **_other_api("a stored response, its own user's only (another's is a 404)", "get", body=False),
+                **_other_api("delete a stored response, its own user's only: {id, object, deleted: true}", "delete",
+                             body=False)},
+            "/v1/messages": _other_api("Anthropic's Messages API: a message, whole or streamed"),
+            "/v1/messages/count_tokens": _other_api("Anthropic's Messages API: the prompt's token count"),
             "/v1/models": {"get": {"summary": "the served models (each live worker's, on the Celery transport)",
                                    "security": [{"bearer": []}], "responses": {
                 "200": {"description": "the models requests may name", "content": {"application/json": {"schema": {
