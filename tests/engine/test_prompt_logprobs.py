@@ -141,3 +141,23 @@ def test_a_chunk_that_starts_before_the_records_so_far_reads_its_own_positions()
     records = prompt_logprobs.records(lambda rows: rows, hidden, seq, range(4, 6), top=1)
     assert [r.token_id for r in records] == [5, 6]
     assert all(r.top[0][0] == r.token_id and r.logprob > -1e-6 for r in records), records
+
+
+def test_the_same_bits_on_the_served_route(tiny_gguf, native_cpu_kernels):
+    """`make run`'s route (quantized weights, bfloat16 activations, the fused layer on our native
+    kernels): alone, batched, and prefilled in chunks beside a decode."""
+    path, _ = tiny_gguf("llama", "Q4_1", seed=3, embedding_qtype="Q8_0")
+    served = dict(weights="quantized", dtype="bfloat16")
+    alone_engine = make(path, **served)
+    assert alone_engine.loaded.model.fused is not None, "liveness: the fused route serves it"
+    alone = bits(alone_engine.generate([PROMPT], ASKS)[0])
+    assert bits(make(path, **served).generate([*OTHERS, PROMPT], [PLAIN] * len(OTHERS) + [ASKS])[-1]) == alone
+    chunked = make(path, max_num_batched_tokens=8, **served)
+    chunked.add_request("other", OTHERS[1], PLAIN)
+    chunked.step()
+    chunked.add_request("asks", PROMPT, ASKS)
+    first = None
+    while chunked.has_unfinished_requests():
+        outputs = [o for o in chunked.step() if o.request_id == "asks"]
+        first = first or (outputs[0] if outputs else None)
+    assert first is not None and [(r.token_id, r.logprob, r.top) for r in first.prompt_logprobs[1:]] == alone
