@@ -43,6 +43,10 @@ class RequestOutput:
     # On the finishing delta of a request that ran to its end (not canceled, not failed): what
     # re-deriving it needs (engine/reproduce.py).
     record: ReproRecord | None = None
+    # On the first delta (index 0) when the request asks for prompt logprobs: the prompt's token ids and
+    # a record per prompt token, the first None (nothing precedes it).
+    prompt_token_ids: list[int] | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,7 @@ class GenerationResult:
     timings: dict[str, float | None] = field(default_factory=dict, repr=False)
     logprobs: list[TokenLogprob] | None = field(default=None, repr=False)
     error: str | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = field(default=None, repr=False)
 
     @classmethod
     def from_deltas(cls, deltas: list[RequestOutput]) -> "GenerationResult":
@@ -64,7 +69,7 @@ class GenerationResult:
         logprobs = [lp for d in deltas for lp in (d.logprobs or [])] if last.logprobs is not None else None
         return cls(text="".join(d.text for d in deltas), token_ids=[t for d in deltas for t in d.token_ids],
                    finish_reason=last.finish_reason, usage=last.usage, timings=last.timings, logprobs=logprobs,
-                   error=last.error)
+                   error=last.error, prompt_logprobs=deltas[0].prompt_logprobs)
 
 
 def timings_of(t: Timings, output_tokens: int) -> dict[str, float | None]:

@@ -33,6 +33,7 @@ class Postprocess:
     def row_done(self, request: LiveRequest, row: RowOutput, fed: int) -> list[RequestOutput]:
         """A row's forward ran: its token postprocessed, or (a prefill chunk short of the prompt's end,
         no token) its chunk counted as cached, with nothing to report yet."""
+        request.seq.prompt_logprobs += row.prompt_logprobs
         if row.token is None:
             self.chunk_fed(request.seq, fed)
             return []
@@ -104,8 +105,11 @@ class Postprocess:
         seq = request.seq
         start = request.sent_tokens
         request.sent_tokens = len(seq.output_ids)
+        prompt: dict[str, Any] = {} if start or seq.params.prompt_logprobs is None else \
+            {"prompt_token_ids": seq.prompt_ids, "prompt_logprobs": [None, *seq.prompt_logprobs]}
         return RequestOutput(request_id=seq.request_id, index=start, text=text, token_ids=seq.output_ids[start:],
-                             logprobs=seq.logprobs[start:] if seq.params.logprobs is not None else None, **finish)
+                             logprobs=seq.logprobs[start:] if seq.params.logprobs is not None else None,
+                             **prompt, **finish)
 
     def finish(self, request: LiveRequest, text: str | None = None) -> RequestOutput:
         """The last delta of a finished sequence; its blocks go back to the pool now. Without `text`

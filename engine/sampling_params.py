@@ -45,6 +45,9 @@ class SamplingParams:
     presence_penalty: float = 0.0
     seed: int | None = None
     logprobs: int | None = None       # None: none; N: the sampled token's logprob and the top N
+    # vLLM's extension: None: none; N: each prompt token's logprob under the model (the first has none)
+    # and the top N, from the prefill's logits (engine/decode/prompt_logprobs.py).
+    prompt_logprobs: int | None = None
     stop: tuple[str, ...] = field(default_factory=tuple)
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
     # The first this many tokens are never EOS (unless ignore_eos) or a stop token: the sampler masks them.
@@ -102,6 +105,9 @@ class SamplingParams:
             refuse("seed", "must be null or an integer in [-2**63, 2**64 - 1]")
         if self.logprobs is not None and (not is_integer(self.logprobs) or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS):
             refuse("logprobs", f"must be null or an integer in [0, {MAX_TOP_LOGPROBS}]")
+        if self.prompt_logprobs is not None and (not is_integer(self.prompt_logprobs)
+                                                 or not 0 <= self.prompt_logprobs <= MAX_TOP_LOGPROBS):
+            refuse("prompt_logprobs", f"must be null or an integer in [0, {MAX_TOP_LOGPROBS}]")
         if not isinstance(self.stop, tuple) or not all(isinstance(s, str) and s for s in self.stop):
             refuse("stop", "must be a string or a list of non-empty strings")
         if len(self.stop) > MAX_STOP_STRINGS:

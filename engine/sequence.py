@@ -105,6 +105,9 @@ class Sequence:
         self.prompt_ids = list(prompt_ids)
         self.output_ids: list[int] = []
         self.logprobs: list = []  # TokenLogprob per output token, when the request asks for them
+        # TokenLogprob per prompt token from the second on, when the request asks for prompt logprobs;
+        # filled chunk by chunk as the prefill feeds them (engine/decode/prompt_logprobs.py).
+        self.prompt_logprobs: list = []
         self.params = params
         self.block_table: list[int] = []
         self.num_cached = 0  # tokens whose keys/values are in this sequence's blocks
@@ -145,6 +148,12 @@ class Sequence:
     def num_uncached(self) -> int:
         """Tokens the next forward must feed: the whole prompt for a prefill, 1 for a decode."""
         return self.num_tokens - self.num_cached
+
+    @property
+    def wants_prompt_logits(self) -> bool:
+        """Whether a prefill must still produce logits at prompt positions for this sequence's prompt
+        logprobs (so its prefix must be computed, not taken from the prefix cache)."""
+        return self.params.prompt_logprobs is not None and len(self.prompt_logprobs) < len(self.prompt_ids) - 1
 
     @property
     def is_finished(self) -> bool:

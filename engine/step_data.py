@@ -72,6 +72,8 @@ class RowOutput:
     token: int | None             # None only for a CHUNK row
     logprob: TokenLogprob | None  # None unless the row asks for logprobs or a confidence floor
     source: TokenSource
+    # The prompt logprobs this forward produced for the row (engine/decode/prompt_logprobs.py), in order.
+    prompt_logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -187,6 +187,9 @@ WORKBENCH_WEIGHTS = env_str("WORKBENCH_WEIGHTS", choices=("quantized", "dequanti
 # only, the default) or "deployment" (everyone's: shares a system prompt's KV, but lets one user time
 # whether another's prompt began with a guessed text; docs/OPERATIONS.md, "Prefix caching").
 WORKBENCH_PREFIX_CACHE_SCOPE = env_str("WORKBENCH_PREFIX_CACHE_SCOPE", "user", choices=("user", "deployment"))
+# Days a stored /v1/responses reply is kept (OpenAI keeps them 30): an older one reads as not found
+# and is deleted at the next store (workbench/api/responses/store.py). 0 keeps them until deleted.
+WORKBENCH_RESPONSES_RETENTION_DAYS = env_int("WORKBENCH_RESPONSES_RETENTION_DAYS", 30, minimum=0, unit="days")
 # The tokens one engine step may feed (EngineConfig.max_num_batched_tokens): a longer prompt is
 # prefilled in chunks. Unset: the engine's default (2048).
 WORKBENCH_MAX_NUM_BATCHED_TOKENS = env_int("WORKBENCH_MAX_NUM_BATCHED_TOKENS", 0, minimum=1, unit="tokens") or None

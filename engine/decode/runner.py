@@ -13,16 +13,17 @@ the ids of the sequences they were computed for; sampling them for any other seq
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
+from engine.decode import prompt_logprobs
 from engine.decode.device_loop import BurstForward, DeviceLoop
 from engine.decode.graphs import DecodeGraphs
 from engine.kernels.host_copy import device_tensor
 from engine.loading.loader import LoadedModel
 from engine.model import AttentionMetadata
-from engine.sampler import SampleRequest, sample
+from engine.sampler import SampleRequest, TokenLogprob, sample
 from engine.scheduler.kv_cache import PagedKVCache
 from engine.sequence import Sequence
 from engine.step_data import BurstGrant, RowOutput, RunnerOutput, ScheduledBatch, TokenSource
@@ -36,6 +37,8 @@ class AliasedLogitsError(RuntimeError):
 class TaggedLogits:
     values: torch.Tensor         # [B, V]
     seq_ids: tuple[int, ...]     # the sequence each row was computed for
+    # Per fed sequence (by its index in the forward) that asks for them: its chunk's prompt logprobs.
+    prompt: dict[int, tuple[TokenLogprob, ...]] = field(default_factory=dict)
 
 
 def check_identity(logits: TaggedLogits, seqs: list[Sequence]) -> None:
@@ -78,11 +81,12 @@ class ModelRunner:
         sampled_rows = [row for row, done in zip(rows, complete) if done]
         sampled_seqs = [seq for seq, done in zip(seqs, complete) if done]
         check_identity(logits, sampled_seqs)
-        served = {row: RowOutput(seq.seq_id, None, None, TokenSource.CHUNK)
+        prompt = {rows[index]: records for index, records in logits.prompt.items()}
+        served = {row: RowOutput(seq.seq_id, None, None, TokenSource.CHUNK, prompt.get(row, ()))
                   for row, seq, done in zip(rows, seqs, complete) if not done}
         if sampled_rows:
             tokens, records = sample(logits.values, [requests[row] for row in sampled_rows])
-            served |= {row: RowOutput(seq.seq_id, token, record, TokenSource.HOST)
+            served |= {row: RowOutput(seq.seq_id, token, record, TokenSource.HOST, prompt.get(row, ()))
                        for row, seq, token, record in zip(sampled_rows, sampled_seqs, tokens, records)}
         return served
 
@@ -91,7 +95,9 @@ class ModelRunner:
                 sampled: list[bool] | None = None) -> TaggedLogits:
         """Logits of each sequence's last fed token. Each feeds `feeds[i]` of its uncached tokens (all
         of them without `feeds`); with `sampled`, only the rows marked True get logits (a prefill
-        chunk that ends short of its prompt needs none)."""
+        chunk that ends short of its prompt needs none). A row that asks for prompt logprobs gets
+        those of its chunk too (engine/decode/prompt_logprobs.py); a decode feeds no prompt token
+        whose logprob is missing, so only the prefill route computes them."""
         device = self.loaded.device
         feeds = feeds if feeds is not None else [s.num_uncached for s in seqs]
         sampled = sampled if sampled is not None else [True] * len(seqs)
@@ -114,7 +120,22 @@ class ModelRunner:
         last = metadata.last_token_index
         if not all(sampled):
             last = last[device_tensor([row for row, keep in enumerate(sampled) if keep], device)]
-        return TaggedLogits(model.logits(hidden[last]), kept)
+        return TaggedLogits(model.logits(hidden[last]), kept, self._prompt_logprobs(hidden, seqs, feeds))
+
+    def _prompt_logprobs(self, hidden: torch.Tensor, seqs: list[Sequence],
+                         feeds: list[int]) -> dict[int, tuple[TokenLogprob, ...]]:
+        """The prompt logprobs of the rows that still want some, by row; `hidden` holds the rows' fed
+        tokens one after another."""
+        found: dict[int, tuple[TokenLogprob, ...]] = {}
+        start = 0
+        for index, (seq, fed) in enumerate(zip(seqs, feeds)):
+            positions = prompt_logprobs.wanted_positions(seq, fed)
+            if positions:
+                top = seq.params.prompt_logprobs or 0
+                found[index] = prompt_logprobs.records(self.loaded.model.logits, hidden[start:start + fed], seq,
+                                                       positions, top)
+            start += fed
+        return found
 
     def _burst(self, grant: BurstGrant, seqs: list[Sequence]) -> list[int] | None:
         """The granted burst's first tokens; None if it faulted."""

@@ -102,6 +102,12 @@ class Tokenizer:
         """Whether the chat template reads a `tools` variable (HF's convention for tool definitions)."""
         return self.chat_template is not None and "tools" in self.chat_template
 
+    @property
+    def thinks(self) -> bool:
+        """Whether the chat template knows `<think>` blocks (Qwen3's, DeepSeek-R1's): the model's replies
+        may open with its reasoning there, which the API layers give apart (workbench/api/reasoning.py)."""
+        return self.chat_template is not None and "<think>" in self.chat_template
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         try:
             text.encode("utf-8")

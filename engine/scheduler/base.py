@@ -122,7 +122,8 @@ class SchedulerBase(ABC):
         """For a sequence about to be admitted with no blocks: hold the cached blocks of its prefix."""
         pool, size = self.kv_cache.pool, self.block_size
         hits: list[int] = []
-        if self.prefix_caching:
+        # A cached prefix has no logits: a sequence that still needs its prompt's logits computes it all.
+        if self.prefix_caching and not seq.wants_prompt_logits:
             tokens = seq.token_ids
             seq.block_hashes = chain_hashes(tokens, size, seq.cache_scope, seq.block_hashes)
             hits = pool.lookup(seq.block_hashes[: (len(tokens) - 1) // size])

@@ -28,7 +28,8 @@ const FINAL_CLOSE = new Set([4401, 4404]);
 // Closed because this session signed out (here or in another tab): the page says so, and links to the login.
 const SIGNED_OUT = 4440;
 
-document.querySelectorAll("[data-markdown]").forEach((el) => renderMarkdown(el, el.textContent));
+document.querySelectorAll("[data-markdown]").forEach(
+  (el) => renderAssistantText(el, el.textContent, storedReplyThinks(el.textContent)));
 
 function connect() {
   const scheme = location.protocol === "https:" ? "wss" : "ws";
@@ -73,7 +74,7 @@ function addMessage(role, text) {
   const content = document.createElement("div");
   content.className = "content";
   // A reply is markdown; the user's words are shown as typed (style.css keeps their line breaks).
-  if (role === "assistant") renderMarkdown(content, text); else content.textContent = text;
+  if (role === "assistant") renderAssistantText(content, text, false); else content.textContent = text;
   article.appendChild(content);
   addCopyMessageButton(article);
   if (role === "user") addEditButton(article);
@@ -111,6 +112,7 @@ function handle(frame) {
     reply = addMessage("assistant", "");
     reply.article.dataset.streaming = "true";
     reply.nextIndex = 0;  // the offset of the first token the page does not have yet
+    reply.thinks = Boolean(frame.thinks);  // the model's reasoning is folded away (reasoning.js)
   } else if (frame.type === "delta" && reply) {
     if (frame.index < reply.nextIndex) return;  // already had (sent again by a resume)
     reply.nextIndex = frame.index + 1;
@@ -161,7 +163,7 @@ function handle(frame) {
 function renderReply() {
   renderScheduled = false;
   if (!reply) return;  // it ended (and was rendered) before this frame
-  renderMarkdown(reply.content, reply.text);
+  renderAssistantText(reply.content, reply.text, reply.thinks);
   reply.article.scrollIntoView({block: "end"});
 }
 

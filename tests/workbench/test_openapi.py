@@ -34,7 +34,10 @@ async def test_the_document_is_served_without_a_token_and_lists_exactly_the_fiel
     response = await AsyncClient().get("/openapi.json")
     document = json.loads(response.content)
     assert response.status_code == 200 and document["openapi"] == "3.1.0"
-    assert set(document["paths"]) == {"/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/reproduce/{id}"}
+    assert set(document["paths"]) == {"/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/responses",
+                                      "/v1/responses/{response_id}", "/v1/messages", "/v1/messages/count_tokens",
+                                      "/v1/reproduce/{id}"}
+    assert set(document["paths"]["/v1/responses/{response_id}"]) == {"parameters", "get", "delete"}
     for kind, name in SCHEMAS.items():
         schema = document["components"]["schemas"][name]
         assert set(schema["properties"]) == accepted_fields(kind), kind

@@ -209,16 +209,17 @@ async def test_bad_tokenize_and_detokenize_bodies_are_structured_errors_naming_t
 
 # -- fields /v1 does not serve ----------------------------------------------------------------------
 
-REFUSED = [{"logit_bias": {"50256": -100}}, {"logit_bias": []}, {"echo": True}, {"echo": 1}, {"suffix": "!"},
-           {"suffix": 0}]
+REFUSED = [{"logit_bias": {"50256": -100}}, {"logit_bias": []}, {"suffix": "!"}, {"suffix": 0}]
+CHAT_REFUSED = [{"echo": True}, {"echo": 1}]  # echo is served on /v1/completions (test_completions_echo.py)
 ACCEPTED = [{"logit_bias": {}}, {"echo": False}, {"suffix": ""}, {"logit_bias": None, "echo": None, "suffix": None}]
 
 
 @pytest.mark.asyncio
 async def test_logit_bias_echo_and_suffix_are_refused_by_name_unless_off(api_user):
     _, token = api_user
-    for path, prompt in (("/v1/completions", {"prompt": "hi"}), ("/v1/chat/completions", {"messages": MESSAGES})):
-        for fields in REFUSED:
+    for path, prompt, refused in (("/v1/completions", {"prompt": "hi"}, REFUSED),
+                                  ("/v1/chat/completions", {"messages": MESSAGES}, REFUSED + CHAT_REFUSED)):
+        for fields in refused:
             [name] = fields
             status, answer = await post(path, {**prompt, "max_tokens": 1, **fields}, token)
             assert status == 400, (path, fields, answer)

@@ -237,7 +237,7 @@ class ChatConsumer(JsonSocketConsumer):
         except TokenizerError as exc:
             under_way.publish({"type": "error", "code": "invalid_request", "message": str(exc)})
             return
-        under_way.publish({"type": "started", "asked": asked})
+        under_way.publish({"type": "started", "asked": asked, "thinks": tokenizer.thinks})
         text, event = "", StreamEvent()
         stream = admission.submit(transport, engine_id, prompt, params, model, keep_record=False)  # kept with the reply
         if self.stop_asked:

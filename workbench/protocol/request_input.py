@@ -30,9 +30,10 @@ class InvalidInput(ValueError):
 
 
 def sampling_params(values: object, defaults: Mapping[str, object] | None = None,
-                    logprobs_allowed: bool = False) -> SamplingParams:
+                    logprobs_allowed: bool = False, prompt_logprobs_allowed: bool = False) -> SamplingParams:
     """The client's `params` object as SamplingParams, over `defaults` (the API's, for keys it leaves out).
-    `logprobs_allowed`: the API sends logprobs back (the websocket and OpenAI APIs; the chat page does not)."""
+    `logprobs_allowed`: the API sends logprobs back (the websocket and OpenAI APIs; the chat page does not);
+    `prompt_logprobs_allowed`: likewise the prompt's (the OpenAI API only)."""
     if not isinstance(values, dict):
         raise InvalidInput(BAD_PARAMS, "params: must be an object", "params")
     try:
@@ -41,6 +42,8 @@ def sampling_params(values: object, defaults: Mapping[str, object] | None = None
         raise InvalidInput(BAD_PARAMS, str(exc), exc.parameter) from None
     if params.logprobs is not None and not logprobs_allowed:
         raise InvalidInput(BAD_PARAMS, "logprobs: not sent over this API; leave it out", "logprobs")
+    if params.prompt_logprobs is not None and not prompt_logprobs_allowed:
+        raise InvalidInput(BAD_PARAMS, "prompt_logprobs: not sent over this API; leave it out", "prompt_logprobs")
     return params
 
 

@@ -340,4 +340,13 @@ def _event(output: RequestOutput) -> StreamEvent:
                        error_code="engine_error" if output.error else None, error=output.error,
                        reproduce=None if output.record is None else output.record.as_dict(),
                        logprobs=None if output.logprobs is None else [
-                           [lp.token_id, lp.logprob, [list(pair) for pair in lp.top]] for lp in output.logprobs])
+                           [lp.token_id, lp.logprob, [list(pair) for pair in lp.top]] for lp in output.logprobs],
+                       prompt_logprobs=_prompt_records(output))
+
+
+def _prompt_records(output: RequestOutput) -> list[list] | None:
+    """The first delta's prompt logprobs as StreamEvent carries them (each with its token id)."""
+    if output.prompt_logprobs is None or output.prompt_token_ids is None:
+        return None
+    return [[token, None, []] if lp is None else [token, lp.logprob, [list(pair) for pair in lp.top]]
+            for token, lp in zip(output.prompt_token_ids, output.prompt_logprobs)]

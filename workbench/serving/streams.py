@@ -32,6 +32,9 @@ class StreamEvent:
     # On the last event of a request that ran to its end: its reproducibility record (engine/reproduce.py,
     # ReproRecord.as_dict()), which the web side keeps with the reply.
     reproduce: dict | None = None
+    # On a request's first delta when it asks for prompt logprobs: per prompt token [token_id, logprob,
+    # [[id, logprob], ...]], the first token's logprob null (nothing precedes it).
+    prompt_logprobs: list[list] | None = None
 
     @classmethod
     def failure(cls, code: str, message: str) -> "StreamEvent":
@@ -43,6 +46,7 @@ class StreamEvent:
         self.token_ids += later.token_ids
         if later.logprobs is not None:
             self.logprobs = (self.logprobs or []) + later.logprobs
+        self.prompt_logprobs = self.prompt_logprobs or later.prompt_logprobs
         self.finished, self.finish_reason = later.finished, later.finish_reason
         self.usage, self.timings = later.usage or self.usage, later.timings or self.timings
         self.error_code, self.error = later.error_code or self.error_code, later.error or self.error

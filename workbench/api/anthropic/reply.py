@@ -4,6 +4,8 @@ workbench/api/openai/tool_calls.py), its finish and its usage.
 
 - stop_reason: `tool_use` (the answer is a call), `max_tokens` (max_tokens or the model's length),
   `stop_sequence` (one of stop_sequences ended it, named in `stop_sequence`), else `end_turn`.
+- A thinking model's reasoning (workbench/api/reasoning.py) is a `thinking` block ahead of the answer's
+  blocks (its `signature` empty: nothing here signs it), streamed as `thinking_delta`s.
 - usage: `input_tokens` the prompt tokens computed, `cache_read_input_tokens` those the prefix cache
   held (the two add up to the prompt, as count_tokens counts it), `output_tokens` the tokens generated.
 """
@@ -16,6 +18,7 @@ from typing import Any
 
 from engine.loading.tokenizer import Tokenizer
 from workbench.api.openai import tool_calls
+from workbench.api.reasoning import ReasoningSplit, split_whole
 
 
 def tool_use(call: dict[str, Any]) -> dict[str, Any]:
@@ -24,10 +27,15 @@ def tool_use(call: dict[str, Any]) -> dict[str, Any]:
             "name": call["function"]["name"], "input": json.loads(call["function"]["arguments"])}
 
 
-def content(text: str, tools: tool_calls.Tools) -> list[dict[str, Any]]:
-    """A whole answer's content blocks: its text (when any), then its call."""
+def content(text: str, tools: tool_calls.Tools, split: ReasoningSplit | None = None) -> list[dict[str, Any]]:
+    """A whole answer's content blocks: its reasoning (a thinking model's), its text (when any), then its call."""
+    thinking: list[dict[str, Any]] = []
+    if split is not None:
+        reasoning, text = split_whole(text, split.opened)
+        if reasoning is not None:
+            thinking = [{"type": "thinking", "thinking": reasoning, "signature": ""}]
     said, calls = tool_calls.parse(text, tools)
-    return ([{"type": "text", "text": said}] if said else []) + [tool_use(call) for call in calls]
+    return thinking + ([{"type": "text", "text": said}] if said else []) + [tool_use(call) for call in calls]
 
 
 def stop_reason(finish: str | None, has_call: bool, token_ids: list[int], tokenizer: Tokenizer,
@@ -60,12 +68,27 @@ class BlockStream:
     starts, then the call as a tool_use block (its input as one input_json_delta, sent when the call's
     closing tag has come), each block opened with content_block_start and closed with content_block_stop."""
 
-    def __init__(self, tools: tool_calls.Tools) -> None:
+    def __init__(self, tools: tool_calls.Tools, split: ReasoningSplit | None = None) -> None:
         self.calls = tool_calls.CallStream(tools)
+        self.split = split
         self.index = -1  # the open block's, or the last one's
         self.open_text = False
+        self.open_thinking = False
 
     def events(self, text: str, final: bool) -> Iterator[dict[str, Any]]:
+        if self.split is not None:
+            reasoning, text = self.split.feed(text, final)
+            if reasoning and not self.open_thinking:
+                self.index += 1
+                self.open_thinking = True
+                yield {"type": "content_block_start", "index": self.index,
+                       "content_block": {"type": "thinking", "thinking": "", "signature": ""}}
+            if reasoning:
+                yield {"type": "content_block_delta", "index": self.index,
+                       "delta": {"type": "thinking_delta", "thinking": reasoning}}
+            if self.open_thinking and (text or final):
+                self.open_thinking = False
+                yield {"type": "content_block_stop", "index": self.index}
         items = self.calls.feed(text) + (self.calls.close() if final else [])
         for kind, value in items:
             if kind == "content":

@@ -90,7 +90,7 @@ async def _whole(started: Started, message: dict[str, Any]) -> JsonResponse:
     if last.error_code:
         return error_response(ApiError(ERROR_STATUS.get(last.error_code, 500), last.error or "", code=last.error_code))
     prepared = started.prepared
-    content = reply.content(text, prepared.tools)
+    content = reply.content(text, prepared.tools, started.choices[0].split)
     stop_reason, stop_sequence = reply.stop_reason(last.finish_reason, any(b["type"] == "tool_use" for b in content),
                                                    token_ids, prepared.tokenizer, list(prepared.params.stop))
     return JsonResponse({**message, "content": content, "stop_reason": stop_reason, "stop_sequence": stop_sequence,
@@ -103,7 +103,7 @@ def _sse(event: dict[str, Any]) -> str:
 
 async def _events(started: Started, message: dict[str, Any]) -> AsyncIterator[str]:
     prepared = started.prepared
-    blocks = reply.BlockStream(prepared.tools)
+    blocks = reply.BlockStream(prepared.tools, started.choices[0].split)
     token_ids: list[int] = []
     # Leaving the group (the client went away mid-stream, even before the first event, or the request
     # failed) stops the sequence: so every yield is inside it.

@@ -44,7 +44,8 @@ def socket_logprobs(tokenizer: Tokenizer, records: list[list]) -> list[dict[str,
 class CompletionLogprobs:
     """OpenAI's completions `logprobs` for one choice, built delta by delta: `text_offset` runs on
     across the deltas of a stream (each token's offset is the length of the text of the tokens before
-    it, each decoded alone without special tokens, as the reply's text is)."""
+    it, each decoded alone without special tokens, as the reply's text is). An echoed prompt's records
+    come first, its first token's logprob and top_logprobs null."""
 
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
@@ -54,9 +55,13 @@ class CompletionLogprobs:
         shaped: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
         for token_id, logprob, top in records:
             shaped["tokens"].append(self.tokenizer.decode([token_id], skip_special_tokens=False))
-            shaped["token_logprobs"].append(_value(logprob))
-            shaped["top_logprobs"].append({self.tokenizer.decode([top_id], skip_special_tokens=False): _value(top_lp)
-                                           for top_id, top_lp in top})
+            if logprob is None:  # an echoed prompt's first token: nothing precedes it
+                shaped["token_logprobs"].append(None)
+                shaped["top_logprobs"].append(None)
+            else:
+                shaped["token_logprobs"].append(_value(logprob))
+                shaped["top_logprobs"].append({self.tokenizer.decode([top_id], skip_special_tokens=False):
+                                               _value(top_lp) for top_id, top_lp in top})
             shaped["text_offset"].append(self.offset)
             self.offset += len(self.tokenizer.decode([token_id]))
         return shaped

@@ -29,6 +29,9 @@ def _number(minimum: float, maximum: float, exclusive_minimum: bool = False) -> 
 
 
 TOKEN_COUNT = _nullable({"type": "integer", "minimum": 1})
+# max_tokens 0 is taken with echo alone (the prompt scored, nothing generated), refused otherwise.
+COMPLETION_TOKEN_COUNT = _nullable({"type": "integer", "minimum": 0,
+                                    "description": "0 only with echo: true (the prompt scored alone)"})
 SAMPLING = {
     "model": {"type": "string",
               "description": "one of the served models (GET /v1/models; left out: the default); another is a 404"},
@@ -68,10 +71,11 @@ SAMPLING = {
                                  "properties": {"include_usage": {"type": "boolean"}}}),
     "user": _nullable({"type": "string", "description": "accepted and ignored"}),
     "logit_bias": _nullable({"type": "object", "maxProperties": 0, "description": "not served: only {}"}),
-    "echo": _nullable({"const": False, "description": "not served: only false"}),
     "suffix": _nullable({"const": "", "description": "not served: only the empty string"}),
 }
 TOP_N = {"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS}
+PROMPT_LOGPROBS = _nullable({**TOP_N, "description": "vLLM's extension: each prompt token's logprob and the top N "
+                                                     "(not with stream)"})
 FUNCTION_CALL = {"type": "object", "required": ["id", "type", "function"], "properties": {
     "id": {"type": "string"}, "type": {"const": "function"},
     "function": {"type": "object", "required": ["name", "arguments"], "properties": {
@@ -99,16 +103,23 @@ CHAT_REQUEST = {"type": "object", "required": ["messages"], "additionalPropertie
     "messages": {"type": "array", "minItems": 1, "items": MESSAGE},
     "logprobs": _nullable({"type": "boolean"}),
     "top_logprobs": _nullable({**TOP_N, "description": "needs logprobs: true"}),
+    "echo": _nullable({"const": False, "description": "not served here (on /v1/completions it is): only false"}),
+    "prompt_logprobs": PROMPT_LOGPROBS,
     "tools": _nullable({"type": "array", "items": TOOL}),
     "tool_choice": TOOL_CHOICE,
     "parallel_tool_calls": _nullable({"type": "boolean", "description": "one call per turn is made either way"}),
 }}
 COMPLETION_REQUEST = {"type": "object", "required": ["prompt"], "additionalProperties": False, "properties": {
     **SAMPLING,
+    "max_tokens": COMPLETION_TOKEN_COUNT,
     "prompt": {"anyOf": [{"type": "string", "minLength": 1},
                          {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}},
                          {"type": "array", "minItems": 1, "maxItems": 1, "items": {"type": "string", "minLength": 1}}]},
     "logprobs": _nullable({**TOP_N, "description": "the number of alternatives per token"}),
+    "echo": _nullable({"type": "boolean", "description": "the prompt's text (and, with logprobs, its tokens' "
+                                                         "logprobs, the first null) ahead of the completion's; "
+                                                         "with max_tokens 0, the prompt scored alone"}),
+    "prompt_logprobs": PROMPT_LOGPROBS,
 }}
 
 USAGE = {"type": "object", "properties": {
@@ -123,24 +134,39 @@ CHAT_LOGPROBS = _nullable({"type": "object", "properties": {"content": {"type": 
                                     "top_logprobs": {"type": "array", "items": TOKEN_LOGPROB}}}}}})
 COMPLETION_LOGPROBS = _nullable({"type": "object", "properties": {
     "tokens": {"type": "array", "items": {"type": "string"}},
-    "token_logprobs": {"type": "array", "items": {"type": "number"}},
-    "top_logprobs": {"type": "array", "items": {"type": "object", "additionalProperties": {"type": "number"}}},
+    "token_logprobs": {"type": "array", "items": {"type": ["number", "null"]}, "description": "an echoed prompt's "
+                                                                                            "first is null"},
+    "top_logprobs": {"type": "array", "items": {"anyOf": [
+        {"type": "object", "additionalProperties": {"type": "number"}}, {"type": "null"}]}},
     "text_offset": {"type": "array", "items": {"type": "integer"}}}})
 FINISH = {"type": ["string", "null"], "enum": ["stop", "length", "tool_calls", "error", None]}
+
+
+# llama.cpp server's, which open-webui reads (workbench/api/openai/server_timings.py): choice 0's.
+TIMINGS = {"type": "object", "properties": {
+    **{k: {"type": "integer"} for k in ("cache_n", "prompt_n", "predicted_n")},
+    **{k: {"type": ["number", "null"]} for k in ("prompt_ms", "prompt_per_token_ms", "prompt_per_second", "predicted_ms",
+                                                 "predicted_per_token_ms", "predicted_per_second")}}}
 
 
 def _reply(obj: str, choice: dict) -> dict:
     return {"type": "object", "required": ["id", "object", "created", "model", "choices"], "properties": {
         "id": {"type": "string"}, "object": {"const": obj}, "created": {"type": "integer"},
-        "model": {"type": "string"}, "usage": _nullable(USAGE),
+        "model": {"type": "string"}, "usage": _nullable(USAGE), "timings": TIMINGS,
         "choices": {"type": "array", "items": {"type": "object", "properties": {
             "index": {"type": "integer"}, "finish_reason": FINISH, **choice}}}}}
 
 
+# vLLM's: null for the first prompt token, then token id -> its logprob and text, for the token and the top N.
+VLLM_PROMPT_LOGPROBS = {"type": "array", "items": {"anyOf": [{"type": "null"}, {
+    "type": "object", "additionalProperties": {"type": "object", "properties": {
+        "logprob": {"type": "number"}, "decoded_token": {"type": "string"}}}}]}}
 CHAT_REPLY = _reply("chat.completion", {"logprobs": CHAT_LOGPROBS, "message": {"type": "object", "properties": {
     "role": {"const": "assistant"}, "content": {"type": ["string", "null"]},
     "tool_calls": {"type": "array", "items": FUNCTION_CALL}}}})
-COMPLETION_REPLY = _reply("text_completion", {"logprobs": COMPLETION_LOGPROBS, "text": {"type": "string"}})
+CHAT_REPLY["properties"]["prompt_logprobs"] = VLLM_PROMPT_LOGPROBS
+COMPLETION_REPLY = _reply("text_completion", {"logprobs": COMPLETION_LOGPROBS, "text": {"type": "string"},
+                                              "prompt_logprobs": VLLM_PROMPT_LOGPROBS})
 ERROR = {"type": "object", "required": ["error"], "properties": {"error": {
     "type": "object", "required": ["message", "type", "param", "code"], "properties": {
         "message": {"type": "string"}, "type": {"type": "string"},
@@ -189,6 +215,19 @@ REPRODUCE = {"post": {
                   "429": ERRORS["429"], "500": ERRORS["500"], "503": ERRORS["503"]}}}
 
 
+def _other_api(summary: str, method: str = "post", body: bool = True) -> dict:
+    """A route of another client's API: its body and replies are that API's, documented in docs/PROTOCOL.md
+    ("Other clients' APIs"), not restated here."""
+    operation: dict[str, Any] = {"summary": summary, "security": [{"bearer": []}], "responses": {
+        "200": {"description": "the API's own reply (docs/PROTOCOL.md)"}, **{k: ERRORS[k] for k in ("400", "401", "404")}}}
+    if body:
+        operation["requestBody"] = {"required": True, "content": {"application/json": {"schema": {"type": "object"}}}}
+    return {method: operation}
+
+
+RESPONSE_ID = [{"name": "response_id", "in": "path", "required": True, "schema": {"type": "string"}}]
+
+
 def document() -> dict:
     return copy.deepcopy({
         "openapi": "3.1.0",
@@ -197,6 +236,14 @@ def document() -> dict:
         "paths": {
             "/v1/chat/completions": _generation("a chat completion", "ChatCompletionRequest", "ChatCompletion"),
             "/v1/completions": _generation("a completion", "CompletionRequest", "Completion"),
+            "/v1/responses": _other_api("OpenAI's Responses API: a response, whole or streamed"),
+            "/v1/responses/{response_id}": {
+                "parameters": RESPONSE_ID,
+                **_other_api("a stored response, its own user's only (another's is a 404)", "get", body=False),
+                **_other_api("delete a stored response, its own user's only: {id, object, deleted: true}", "delete",
+                             body=False)},
+            "/v1/messages": _other_api("Anthropic's Messages API: a message, whole or streamed"),
+            "/v1/messages/count_tokens": _other_api("Anthropic's Messages API: the prompt's token count"),
             "/v1/models": {"get": {"summary": "the served models (each live worker's, on the Celery transport)",
                                    "security": [{"bearer": []}], "responses": {
                 "200": {"description": "the models requests may name", "content": {"application/json": {"schema": {

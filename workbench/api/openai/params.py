@@ -13,8 +13,11 @@ from workbench.protocol.request_input import InvalidInput
 
 
 def endpoint_fields(kind: str) -> set[str]:
-    """The fields only the endpoint `kind` ("chat" or "completion") takes, and those this module reads."""
-    return {"messages", "logprobs", "top_logprobs", "n"} if kind == "chat" else {"prompt", "logprobs", "n"}
+    """The fields only the endpoint `kind` ("chat" or "completion") takes, and those this module and
+    prompt_report.py read."""
+    if kind == "chat":
+        return {"messages", "logprobs", "top_logprobs", "n", "prompt_logprobs"}
+    return {"prompt", "logprobs", "n", "echo", "prompt_logprobs"}
 
 
 def logprob_values(kind: str, body: dict) -> dict[str, object]:

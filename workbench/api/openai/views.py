@@ -19,8 +19,8 @@ import json
 import time
 import uuid
 
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field, replace
 
 from django.contrib.auth.base_user import AbstractBaseUser
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse, StreamingHttpResponse
@@ -32,9 +32,11 @@ from workbench.api.choice_streams import ChoiceGroup, choice_ids, summed_usage
 from workbench.api.http_api import (ERROR_STATUS, ApiError, authenticate, check_model, json_body, refuse_unless_off,
                                     tokenizer_of, vocabulary_of)
 from workbench.api.openai import params as openai_params
-from workbench.api.openai import tool_calls
+from workbench.api.openai import prompt_report, tool_calls
+from workbench.api.openai.server_timings import llama_timings
 from workbench.api.openai.logprobs_shape import CompletionLogprobs, chat_content
 from workbench.api.openai.usage import openai_usage
+from workbench.api.reasoning import ReasoningSplit, prompt_opens_thinking, split_whole
 from workbench.protocol import request_input
 from workbench.serving import bridge, input_work, limits, served_models
 from workbench.serving.streams import StreamEvent
@@ -49,7 +51,7 @@ FIELD_MAP = {"max_tokens": "max_tokens", "max_completion_tokens": "max_tokens", 
              "stop_token_ids": "stop_token_ids", "min_tokens": "min_tokens", "response_format": "response_format"}
 IGNORED = {"model", "user", "stream", "stream_options"}
 # Served by OpenAI, not here: each accepted only when off (LangChain sends logit_bias: {} on every request).
-OFF_ONLY: dict[str, object] = {"logit_bias": {}, "echo": False, "suffix": ""}
+OFF_ONLY: dict[str, object] = {"logit_bias": {}, "suffix": ""}
 FINISH_REASONS = {"stop": "stop", "length": "length", "tool_calls": "tool_calls", "canceled": "stop"}
 # A failed generation's HTTP status; anything else is 500. OpenAI's clients retry 429 and 5xx by themselves.
 
@@ -74,20 +76,32 @@ def _body(request: HttpRequest) -> dict:
 class _Choice:
     """One choice of a reply: its engine sequence, and what it has sent so far."""
 
-    def __init__(self, engine_id: str, tokenizer: Tokenizer, logprobs: bool) -> None:
+    def __init__(self, engine_id: str, tokenizer: Tokenizer, logprobs: bool,
+                 report: prompt_report.PromptReport = prompt_report.PromptReport(), prompt_text: str = "",
+                 split: ReasoningSplit | None = None) -> None:
         self.engine_id, self.tokenizer = engine_id, tokenizer
         self.text, self.last = "", StreamEvent()  # a stream always ends with its finished event
         # The logprob records, when the request asks for them (empty, not null, for a reply of no tokens)
         self.records: list[list] | None = [] if logprobs else None
         self.completion_logprobs = CompletionLogprobs(tokenizer)
+        self.report, self.prompt_text = report, prompt_text  # what the reply says of its prompt (echo)
+        self.prompt_records: list[list] | None = None  # StreamEvent.prompt_logprobs, from the first event
+        self.echo_sent = False  # whether the echoed prompt's records went out (they lead the first logprobs)
+        self.split = split  # a thinking model's reasoning and answer given apart (chat: workbench/api/reasoning.py)
 
     def add(self, event: StreamEvent) -> None:
         self.text += event.text
         self.last = event
+        self.took(event)
         if event.logprobs is not None:
             if self.records is None:
                 self.records = []
             self.records.extend(event.logprobs)
+
+    def took(self, event: StreamEvent) -> None:
+        """Keep the prompt's records the first event carries."""
+        if event.prompt_logprobs is not None:
+            self.prompt_records = event.prompt_logprobs
 
 
 @dataclass(frozen=True)
@@ -101,6 +115,7 @@ class Prepared:
     transport: Transport
     tokenizer: Tokenizer
     prompt: str | list[int]
+    report: prompt_report.PromptReport = field(default_factory=prompt_report.PromptReport)
 
 
 @dataclass(frozen=True)
@@ -137,10 +152,11 @@ class _Serving:
     chunk_object = ""  # the `object` of a streamed chunk
     prompt_field = ""  # what an engine refusal of the prompt names as its `param`
     defaults: dict[str, object] = {}  # SamplingParams values the body may override
+    off_only = OFF_ONLY  # the fields accepted only when off
 
     def accepted_fields(self) -> set[str]:
         """Every field the endpoint takes (the OpenAPI document lists the same: workbench/api/openai/openapi.py)."""
-        return set(FIELD_MAP) | IGNORED | set(OFF_ONLY) | openai_params.endpoint_fields(self.kind)
+        return set(FIELD_MAP) | IGNORED | set(self.off_only) | openai_params.endpoint_fields(self.kind)
 
     def tools(self, body: dict) -> tool_calls.Tools:
         return tool_calls.Tools((), "none")
@@ -160,9 +176,25 @@ class _Serving:
         """A streamed chunk's choice, its text as the endpoint carries it."""
         raise NotImplementedError
 
-    def opening_part(self, index: int) -> dict[str, object] | None:
-        """A chunk of its own before choice `index`'s first part, or None."""
+    def opening_part(self, index: int, choice: _Choice) -> dict[str, object] | None:
+        """A chunk of its own before choice `index`'s first part (its first event taken), or None."""
         return None
+
+    def shown(self, choice: _Choice, event: StreamEvent) -> StreamEvent:
+        """The event as the reply shows it (all of it, unless the endpoint leaves something out)."""
+        return event
+
+    def reasoning_split(self, prepared: Prepared) -> ReasoningSplit | None:
+        """A new choice's reasoning splitter, where the endpoint gives a thinking model's reasoning apart."""
+        return None
+
+    def split_reasoning(self, index: int, choice: _Choice, event: StreamEvent) -> tuple[StreamEvent, list[dict]]:
+        """A streamed event's answer (as the event) and the chunk parts of its reasoning, sent before it."""
+        return event, []
+
+    def reply_fields(self, choices: list[_Choice]) -> dict[str, object]:
+        """Fields of a whole reply past OpenAI's (vLLM's extensions)."""
+        return {}
 
     async def view(self, request: HttpRequest) -> HttpResponseBase:
         """Authenticate, check, then answer whole or streamed."""
@@ -199,13 +231,14 @@ class _Serving:
 
     def _checked(self, body: dict, served: list[str], transport: Transport) -> Prepared:
         tools = self.tools(body)
-        params = self._params(body, tools)
+        report = prompt_report.of(self.kind, body)
+        params = self._params(body, tools, report)
         n = openai_params.choice_count(body)
         model = check_model(body, served)
         tokenizer = tokenizer_of(transport, model)
         prompt = self.prompt(body, tokenizer, tools)
         _fit_vocabulary(prompt, params, vocabulary_of(model))
-        return Prepared(tools, params, n, model, transport, tokenizer, prompt)
+        return Prepared(tools, params, n, model, transport, tokenizer, prompt, report)
 
     def start(self, prepared: Prepared, user: AbstractBaseUser) -> Started:
         """Admit the request under `user`'s limits (ApiError when one refuses) and submit its choices, each
@@ -213,14 +246,15 @@ class _Serving:
         admissions = _admit(user.get_username(), prepared.n)
         request_id = f"{self.id_prefix}-{uuid.uuid4().hex}"
         engine_ids = choice_ids(request_id, prepared.n)
-        choices = [_Choice(engine_id, prepared.tokenizer, prepared.params.logprobs is not None)
-                   for engine_id in engine_ids]
+        echoed = prompt_report.prompt_text(prepared.prompt, prepared.tokenizer) if prepared.report.echo else ""
+        choices = [_Choice(engine_id, prepared.tokenizer, prepared.params.logprobs is not None, prepared.report, echoed,
+                           self.reasoning_split(prepared)) for engine_id in engine_ids]
         group = ChoiceGroup.submit(prepared.transport, admissions, engine_ids, prepared.prompt, prepared.params,
                                    prepared.model)
         return Started(prepared, group, choices, {"id": request_id, "created": int(time.time()),
                                                   "model": prepared.model})
 
-    def _params(self, body: dict, tools: tool_calls.Tools) -> SamplingParams:
+    def _params(self, body: dict, tools: tool_calls.Tools, report: prompt_report.PromptReport) -> SamplingParams:
         both = body.get("max_tokens"), body.get("max_completion_tokens")
         if None not in both and both[0] != both[1]:
             raise ApiError(400, "max_tokens and max_completion_tokens disagree; send one",
@@ -233,10 +267,12 @@ class _Serving:
                     values[FIELD_MAP[key]] = value
             elif key not in accepted:
                 raise ApiError.unsupported(key)
-        refuse_unless_off(body, OFF_ONLY)
+        refuse_unless_off(body, self.off_only)
         values.update(openai_params.logprob_values(self.kind, body))
+        values.update(prompt_report.engine_values(report, body))
         try:
-            return tools.apply(request_input.sampling_params(values, logprobs_allowed=True))
+            return tools.apply(request_input.sampling_params(values, logprobs_allowed=True,
+                                                                       prompt_logprobs_allowed=True))
         except request_input.InvalidInput as exc:
             raise ApiError.refused(exc) from None
 
@@ -245,7 +281,7 @@ class _Serving:
         # Leaving the group (the client went away, or a choice failed) stops the sequences still running.
         async with group:
             async for index, event in group:
-                choices[index].add(event)
+                choices[index].add(self.shown(choices[index], event))
                 if event.error_code:  # one failed choice fails the reply: the others need not run on
                     break
         for choice in choices:
@@ -263,54 +299,78 @@ class _Serving:
                                       "logprobs": self.logprobs(choice, choice.records)}
             shaped.append({**one, **self.whole_choice(choice, finish, tools)})
         usage = openai_usage(summed_usage([choice.last.usage for choice in choices]))
-        return JsonResponse({**meta, "object": self.whole_object, "choices": shaped, "usage": usage})
+        timings = llama_timings(choices[0].last.usage, choices[0].last.timings)  # llama.cpp serves one choice
+        return JsonResponse({**meta, "object": self.whole_object, "choices": shaped, "usage": usage,
+                             **({"timings": timings} if timings else {}), **self.reply_fields(choices)})
 
     async def sse(self, group: ChoiceGroup, choices: list[_Choice], meta: dict, include_usage: bool,
                   tools: tool_calls.Tools) -> AsyncIterator[str]:
+        writer = _ChunkWriter(self, choices, meta, include_usage)
         calls = [tool_calls.CallStream(tools) for _ in choices]  # each choice makes its own calls
-
-        def chunk(parts: list[dict], usage: dict | None = None) -> str:
-            payload = {**meta, "object": self.chunk_object, "choices": parts}
-            if include_usage:
-                payload["usage"] = usage
-            return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
-
-        def part(index: int, event: StreamEvent, finish: str | None, text: str | None = None) -> dict:
-            return {"index": index, **self.part_body(event.text if text is None else text), "finish_reason": finish,
-                    "logprobs": self.logprobs(choices[index], event.logprobs)}
-
         # Leaving the group (the client went away mid-stream, or a choice failed) stops the sequences
         # still running.
         opened: set[int] = set()
         async with group:
             async for index, event in group:
+                event = self.shown(choices[index], event)
+                choices[index].took(event)
                 # A choice opens with its first tokens, not before its prompt is prefilled (as vLLM does): a
                 # client's time to its first chunk is then its time to the first token.
-                if index not in opened and (opening := self.opening_part(index)) is not None:
-                    yield chunk([opening])
+                if index not in opened and (opening := self.opening_part(index, choices[index])) is not None:
+                    yield writer.chunk([opening])
                 opened.add(index)
+                event, reasoning_parts = self.split_reasoning(index, choices[index], event)
+                for reasoning_part in reasoning_parts:
+                    yield writer.chunk([reasoning_part])
                 choices[index].last = event  # a stream sends each part as it comes: no whole text is kept
                 if event.error_code:
                     if event.text or event.logprobs:  # what came before the failure (a stream interval holds it back)
-                        yield chunk([part(index, event, None)])
+                        yield writer.chunk([writer.part(index, event, None)])
                     error = {"message": event.error, "type": "server_error", "code": event.error_code}
                     yield f"data: {json.dumps({'error': error})}\n\n"
                     break
-                finish = FINISH_REASONS.get(event.finish_reason or "", event.finish_reason) if event.finished else None
-                if tools.active:  # content until a call starts, then the call as tool-call deltas
-                    for delta in calls[index].deltas(event.text, final=event.finished, finish=finish):
-                        yield chunk([{"index": index, "delta": delta, "finish_reason": None, "logprobs": None}])
-                    finish = tool_calls.finish_reason(finish, calls[index].calls > 0) if finish else None
-                    if finish or event.logprobs:
-                        yield chunk([part(index, event, finish, text="")])
-                # A delta whose text is held back (half a character, a stop string's start) still sends
-                # its tokens' logprobs, so that a stream carries every value the whole reply does.
-                elif event.text or finish or event.logprobs:
-                    yield chunk([part(index, event, finish)])
+                for text in writer.content(index, event, tools, calls[index]):
+                    yield text
             else:
                 if include_usage:
-                    yield chunk([], openai_usage(summed_usage([choice.last.usage for choice in choices])))
+                    yield writer.chunk([], openai_usage(summed_usage([choice.last.usage for choice in choices])))
             yield "data: [DONE]\n\n"
+
+
+class _ChunkWriter:
+    """One streamed reply's SSE chunks: the endpoint's chunk object around each choice's parts."""
+
+    def __init__(self, serving: _Serving, choices: list[_Choice], meta: dict, include_usage: bool) -> None:
+        self.serving, self.choices, self.meta, self.include_usage = serving, choices, meta, include_usage
+
+    def chunk(self, parts: list[dict], usage: dict | None = None, timings: dict | None = None) -> str:
+        payload = {**self.meta, "object": self.serving.chunk_object, "choices": parts}
+        if self.include_usage:
+            payload["usage"] = usage
+        if timings is not None:  # a choice's last chunk: llama.cpp's timings (server_timings.py)
+            payload["timings"] = timings
+        return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+    def part(self, index: int, event: StreamEvent, finish: str | None, text: str | None = None) -> dict:
+        return {"index": index, **self.serving.part_body(event.text if text is None else text), "finish_reason": finish,
+                "logprobs": self.serving.logprobs(self.choices[index], event.logprobs)}
+
+    def content(self, index: int, event: StreamEvent, tools: tool_calls.Tools,
+                calls: tool_calls.CallStream) -> Iterator[str]:
+        """An event's text (or, with tools, content until a call starts, then the call as tool-call
+        deltas), its logprobs and, on the choice's last, its finish reason and timings."""
+        finish = FINISH_REASONS.get(event.finish_reason or "", event.finish_reason) if event.finished else None
+        timings = llama_timings(event.usage, event.timings) if finish else None
+        if tools.active:
+            for delta in calls.deltas(event.text, final=event.finished, finish=finish):
+                yield self.chunk([{"index": index, "delta": delta, "finish_reason": None, "logprobs": None}])
+            finish = tool_calls.finish_reason(finish, calls.calls > 0) if finish else None
+            if finish or event.logprobs:
+                yield self.chunk([self.part(index, event, finish, text="")], timings=timings)
+        # A delta whose text is held back (half a character, a stop string's start) still sends its
+        # tokens' logprobs, so that a stream carries every value the whole reply does.
+        elif event.text or finish or event.logprobs:
+            yield self.chunk([self.part(index, event, finish)], timings=timings)
 
 
 class ChatServing(_Serving):
@@ -318,6 +378,7 @@ class ChatServing(_Serving):
 
     kind, id_prefix, whole_object, chunk_object = "chat", "chatcmpl", "chat.completion", "chat.completion.chunk"
     prompt_field = "messages"
+    off_only = {**OFF_ONLY, "echo": False}  # echo is served on /v1/completions only (prompt_report.py)
     # Without max_tokens a chat reply may run to the end of the model's context, as in vLLM.
     defaults = {"max_tokens": None}
 
@@ -341,18 +402,43 @@ class ChatServing(_Serving):
         return None if records is None else {"content": chat_content(choice.tokenizer, records)}
 
     def whole_choice(self, choice: _Choice, finish: str | None, tools: tool_calls.Tools) -> dict[str, object]:
-        content, calls = tool_calls.parse(choice.text, tools)
+        text, reasoning = choice.text, None
+        if choice.split is not None:
+            reasoning, text = split_whole(choice.text, choice.split.opened)
+        content, calls = tool_calls.parse(text, tools)
         reason = tool_calls.finish_reason(finish, bool(calls))
-        if reason == "length" and not calls and (cut := tool_calls.cut(choice.text, tools)) is not None:
+        if reason == "length" and not calls and (cut := tool_calls.cut(text, tools)) is not None:
             content, calls = None, [cut]  # a forced call max_tokens ended: its arguments so far, still "length"
-        return {"finish_reason": reason,
-                "message": {"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {})}}
+        thought = {} if reasoning is None else {"reasoning_content": reasoning}
+        return {"finish_reason": reason, "message": {"role": "assistant", "content": content, **thought,
+                                                     **({"tool_calls": calls} if calls else {})}}
+
+    def reasoning_split(self, prepared: Prepared) -> ReasoningSplit | None:
+        tokenizer = prepared.tokenizer
+        if not tokenizer.thinks or not isinstance(prepared.prompt, list):
+            return None
+        tail = tokenizer.decode(prepared.prompt[-8:], skip_special_tokens=False)
+        return ReasoningSplit(prompt_opens_thinking(tail))
+
+    def split_reasoning(self, index: int, choice: _Choice, event: StreamEvent) -> tuple[StreamEvent, list[dict]]:
+        if choice.split is None:
+            return event, []
+        reasoning, answer = choice.split.feed(event.text, final=event.finished)
+        parts = [{"index": index, "delta": {"reasoning_content": reasoning}, "finish_reason": None,
+                  "logprobs": None}] if reasoning else []
+        return replace(event, text=answer), parts
 
     def part_body(self, text: str) -> dict[str, object]:
         return {"delta": {"content": text}}
 
-    def opening_part(self, index: int) -> dict[str, object] | None:
+    def opening_part(self, index: int, choice: _Choice) -> dict[str, object] | None:
         return {"index": index, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
+
+    def reply_fields(self, choices: list[_Choice]) -> dict[str, object]:
+        records, top = choices[0].prompt_records, choices[0].report.prompt_logprobs
+        if records is None or top is None:
+            return {}
+        return {"prompt_logprobs": prompt_report.vllm_prompt_logprobs(choices[0].tokenizer, records, top)}
 
 
 class CompletionServing(_Serving):
@@ -364,18 +450,46 @@ class CompletionServing(_Serving):
 
     def prompt(self, body: dict, tokenizer: Tokenizer, tools: tool_calls.Tools) -> str | list[int]:
         prompt = body.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-            prompt = prompt[0]  # OpenAI accepts a list of prompts; one is what n=1 serves
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+            prompt = prompt[0]  # OpenAI accepts a list of prompts (texts or token-id lists); one is served
         try:
             return request_input.prompt(prompt)
         except request_input.InvalidInput as exc:
             raise ApiError.refused(exc) from None
 
     def logprobs(self, choice: _Choice, records: list[list] | None) -> dict | None:
-        return None if records is None else choice.completion_logprobs.part(records)
+        return None if records is None else choice.completion_logprobs.part(self._echoed(choice) + records)
+
+    def _echoed(self, choice: _Choice) -> list[list]:
+        """The prompt's records once, ahead of the first logprobs of a choice that echoes them."""
+        records, report = choice.prompt_records, choice.report
+        if choice.echo_sent or not report.echo or report.logprobs is None or records is None:
+            return []
+        choice.echo_sent = True
+        return prompt_report.echoed_records(records, report.logprobs)
 
     def whole_choice(self, choice: _Choice, finish: str | None, tools: tool_calls.Tools) -> dict[str, object]:
-        return {"text": choice.text}
+        extra: dict[str, object] = {}
+        if choice.report.prompt_logprobs is not None and choice.prompt_records is not None:
+            extra["prompt_logprobs"] = prompt_report.vllm_prompt_logprobs(choice.tokenizer, choice.prompt_records,
+                                                                          choice.report.prompt_logprobs)
+        return {"text": choice.prompt_text + choice.text, **extra}
+
+    def opening_part(self, index: int, choice: _Choice) -> dict[str, object] | None:
+        """An echoing choice's prompt, with its logprobs when asked, ahead of the completion (as vLLM streams it)."""
+        if not choice.report.echo:
+            return None
+        records: list[list] | None = None if choice.records is None else []
+        return {"index": index, "text": choice.prompt_text, "finish_reason": None,
+                "logprobs": self.logprobs(choice, records)}
+
+    def shown(self, choice: _Choice, event: StreamEvent) -> StreamEvent:
+        """Scoring alone (echo, max_tokens 0): the one token the engine generated is left out."""
+        if not choice.report.scoring_only:
+            return event
+        usage = event.usage and {**event.usage, "completion_tokens": 0, "total_tokens": event.usage["prompt_tokens"]}
+        return replace(event, text="", token_ids=[], logprobs=None if event.logprobs is None else [], usage=usage,
+                       finish_reason="length" if event.finished and not event.error_code else event.finish_reason)
 
     def part_body(self, text: str) -> dict[str, object]:
         return {"text": text}

@@ -3,7 +3,11 @@ each step makes: a whole reply and its stream are built by the same code, so the
 
 Text goes into one assistant `message` item (its one `output_text` part) until a call starts; the call
 (parsed by the chat route's tool-call parser, workbench/api/openai/tool_calls.py) is a `function_call`
-item of its own. Events, as OpenAI streams them:
+item of its own. A thinking model's reasoning (workbench/api/reasoning.py) comes first, as a `reasoning`
+item with one `reasoning_text` part. Events, as OpenAI streams them:
+
+    response.output_item.added, response.content_part.added, response.reasoning_text.delta ...,
+    response.reasoning_text.done, response.content_part.done, response.output_item.done  (reasoning)
 
     response.output_item.added, response.content_part.added, response.output_text.delta ...,
     response.output_text.done, response.content_part.done, response.output_item.done      (a message)
@@ -17,19 +21,31 @@ import uuid
 from typing import Any
 
 from workbench.api.openai import tool_calls
+from workbench.api.reasoning import ReasoningSplit
 
 Event = dict[str, Any]
 
 
 class Output:
-    def __init__(self, tools: tool_calls.Tools) -> None:
+    def __init__(self, tools: tool_calls.Tools, split: ReasoningSplit | None = None) -> None:
         self.calls = tool_calls.CallStream(tools)
+        self.split = split
         self.items: list[dict[str, Any]] = []
         self._text: dict[str, Any] | None = None  # the open message item's output_text part
+        self._reasoning: dict[str, Any] | None = None  # the open reasoning item's reasoning_text part
 
     def feed(self, text: str, final: bool) -> list[Event]:
         """The events of the next `text` (and, when `final`, of the reply's end)."""
         events: list[Event] = []
+        if self.split is not None:
+            reasoning, text = self.split.feed(text, final)
+            if reasoning:
+                events += self._open_reasoning() + [self._at({"type": "response.reasoning_text.delta",
+                                                              "delta": reasoning})]
+                assert self._reasoning is not None
+                self._reasoning["text"] += reasoning
+            if text or final:
+                events += self._close_reasoning()
         for kind, value in self.calls.feed(text) + (self.calls.close() if final else []):
             if kind == "content":
                 events += self._open_message() + [self._at({"type": "response.output_text.delta", "delta": value,
@@ -65,6 +81,26 @@ class Output:
         self.items.append(item)
         added = {"type": "response.output_item.added", "output_index": len(self.items) - 1, "item": dict(item)}
         return [added, self._at({"type": "response.content_part.added", "part": dict(self._text)})]
+
+    def _open_reasoning(self) -> list[Event]:
+        if self._reasoning is not None:
+            return []
+        self._reasoning = {"type": "reasoning_text", "text": ""}
+        item = {"type": "reasoning", "id": f"rs_{uuid.uuid4().hex}", "status": "in_progress", "summary": [],
+                "content": []}
+        self.items.append(item)
+        added = {"type": "response.output_item.added", "output_index": len(self.items) - 1, "item": dict(item)}
+        return [added, self._at({"type": "response.content_part.added", "part": dict(self._reasoning)})]
+
+    def _close_reasoning(self) -> list[Event]:
+        if self._reasoning is None:
+            return []
+        part, self._reasoning = self._reasoning, None
+        item = self.items[-1]
+        item.update(status="completed", content=[part])
+        return [self._at({"type": "response.reasoning_text.done", "text": part["text"]}),
+                self._at({"type": "response.content_part.done", "part": part}),
+                {"type": "response.output_item.done", "output_index": len(self.items) - 1, "item": item}]
 
     def _close_message(self) -> list[Event]:
         if self._text is None:

@@ -1,13 +1,14 @@
-"""OpenAI's Responses API: POST /v1/responses (whole, or streamed as its server-sent events) and GET
-/v1/responses/{id}.
+"""OpenAI's Responses API: POST /v1/responses (whole, or streamed as its server-sent events), GET and
+DELETE /v1/responses/{id}.
 
 A thin translation onto the chat-completions route's serving path: the body becomes a chat body
 (translate.py), which the chat route checks, admits under the user's limits and submits under the
 user's prefix-cache scope (workbench/api/openai/views.py: ChatServing.prepare and start); the output
 items are built here (output.py). Authenticated and answered in errors as /v1 is (http_api.py).
 
-`store` (OpenAI's default: true) keeps the reply for its user (store.py): GET /v1/responses/{id} reads
-it back, and `previous_response_id` continues its conversation; another user's id is a 404.
+`store` (OpenAI's default: true) keeps the reply for its user (store.py), for the retention period:
+GET /v1/responses/{id} reads it back, DELETE deletes it, and `previous_response_id` continues its
+conversation; another user's id is a 404.
 
 A stream: response.created, response.in_progress, the items' events (output.py), then
 response.completed (or response.incomplete when max_output_tokens ended it); every event carries its
@@ -57,11 +58,13 @@ async def responses(request: HttpRequest) -> HttpResponseBase:
 
 @csrf_exempt
 async def response(request: HttpRequest, response_id: str) -> HttpResponseBase:
-    """GET /v1/responses/{id}: a stored reply, its own user's only."""
+    """GET /v1/responses/{id}: a stored reply, its own user's only; DELETE: delete it."""
     try:
-        if request.method != "GET":
-            raise ApiError(405, "use GET")
+        if request.method not in ("GET", "DELETE"):
+            raise ApiError(405, "use GET or DELETE")
         user = await authenticate(request)
+        if request.method == "DELETE":
+            return JsonResponse(await store.delete(user, response_id))
         return JsonResponse(await store.response_of(user, response_id))
     except ApiError as exc:
         return exc.response()
@@ -73,7 +76,7 @@ class _Reply:
     def __init__(self, started: Started, body: dict[str, Any], messages: list[dict[str, Any]],
                  user: AbstractBaseUser) -> None:
         self.started, self.body, self.messages, self.user = started, body, messages, user
-        self.output = Output(started.prepared.tools)
+        self.output = Output(started.prepared.tools, started.choices[0].split)
         self.id = "resp_" + started.meta["id"].split("-", 1)[1]
 
     def shaped(self, status: str, last: StreamEvent | None = None) -> dict[str, Any]:

@@ -55,7 +55,9 @@ class InOrder:
         # a token's logprob record goes wherever its token goes
         new_logprobs = None if event.logprobs is None else event.logprobs[self.tokens - event.index:]
         new_text = event.text[self.chars - event.text_offset:]
+        repeated = self.tokens > event.index  # its prompt logprobs, if any, arrived with its first part
         self.tokens += len(new_tokens)
         self.chars += len(new_text)
         return replace(event, index=self.tokens - len(new_tokens), token_ids=new_tokens, text=new_text,
-                       text_offset=self.chars - len(new_text), logprobs=new_logprobs)
+                       text_offset=self.chars - len(new_text), logprobs=new_logprobs,
+                       prompt_logprobs=None if repeated else event.prompt_logprobs)
