@@ -12,8 +12,6 @@ the gpu-marked test compares the same step there, compiled, within 1e-3 (SDPA's 
 
 from __future__ import annotations
 
-import os
-import sys
 
 import pytest
 import torch
@@ -22,15 +20,9 @@ from engine.model.attention_metadata import AttentionMetadata
 from engine.model.config import ModelConfig
 from engine.model.llama import LlamaForCausalLM
 from engine.scheduler.kv_cache import KVShape, PagedKVCache
+from tests.kernels import triton_interpreter
 
-# As in test_triton_paged_decode.py: the interpreter must be chosen before triton is first imported.
-INTERPRETED = not torch.cuda.is_available()
-if INTERPRETED:
-    if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("triton was imported before this module could select its interpreter; run this file alone",
-                    allow_module_level=True)
-    os.environ["TRITON_INTERPRET"] = "1"
-pytest.importorskip("triton", reason="triton is not installed (pip install triton: the test extra has it)")
+INTERPRETED = triton_interpreter.select()  # before triton is first imported
 
 BLOCK_SIZE = 16
 CONFIGS = {

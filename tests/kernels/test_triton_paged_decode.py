@@ -15,8 +15,6 @@ bfloat16 operands wrong (a 16x16 product off by 1e10).
 
 from __future__ import annotations
 
-import os
-import sys
 
 import pytest
 import torch
@@ -24,17 +22,9 @@ import torch
 from engine.model.attention import Attention
 from engine.model.attention_metadata import AttentionMetadata
 from engine.model.config import ModelConfig
+from tests.kernels import triton_interpreter
 
-# Triton reads TRITON_INTERPRET when it is imported (its own library kernels) and when a kernel is
-# decorated, so the interpreter is chosen here, before either, for the whole process. Not on a GPU
-# machine: there the same process runs the compiled kernel (the gpu-marked test below).
-INTERPRETED = not torch.cuda.is_available()
-if INTERPRETED:
-    if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("triton was imported before this module could select its interpreter; run this file alone",
-                    allow_module_level=True)
-    os.environ["TRITON_INTERPRET"] = "1"
-pytest.importorskip("triton", reason="triton is not installed (pip install triton: the test extra has it)")
+INTERPRETED = triton_interpreter.select()  # before triton is first imported
 
 from engine.kernels.gpu import triton_paged_decode  # noqa: E402
 

@@ -12,23 +12,15 @@ compiled code and torch round to nearest even, so the rounded products differ th
 
 from __future__ import annotations
 
-import os
-import sys
 
 import pytest
 import torch
 
 from engine.model.config import ModelConfig
 from engine.model.rope import apply_rope, rope_cos_sin, rope_inverse_frequencies
+from tests.kernels import triton_interpreter
 
-# As in test_triton_paged_decode.py: the interpreter must be chosen before triton is first imported.
-INTERPRETED = not torch.cuda.is_available()
-if INTERPRETED:
-    if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("triton was imported before this module could select its interpreter; run this file alone",
-                    allow_module_level=True)
-    os.environ["TRITON_INTERPRET"] = "1"
-pytest.importorskip("triton", reason="triton is not installed (pip install triton: the test extra has it)")
+INTERPRETED = triton_interpreter.select()  # before triton is first imported
 
 from engine.kernels.gpu import triton_rope_cache  # noqa: E402
 
