@@ -4,8 +4,8 @@ multiple-choice task (tests/workbench/lm_eval_tiny_mc.jsonl, four questions) thr
 the continuation's tokens, for the same token ids (an engine in this process over the same model).
 
 lm-eval tokenizes on its side (the demo model's tokenizer.json through transformers) and sends token
-ids; the datasets library reads the local JSONL file, offline. Skipped where lm_eval is not installed
-(it is not one of the project's test dependencies: it pulls datasets, pandas, scikit-learn and more).
+ids; the datasets library reads the local JSONL file, offline. lm-eval[api] is a test dependency
+(pyproject.toml); skipped where it is not installed.
 """
 
 from __future__ import annotations
