@@ -32,9 +32,13 @@ def browser():
         instance.close()
 
 
-def new_page(browser):
-    """A page in a fresh context (its own cookies: its own user), waiting up to WAIT_MS by default."""
-    context = browser.new_context()
+def new_page(browser, enforce_csp: bool = False):
+    """A page in a fresh context (its own cookies: its own user), waiting up to WAIT_MS by default.
+
+    The pages' content-security policy forbids eval, which Playwright's wait_for_function polls with, so
+    contexts ignore it unless `enforce_csp` (tests/e2e/test_content_security.py, which checks the pages
+    and a live reply under the policy)."""
+    context = browser.new_context(bypass_csp=not enforce_csp)
     context.set_default_timeout(WAIT_MS)
     return context.new_page()
 
@@ -48,9 +52,9 @@ def sign_up(page, base: str, username: str) -> None:
     page.wait_for_url(f"{base}/")
 
 
-def signed_up_in_a_new_conversation(browser, base: str, username: str):
+def signed_up_in_a_new_conversation(browser, base: str, username: str, enforce_csp: bool = False):
     """A new user's page, signed up and in a conversation of its own."""
-    page = new_page(browser)
+    page = new_page(browser, enforce_csp)
     sign_up(page, base, username)
     page.click("#new-conversation")
     page.wait_for_url(re.compile(r".*/c/\d+$"))

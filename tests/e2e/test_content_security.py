@@ -1,15 +1,18 @@
-"""Every page works under the content-security policy it is sent with, in a real headless Chromium
-against the session's shared in-process Daphne: the header is there, and the browser reports no
-violation on the sign-in and sign-up pages, the conversation list, a conversation whose stored reply
-renders markdown (a table, highlighted code, a link), the token page, the dashboard, and the admin's
-pages. A violation means a feature the policy silently breaks (a blocked script or style).
+"""Every page works under the content-security policy it is sent with, in a real headless Chromium against the
+session's shared in-process Daphne: the header is there, and the browser reports no violation on the sign-in
+and sign-up pages, the conversation list, a conversation whose stored reply renders markdown (a table,
+highlighted code, a link) and which then streams a live reply over its websocket, the token page, the
+dashboard, and the admin's pages. (The other page tests ignore the policy: Playwright's waits evaluate
+strings, which it forbids.) A violation means a feature the policy silently breaks (a blocked script or
+style).
 
-Liveness: the same listener sees the violation when the page is made to run an inline script, and the
-script does not run."""
+Liveness: the same listener sees the violation when the page is made to run an inline script, and the script
+does not run."""
 
 from __future__ import annotations
 
 from tests.conftest import ADMIN_PASSWORD
+from tests.users import unique_name
 from tests.e2e.conftest import log_in, new_page, signed_up_in_a_new_conversation
 from tests.e2e.stored_replies import store_exchange
 
@@ -25,7 +28,7 @@ REPLY = ("| a | b |\n|:-:|--:|\n| 1 | 2 |\n\n```python\ndef f(x):\n    return x 
 
 
 def watched_page(browser):
-    page = new_page(browser)
+    page = new_page(browser, enforce_csp=True)
     page.add_init_script(REPORT_VIOLATIONS)
     return page
 
@@ -44,13 +47,22 @@ def test_the_chat_pages_break_nothing_under_the_policy(browser, inprocess_daphne
     anonymous = watched_page(browser)
     visit(anonymous, f"{base}/login")
     visit(anonymous, f"{base}/signup")
-    page = signed_up_in_a_new_conversation(browser, base, "csp-reader")
+    page = signed_up_in_a_new_conversation(browser, base, unique_name("csp-reader"), enforce_csp=True)
     page.add_init_script(REPORT_VIOLATIONS)
     conversation = int(page.url.rsplit("/", 1)[1])
     store_exchange(inprocess_daphne.db_path, conversation, "Show me a table", REPLY)
     visit(page, page.url)
     assert page.locator(".message table").count() == 1, "liveness: the reply's markdown rendered"
     assert page.locator(".message pre code .hljs-keyword").count() >= 1, "liveness: the code was highlighted"
+    # A live reply over the page's websocket (connect-src), streamed and rendered under the policy.
+    page.click("details summary")  # the sampling controls: a short greedy reply
+    page.fill("#max_tokens", "8")
+    page.fill("#temperature", "0")
+    page.fill("#input", "Tell me about lists")
+    page.click("#send")
+    page.locator("article.assistant:last-of-type .meta").wait_for()
+    assert page.locator("article.assistant:last-of-type .content").inner_text().strip(), "liveness: a reply came"
+    assert page.evaluate("window.violations") == [], "the live reply broke the policy"
     visit(page, f"{base}/")
     visit(page, f"{base}/tokens")
 
