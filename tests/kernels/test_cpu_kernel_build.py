@@ -8,10 +8,11 @@ from __future__ import annotations
 import fcntl
 import subprocess
 import sys
+from pathlib import Path
 
 from engine.kernels.cpu.build import build_directory
-from tests.cluster import ROOT
 
+ROOT = Path(__file__).resolve().parents[2]  # not tests.cluster's: that imports redis, which the GPU image lacks
 LOAD = "from engine.kernels import cpu; print(cpu.native_available(), cpu.unavailable_reason())"
 
 
