@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 from typing import Callable
 
 from engine.decode.device_loop import KILL_SWITCH, DeviceLoop, KillSwitch
@@ -95,7 +96,8 @@ class Engine:
         self._requests: dict[str, LiveRequest] = {}  # by request id; Postprocess.finish forgets a finished one
         self.runtime_flags = RuntimeFlags(self.device_loop, self.runner, self.scheduler)
         self.runtime_flags.audit.permille = config.replay_audit_permille
-        self.identity = identity_of(str(config.model), self.loaded.path, config.device, config.weight_format,
+        # The model's name, not a path on this server (records travel to users).
+        self.identity = identity_of(Path(str(config.model)).name, self.loaded.path, config.device, config.weight_format,
                                     config.dtype)  # what each finished request's record names
         self._intake = Intake(config, self.loaded, self.max_model_len)
         self._postprocess = Postprocess(self.scheduler, self._requests, self.loaded.eos_token_ids, self.length_limit,

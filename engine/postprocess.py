@@ -105,7 +105,10 @@ class Postprocess:
         seq = request.seq
         start = request.sent_tokens
         request.sent_tokens = len(seq.output_ids)
-        prompt: dict[str, Any] = {} if start or seq.params.prompt_logprobs is None else \
+        # Only once the whole prompt has its records: a request ended mid-prefill (an abort, an error) has
+        # a part of them, which a reader pairing them with the prompt's ids would cut short unseen.
+        whole = len(seq.prompt_logprobs) == len(seq.prompt_ids) - 1
+        prompt: dict[str, Any] = {} if start or seq.params.prompt_logprobs is None or not whole else \
             {"prompt_token_ids": seq.prompt_ids, "prompt_logprobs": [None, *seq.prompt_logprobs]}
         return RequestOutput(request_id=seq.request_id, index=start, text=text, token_ids=seq.output_ids[start:],
                              logprobs=seq.logprobs[start:] if seq.params.logprobs is not None else None,

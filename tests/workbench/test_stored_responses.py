@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 
 import openai
@@ -42,7 +43,7 @@ def test_a_stored_reply_is_deleted_by_its_own_user_only(inprocess_daphne):
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.asyncio
-async def test_a_reply_past_the_retention_period_is_not_found_and_is_deleted_at_the_next_store(settings):
+async def test_a_reply_past_the_retention_period_is_not_found_and_is_deleted_at_the_next_store(settings, monkeypatch):
     settings.WORKBENCH_RESPONSES_RETENTION_DAYS = 30
     user = await get_user_model().objects.acreate(username=unique_name("retention"))
     await store.save(user, {"id": "resp_old"}, [])
@@ -57,8 +58,11 @@ async def test_a_reply_past_the_retention_period_is_not_found_and_is_deleted_at_
     assert (await store.response_of(user, "resp_recent"))["id"] == "resp_recent"
     assert await StoredResponse.objects.filter(response_id="resp_old").aexists(), "read as gone, not yet deleted"
     await store.save(user, {"id": "resp_new"}, [])
+    assert await StoredResponse.objects.filter(response_id="resp_old").aexists(), "purged at most once a minute"
+    monkeypatch.setattr(store, "_purged_at", [time.monotonic() - store.PURGE_EVERY_S])  # a minute on
+    await store.save(user, {"id": "resp_newer"}, [])
     left = {r async for r in StoredResponse.objects.values_list("response_id", flat=True)}
-    assert left == {"resp_recent", "resp_new"}, "the store deleted the expired reply, and only it"
+    assert left == {"resp_recent", "resp_new", "resp_newer"}, "the store deleted the expired reply, and only it"
 
     settings.WORKBENCH_RESPONSES_RETENTION_DAYS = 0  # kept until deleted
     await StoredResponse.objects.filter(response_id="resp_recent").aupdate(

@@ -56,10 +56,12 @@ class ChoiceGroup:
 
     @classmethod
     def submit(cls, transport: Transport, admissions: list[Admission], engine_ids: list[str],
-               prompt: str | list[int], params: SamplingParams, model: str) -> ChoiceGroup:
-        """One engine sequence per choice, each through its own admission, with its own params (choice_params)."""
-        streams = [admission.submit(transport, engine_id, prompt, choice, model) for admission, engine_id, choice
-                   in zip(admissions, engine_ids, choice_params(params, len(engine_ids)))]
+               prompt: str | list[int], params: SamplingParams, model: str, keep_record: bool = True) -> ChoiceGroup:
+        """One engine sequence per choice, each through its own admission, with its own params (choice_params);
+        `keep_record`: whether their reproducibility records are kept (limits.Admission.submit)."""
+        streams = [admission.submit(transport, engine_id, prompt, choice, model, keep_record)
+                   for admission, engine_id, choice in zip(admissions, engine_ids,
+                                                           choice_params(params, len(engine_ids)))]
         return cls(transport, engine_ids, streams)
 
     def __aiter__(self) -> AsyncIterator[tuple[int, StreamEvent]]:

@@ -82,7 +82,8 @@ class GenerateConsumer(JsonSocketConsumer):
             admissions = limits.admit_all(user.username, n or 1)
         except limits.Refused as exc:
             raise FrameError(exc.code, exc.message, request_id, exc.retry_after) from None
-        choices = ChoiceGroup.submit(transport, admissions, engine_ids, prompt, params, model)
+        # No record kept: a websocket reply names no id that POST /v1/reproduce could take.
+        choices = ChoiceGroup.submit(transport, admissions, engine_ids, prompt, params, model, keep_record=False)
         self.engine_ids[request_id] = engine_ids
         relay = self._relay(request_id, choices.streams[0], tokenizer) if n is None else \
             self._relay_choices(request_id, choices, tokenizer)

@@ -66,7 +66,10 @@ async def record_of(user: AbstractBaseUser, request_id: str) -> ReproduceRecord 
     """`user`'s own unexpired record of `request_id`; None for anything else (another user's included)."""
     writing = _writing.get((user.get_username(), request_id))
     if writing is not None:
-        await asyncio.shield(writing)
+        try:
+            await asyncio.shield(writing)
+        except Exception:  # the write failed (logged where it ran): the record is then not there, a 404
+            pass
     return await database_sync_to_async(
         lambda: ReproduceRecord.objects.filter(user__pk=user.pk, request_id=request_id,
                                                created_at__gte=_cutoff()).first())()

@@ -11,11 +11,9 @@ from django.http import HttpRequest, HttpResponseBase, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from workbench.api import reproduce_records
-from workbench.api.http_api import ApiError, authenticate
+from workbench.api.http_api import ERROR_STATUS, ApiError, authenticate
 from workbench.serving import limits, served_models
 from workbench.serving.rederive import RederiveFailed, rederive
-
-ERROR_STATUS = {"rate_limited": 429, "overloaded": 503, "unavailable": 503, "timeout": 504}
 
 
 @csrf_exempt
@@ -31,12 +29,12 @@ async def reproduce(request: HttpRequest, request_id: str) -> HttpResponseBase:
         try:
             answer = await rederive(user.get_username(), kept.record, kept.model)
         except limits.Refused as exc:
-            raise ApiError(ERROR_STATUS.get(exc.code, 503), exc.message, code=exc.code,
-                           retry_after=exc.retry_after) from None
+            raise ApiError.limit(exc) from None
         except served_models.TokenizerUnreadable as exc:
             raise ApiError(503, exc.message, code="unavailable") from None
         except RederiveFailed as exc:
-            raise ApiError(ERROR_STATUS.get(exc.code, 500), exc.message, code=exc.code) from None
+            status = 409 if exc.code == "no_record" else ERROR_STATUS.get(exc.code, 500)
+            raise ApiError(status, exc.message, code=exc.code) from None
         return JsonResponse({"id": request_id, "object": "reproduction", **answer})
     except ApiError as exc:
         return exc.response()

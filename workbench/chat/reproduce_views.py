@@ -42,5 +42,5 @@ async def reproduce(request: HttpRequest, conversation_id: int, message_id: int)
     except served_models.TokenizerUnreadable as exc:
         return _failed("unavailable", exc.message, 503)
     except RederiveFailed as exc:
-        return _failed(exc.code, exc.message, 500)
+        return _failed(exc.code, exc.message, {"no_record": 409, "timeout": 504}.get(exc.code, 500))
     return JsonResponse({"message_id": reply.pk, **answer})

@@ -27,14 +27,23 @@ class RederiveFailed(Exception):
 async def rederive(user: str, stored: dict[str, Any], model: str) -> dict[str, Any]:
     """Runs the record `stored` (ReproRecord.as_dict()) again for `user` on `model`; limits.Refused when
     the user's limits say no, RederiveFailed when the re-run fails."""
-    recorded = ReproRecord.from_dict(stored)
+    try:
+        recorded = ReproRecord.from_dict(stored)
+        params = recorded.sampling_params()
+    except (TypeError, ValueError, KeyError):  # a record kept by a version whose fields differ
+        raise RederiveFailed("no_record", "this record was kept by another version of the server and cannot be "
+                                          "run again") from None
     transport = await bridge.transport_from_loop()
     admission = limits.admit(user)
-    stream = admission.submit(transport, f"reproduce-{uuid.uuid4().hex}", recorded.prompt_ids,
-                              recorded.sampling_params(), model, keep_record=False)
+    request_id = f"reproduce-{uuid.uuid4().hex}"
+    stream = admission.submit(transport, request_id, recorded.prompt_ids, params, model, keep_record=False)
     last = None
-    async for event in stream:
-        last = event
+    try:
+        async for event in stream:
+            last = event
+    finally:
+        if last is None or not last.finished:  # the client went away: the re-run stops with it
+            transport.cancel(request_id)
     if last is None or last.reproduce is None:
         code = (last.error_code if last else None) or "engine_error"
         raise RederiveFailed(code, (last.error if last else None) or "the re-run did not run to its end")

@@ -63,7 +63,7 @@ async def _prepared(request: HttpRequest, count_only: bool) -> tuple[AbstractBas
 async def messages(request: HttpRequest) -> HttpResponseBase:
     try:
         user, body, prepared = await _prepared(request, count_only=False)
-        started = SERVINGS["chat"].start(prepared, user)
+        started = SERVINGS["chat"].start(prepared, user, keep_record=False)
     except ApiError as exc:
         return error_response(exc)
     message = {"id": "msg_" + started.meta["id"].split("-", 1)[1], "type": "message", "role": "assistant",

@@ -76,7 +76,7 @@ async def _started(request: HttpRequest, kind: str) -> tuple[Started | dict[str,
         prepared = await serving.prepare(translated, len(request.body), user)
     except ApiError as exc:
         raise translate.renamed(exc) from None
-    return serving.start(prepared, user), body
+    return serving.start(prepared, user, keep_record=False), body
 
 
 def _view(kind: str):

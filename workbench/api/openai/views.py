@@ -240,9 +240,11 @@ class _Serving:
         _fit_vocabulary(prompt, params, vocabulary_of(model))
         return Prepared(tools, params, n, model, transport, tokenizer, prompt, report)
 
-    def start(self, prepared: Prepared, user: AbstractBaseUser) -> Started:
+    def start(self, prepared: Prepared, user: AbstractBaseUser, keep_record: bool = True) -> Started:
         """Admit the request under `user`'s limits (ApiError when one refuses) and submit its choices, each
-        under that user's prefix-cache scope (limits.Admission.submit)."""
+        under that user's prefix-cache scope (limits.Admission.submit). `keep_record`: whether their
+        reproducibility records are kept for POST /v1/reproduce, which takes this reply's id; the routes
+        whose replies name another id (Messages, Responses, Ollama) keep none."""
         admissions = _admit(user.get_username(), prepared.n)
         request_id = f"{self.id_prefix}-{uuid.uuid4().hex}"
         engine_ids = choice_ids(request_id, prepared.n)
@@ -250,7 +252,7 @@ class _Serving:
         choices = [_Choice(engine_id, prepared.tokenizer, prepared.params.logprobs is not None, prepared.report, echoed,
                            self.reasoning_split(prepared)) for engine_id in engine_ids]
         group = ChoiceGroup.submit(prepared.transport, admissions, engine_ids, prepared.prompt, prepared.params,
-                                   prepared.model)
+                                   prepared.model, keep_record)
         return Started(prepared, group, choices, {"id": request_id, "created": int(time.time()),
                                                   "model": prepared.model})
 

@@ -8,9 +8,9 @@ process of its own sweeps them: a server that stores nothing more keeps the expi
 
 from __future__ import annotations
 
-from typing import Any
-
+import time
 from datetime import timedelta
+from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -33,10 +33,17 @@ def _kept() -> QuerySet[StoredResponse]:
     return replies.filter(created_at__gte=timezone.now() - timedelta(days=days)) if days else replies
 
 
+# Expired replies are deleted at most once a minute by a store (reads skip them meanwhile): a delete
+# scanning the table on every store would cost every request that stores.
+PURGE_EVERY_S = 60.0
+_purged_at = [-PURGE_EVERY_S]
+
+
 @sync_to_async
 def save(user: AbstractBaseUser, response: dict[str, Any], conversation: list[dict[str, Any]]) -> None:
     days = settings.WORKBENCH_RESPONSES_RETENTION_DAYS
-    if days:
+    if days and time.monotonic() - _purged_at[0] >= PURGE_EVERY_S:
+        _purged_at[0] = time.monotonic()
         StoredResponse.objects.filter(created_at__lt=timezone.now() - timedelta(days=days)).delete()
     StoredResponse.objects.create(response_id=response["id"], user_id=user.pk, response=response, conversation=conversation)
 

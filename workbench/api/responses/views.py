@@ -45,7 +45,7 @@ async def responses(request: HttpRequest) -> HttpResponseBase:
             prepared = await SERVINGS["chat"].prepare(translate.chat_body(body, messages), len(request.body), user)
         except ApiError as exc:
             raise translate.renamed(exc) from None
-        started = SERVINGS["chat"].start(prepared, user)
+        started = SERVINGS["chat"].start(prepared, user, keep_record=False)
     except ApiError as exc:
         return exc.response()
     reply = _Reply(started, body, messages, user)
