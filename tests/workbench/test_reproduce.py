@@ -174,3 +174,21 @@ async def test_the_audit_counts_equal_reruns_and_catches_the_batched_row_mutant(
         assert "re-run alone differs at output token" in event.message
     finally:
         await transport.change_flag("ARC_REPLAY_AUDIT_PERMILLE", was)
+
+
+@inprocess_only
+async def test_only_the_routes_whose_replies_name_the_id_keep_a_record(users):
+    """A record is kept for POST /v1/reproduce to take the reply's id: the Messages and Responses routes
+    name other ids, so they keep none (a Responses request with store: false expects nothing kept)."""
+    user, token = users["rhea"]
+    headers = {"Authorization": f"Bearer {token}"}
+    for path, body in (("/v1/messages", {"model": "demo", "messages": MESSAGES, "max_tokens": 4}),
+                       ("/v1/responses", {"model": "demo", "input": "Hi", "max_output_tokens": 4, "store": False})):
+        response = await AsyncClient().post(path, json.dumps({**body, "temperature": 0.0}),
+                                            content_type="application/json", headers=headers)
+        assert response.status_code == 200, (path, response.content)
+    reply = await completion(token, temperature=0.0)
+    assert (await reproduce(token, reply["id"])).status_code == 200, "liveness: a chat completion's record is kept"
+    await asyncio.sleep(0.5)  # the other routes' writes, had they been made, landed by now
+    kept = [r async for r in ReproduceRecord.objects.filter(user=user).values_list("request_id", flat=True)]
+    assert kept == [reply["id"]], kept
