@@ -33,7 +33,7 @@ OFFSET = {Q.Q4_1: (2, np.float16), Q.Q4_K: (4, np.float32), Q.Q5_K: (4, np.float
 QUANT_BYTES = {Q.Q4_0: 16, Q.Q4_1: 16, Q.Q8_0: 32, Q.Q4_K: 16, Q.Q5_K: 32, Q.Q6_K: 32}
 # Each type's largest quant magnitude as a byte: nibbles of 15, Q8_0's -128, Q5_K's 31, Q6_K's -32.
 EXTREME = {Q.Q4_0: 0xFF, Q.Q4_1: 0xFF, Q.Q8_0: 0x80, Q.Q4_K: 0xFF, Q.Q5_K: 31, Q.Q6_K: 0xE0}
-SIMD = ["avx2", "avx512"]  # by name: only the built library knows which this CPU runs (path_on_this_cpu)
+SIMD = ["avx2", "avx512", "amx"]  # by name: only the built library knows which this CPU runs (path_on_this_cpu)
 
 
 def random_blocks(qtype: Q, n: int, k: int, seed: int) -> np.ndarray:
@@ -194,7 +194,7 @@ def test_a_row_is_the_same_bits_alone_or_in_any_batch(qtype: Q, path: str, out_d
 
 @pytest.mark.parametrize("qtype", QTYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("path", SIMD)
-@pytest.mark.parametrize("m", [1, 3, 4, 7, 8, 13, 64])
+@pytest.mark.parametrize("m", [1, 3, 4, 7, 8, 13, 16, 35, 64])  # AMX: 16-row tiles and the rows after
 def test_simd_path_is_the_same_bits_as_the_scalar_path(qtype: Q, path: str, m: int) -> None:
     n, k = 100, 320  # 100 columns: the last group has 4
     packed = cpu.pack(random_blocks(qtype, n, k, seed=m), qtype, k)
@@ -208,12 +208,12 @@ def test_simd_path_is_the_same_bits_as_the_scalar_path(qtype: Q, path: str, m: i
 
 
 def test_the_paths_this_cpu_runs_are_listed_in_order_and_auto_gives_their_bits() -> None:
-    """The listed paths are a prefix of scalar, AVX2, AVX-512 VNNI, and "auto" (what a server runs) gives
-    the best one's bits, which the tests above compared with the scalar path's."""
+    """The listed paths are a prefix of scalar, AVX2, AVX-512 VNNI, AMX-INT8, and "auto" (what a server runs)
+    gives the best one's bits, which the tests above compared with the scalar path's."""
     best = cpu.cpu_paths()[-1]
     packed = cpu.pack(random_blocks(Q.Q8_0, 64, 64, seed=5), Q.Q8_0, 64)
     qs = cpu.quantize_q8_1(activations(3, 64, seed=5), path="scalar")
-    assert cpu.cpu_paths() == ["scalar", "avx2", "avx512"][:len(cpu.cpu_paths())]
+    assert cpu.cpu_paths() == ["scalar", "avx2", "avx512", "amx"][:len(cpu.cpu_paths())]
     assert torch.equal(cpu.qgemm(*qs, packed, Q.Q8_0, 64), cpu.qgemm(*qs, packed, Q.Q8_0, 64, path=best))
 
 

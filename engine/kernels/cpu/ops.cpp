@@ -3,7 +3,7 @@
 //   quantize_q8_1(x [M, K] f32/bf16, path) -> (q int8 [M, K], d f32 [M, K/32], s int32 [M, K/32])
 //   qgemm(q, d, s, w packed uint8, qtype, n, out_dtype, path) -> y [M, n]   y = x @ W.T
 //   qlinear(x, w, qtype, n, out_dtype, path) -> y [M, n]   both in one call (one dispatch, not two)
-//   cpu_paths() -> int[]   the paths this CPU can run (0 scalar, 1 AVX2, 2 AVX-512 VNNI)
+//   cpu_paths() -> int[]   the paths this CPU can run (0 scalar, 1 AVX2, 2 AVX-512 VNNI, 3 AMX-INT8)
 // path -1 is the best the CPU has. Threads split the output columns in tiles of a fixed size, never the
 // K reduction, and the path never depends on M: a row's result is the same bits in any batch, with any
 // thread count.
@@ -30,6 +30,7 @@ std::vector<int64_t> cpu_paths() {
   std::vector<int64_t> paths{SCALAR};
   if (has_avx2()) paths.push_back(AVX2);
   if (has_avx512()) paths.push_back(AVX512);
+  if (has_amx()) paths.push_back(AMX);
   return paths;
 }
 
@@ -116,7 +117,8 @@ void run_gemm(const GemmArgs& a, int64_t path) {
   at::parallel_for(0, (a.N + GROUP - 1) / GROUP, TILE_GROUPS, [&](int64_t g0, int64_t g1) {
     if (path == SCALAR) gemm_scalar(a, g0, g1);
     else if (path == AVX2) gemm_avx2(a, g0, g1);
-    else gemm_avx512(a, g0, g1);
+    else if (path == AVX512) gemm_avx512(a, g0, g1);
+    else gemm_amx(a, g0, g1);
   });
 }
 

@@ -1,4 +1,4 @@
-// The contract between the op layer (ops.cpp) and the code paths (qgemm_scalar/avx2/avx512.cpp).
+// The contract between the op layer (ops.cpp) and the code paths (qgemm_scalar/avx2/avx512/amx.cpp).
 //
 // Included by the SIMD files before their `#pragma GCC target`, so it holds only plain C++ and no torch
 // headers: an inline function from a shared header compiled under a wider target could be the copy the
@@ -92,6 +92,7 @@ struct GemmArgs {
 void gemm_scalar(const GemmArgs& a, int64_t g0, int64_t g1);
 void gemm_avx2(const GemmArgs& a, int64_t g0, int64_t g1);
 void gemm_avx512(const GemmArgs& a, int64_t g0, int64_t g1);
+void gemm_amx(const GemmArgs& a, int64_t g0, int64_t g1);
 void quantize_scalar(const QuantArgs& a, int64_t r0, int64_t r1);
 void quantize_avx2(const QuantArgs& a, int64_t r0, int64_t r1);
 

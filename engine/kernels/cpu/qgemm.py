@@ -5,7 +5,8 @@ each block's integer dot product is exact, and the fp32 epilogue runs over the b
 arithmetic in every code path (engine/kernels/cpu/qgemm.h): a row's output is the same bits whatever the batch,
 the thread count or the path.
 
-Paths: "scalar" (any CPU), "avx2", "avx512" (AVX-512 VNNI), or "auto", the best this CPU has. A call's
+Paths: "scalar" (any CPU), "avx2", "avx512" (AVX-512 VNNI), "amx" (AMX-INT8 tiles for every 16 rows, the
+VNNI code for the rest: the same bits), or "auto", the best this CPU has. A call's
 `path` argument wins, else $WORKBENCH_CPU_KERNEL, else auto (WORKBENCH_CPU_KERNEL=off: no native kernels).
 Call `native_available()` first: where it is
 False the ops do not exist (engine/kernels/cpu/build.py says why) and callers use torch.
@@ -20,7 +21,7 @@ import torch
 from engine import environment
 from engine.kernels.cpu import build
 
-PATHS = {"auto": -1, "scalar": 0, "avx2": 1, "avx512": 2}
+PATHS = {"auto": -1, "scalar": 0, "avx2": 1, "avx512": 2, "amx": 3}
 _ready = False  # library loaded and fake kernels registered
 # The library's other ops' fake kernels (engine/kernels/cpu/paged_attention.py), registered with these at load.
 FAKE_REGISTRARS: list[Callable[[], None]] = []
