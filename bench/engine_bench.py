@@ -17,7 +17,9 @@ llama.cpp through `llama-cpp-python` on the same file with the same thread count
 (bench/llama_cpp_peer.py; 8 streams there are its batched API, 8 sequence ids in one context), and with
 `--vllm-python` vLLM's CPU backend (bench/vllm_cpu_peer.py, in its own venv) on the file's weights
 dequantized into an HF directory (bfloat16 there, as vLLM serves on a CPU).
-Printed per batch size: tokens/s and each row's ratio over the reference rows (HF, and host or
+With `--prefill N` it measures prompt processing instead: one prompt of exactly N tokens (the questions'
+text repeated, chat-templated, cut at N), one new token, printed as prompt tokens/s (N / the wall time of
+the whole request). Printed per batch size: tokens/s and each row's ratio over the reference rows (HF, and host or
 llama.cpp); then whether the greedy tokens of pairs of runners agree. transformers is needed for this
 command only.
 """
@@ -69,6 +71,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--burst-length", type=int, default=8)
     parser.add_argument("--vllm-python", default=None, help="a python with vllm-cpu installed (its own venv: "
                         "docs/BENCHMARKS.md); adds vLLM-CPU on the GGUF file's weights dequantized")
+    parser.add_argument("--prefill", type=int, default=None, metavar="N", help="instead of decode throughput: "
+                        "prompt tokens/s for one prompt of N tokens and one new token")
     parser.add_argument("--memory", action="store_true", help="instead of speed: the peak RSS of ours (served "
                         "configuration) and llama.cpp serving the GGUF file, each in a process of its own")
     parser.add_argument("--skip", default="", help="runners to leave out, comma-separated (e.g. 'quant fp32', "
@@ -175,8 +179,13 @@ def _pad(engine: Engine) -> int:
     return 0 if pad is None else pad  # also where the EOS text is not one token of the vocabulary
 
 
-def _prompts(engine: Engine) -> list[list[int]]:
+def _prompts(engine: Engine, prefill: int | None) -> list[list[int]]:
     tokenizer = engine.tokenizer
+    if prefill is not None:
+        text = " ".join(QUESTIONS * (prefill // 4 + 1))  # far more than N tokens
+        ids = tokenizer.encode(text) if tokenizer.chat_template is None else tokenizer.encode_chat(
+            [{"role": "user", "content": text}])
+        return [ids[:prefill]]
     if tokenizer.chat_template is None:
         return [tokenizer.encode(p) for p in PROMPTS]
     return [tokenizer.encode_chat([{"role": "user", "content": q}]) for q in QUESTIONS]
@@ -223,6 +232,8 @@ def run_bench(args: argparse.Namespace) -> int:
     transformers.utils.logging.disable_progress_bar()  # its GGUF loading bars would bury the table
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.prefill is not None:
+        args.max_tokens, args.batch_sizes = 1, "1"
     if args.max_tokens is None:
         args.max_tokens = 128 if is_gguf(resolve_model_path(args.model)) else 64
     print(f"load average at start {os.getloadavg()}, {os.cpu_count()} CPUs", flush=True)
@@ -232,11 +243,13 @@ def run_bench(args: argparse.Namespace) -> int:
             print(f"error: --skip {name!r}: no such runner (runners: {', '.join(runners)})", file=sys.stderr)
             return 2
         del runners[name]
-    prompts = _prompts(engine)
+    prompts = _prompts(engine, args.prefill)
     print(f"model {args.model}: {engine.loaded.config.num_hidden_layers} layers, {len(prompts)} prompts "
-          f"({'chat-templated' if engine.tokenizer.chat_template else 'raw text'}), {args.max_tokens} new "
+          f"({'chat-templated' if engine.tokenizer.chat_template else 'raw text'}"
+          f"{f', {len(prompts[0])} tokens' if args.prefill else ''}), {args.max_tokens} new "
           f"tokens each, greedy, EOS ignored, torch threads {torch.get_num_threads()}, {args.repeats} repeats")
-    print(f"{'batch':>5} {'runner':>12} {'tok/s':>9}" + "".join(f" {'vs ' + r:>12}" for r in references))
+    unit = "prompt tok/s" if args.prefill else "tok/s"
+    print(f"{'batch':>5} {'runner':>12} {unit:>12}" + "".join(f" {'vs ' + r:>12}" for r in references))
     outputs: dict[int, dict[str, list[list[int]]]] = {}  # batch -> runner -> new tokens per prompt
     for batch in [int(b) for b in args.batch_sizes.split(",")]:
         rates: dict[str, float] = {}
@@ -247,9 +260,10 @@ def run_bench(args: argparse.Namespace) -> int:
             def run() -> None:
                 outputs[batch][name] = generate(batch_prompts)
                 assert all(len(o) == args.max_tokens for o in outputs[batch][name]), name
-            rates[name] = batch * args.max_tokens / _median_seconds(run, args.repeats)
+            per_run = len(batch_prompts[0]) if args.prefill else batch * args.max_tokens
+            rates[name] = per_run / _median_seconds(run, args.repeats)
             ratios = "".join(f" {rates[name] / rates[r]:>11.2f}x" if r in rates else " " * 13 for r in references)
-            print(f"{batch:>5} {name:>12} {rates[name]:>9.1f}{ratios}", flush=True)
+            print(f"{batch:>5} {name:>12} {rates[name]:>12.1f}{ratios}", flush=True)
     for batch, by_runner in outputs.items():
         print(f"greedy agreement, first {AGREEMENT_TOKENS} tokens of the batch-{batch} runs:")
         _agreement(by_runner)

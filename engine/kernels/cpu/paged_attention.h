@@ -68,8 +68,11 @@ inline int64_t key_rows(const AttnArgs& a, int64_t t, int64_t g, int64_t* rows) 
   const int64_t p = a.positions[t];
   const int64_t lo = a.window > 0 && p - a.window + 1 > 0 ? p - a.window + 1 : 0;
   const int64_t* table = a.tables + a.sequence[t] * a.table_width;
-  for (int64_t j = lo; j <= p; ++j)
-    rows[j - lo] = ((table[j / a.block_size] * a.block_size + j % a.block_size) * a.Hkv + g) * a.D;
+  int64_t block = lo / a.block_size, offset = lo % a.block_size;  // stepped, not divided, key by key
+  for (int64_t j = lo; j <= p; ++j) {
+    rows[j - lo] = ((table[block] * a.block_size + offset) * a.Hkv + g) * a.D;
+    if (++offset == a.block_size) offset = 0, ++block;
+  }
   return p - lo + 1;
 }
 
