@@ -25,7 +25,7 @@ pytestmark = pytest.mark.usefixtures("native_cpu_kernels", "path_on_this_cpu")
 
 Q = gguf.GGMLQuantizationType
 BLOCK_BYTES = {Q.Q4_0: 18, Q.Q4_1: 20, Q.Q8_0: 34, Q.Q4_K: 24, Q.Q5_K: 40, Q.Q6_K: 36}
-SIMD = ["avx2", "avx512"]  # by name: only the built library knows which this CPU runs (path_on_this_cpu)
+SIMD = ["avx2", "avx512", "amx"]  # by name: only the built library knows which this CPU runs (path_on_this_cpu)
 D, H, HKV, HD, INTER = 64, 4, 2, 16, 96
 BLOCK, NUM_BLOCKS = 4, 32
 EPS = 1e-5
@@ -266,9 +266,11 @@ def test_one_thread_or_two_give_the_same_bits(threads: None) -> None:
 
 
 @pytest.mark.parametrize("path", SIMD)
-def test_simd_path_is_the_same_bits_as_the_scalar_path(path: str) -> None:
+@pytest.mark.parametrize("rows", [12, 29])  # 29: the AMX path's one full 16-row tile and the rows after it
+def test_simd_path_is_the_same_bits_as_the_scalar_path(path: str, rows: int) -> None:
     layer = make_layer(13, bias=True)
-    step = mixed_step(14)
+    step = mixed_step(14) if rows == 12 else make_step(
+        TABLES, [0, 0, 0], [9, 13, 7], torch.randn(29, D, generator=torch.Generator().manual_seed(14)))
     assert torch.equal(run(layer, step, make_cache(torch.bfloat16, 15), path=path),
                        run(layer, step, make_cache(torch.bfloat16, 15), path="scalar"))
 
