@@ -218,6 +218,10 @@ void gemm_amx(const GemmArgs& a, int64_t g0, int64_t g1) {
     case Q5_K: pairs<Q5_K>(a, g0, g1); break;
     default: pairs<Q6_K>(a, g0, g1); break;
   }
+  // GCC leaves the upper vector state dirty on the way out of this file (its vzeroupper pass skips these
+  // functions); the scalar code and libm calls that run next on this thread would then pay a transition
+  // on every SSE instruction (the decoder layer's SiLU ran 50x slower).
+  _mm256_zeroupper();
 }
 
 }  // namespace workbench_cpu
