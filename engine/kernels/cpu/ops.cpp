@@ -117,7 +117,7 @@ void run_gemm(const GemmArgs& a, int64_t path) {
   at::parallel_for(0, (a.N + GROUP - 1) / GROUP, TILE_GROUPS, [&](int64_t g0, int64_t g1) {
     if (path == SCALAR) gemm_scalar(a, g0, g1);
     else if (path == AVX2) gemm_avx2(a, g0, g1);
-    else if (path == AVX512) gemm_avx512(a, g0, g1);
+    else if (path == AVX512 || a.M < AMX_TILE_ROWS) gemm_avx512(a, g0, g1);  // no full tile: the same bits
     else gemm_amx(a, g0, g1);
   });
 }

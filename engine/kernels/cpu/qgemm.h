@@ -92,7 +92,8 @@ struct GemmArgs {
 void gemm_scalar(const GemmArgs& a, int64_t g0, int64_t g1);
 void gemm_avx2(const GemmArgs& a, int64_t g0, int64_t g1);
 void gemm_avx512(const GemmArgs& a, int64_t g0, int64_t g1);
-void gemm_amx(const GemmArgs& a, int64_t g0, int64_t g1);
+void gemm_amx(const GemmArgs& a, int64_t g0, int64_t g1);  // for M >= AMX_TILE_ROWS
+constexpr int64_t AMX_TILE_ROWS = 16;  // the rows of the AMX path's tiles
 void quantize_scalar(const QuantArgs& a, int64_t r0, int64_t r1);
 void quantize_avx2(const QuantArgs& a, int64_t r0, int64_t r1);
 

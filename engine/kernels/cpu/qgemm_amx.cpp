@@ -5,7 +5,8 @@
 // product, vpdpbusd, a scalar loop), and the epilogue is the same elementwise fp32 operations, in block
 // order, as qgemm_tile.inc's, at 16 lanes instead of 8. So rows may go through the tiles or through the
 // VNNI micro-kernel without a bit changing: full 16-row tiles take the tile unit, the rows after the last
-// full tile (all of them below 16 rows, as in a small decode batch) the VNNI code.
+// full tile the VNNI code (a call with fewer than 16 rows, as a small decode batch, never comes here:
+// ops.cpp sends it to the AVX-512 path).
 //
 // Layout: a weight tile is 8 rows of 64 bytes, row j holding quad j (k = 4j .. 4j + 3) of 16 columns,
 // 4 bytes each: exactly two packed groups' quad j side by side, so two groups' blocks are copied (and
@@ -38,7 +39,7 @@ struct Isa {  // the VNNI micro-kernel, for the rows after the last full tile
 
 #include "qgemm_tile.inc"
 
-constexpr int64_t TILE_ROWS = 16, PAIR_COLUMNS = 2 * GROUP, WEIGHT_TILE_BYTES = 8 * 64;
+constexpr int64_t TILE_ROWS = AMX_TILE_ROWS, PAIR_COLUMNS = 2 * GROUP, WEIGHT_TILE_BYTES = 8 * 64;
 
 // Tile registers: 0 activations (16 rows x 32 k), 1 weights (8 quads x 16 columns x 4), 2 and 5 sums (16 x 16
 // int32), one for each of two blocks in flight; for Q6_K's halves: 3 activations (16 x 16 k), 4 weights (4
@@ -190,10 +191,6 @@ void pair(const GemmArgs& a, int64_t g, int64_t g_end, std::vector<uint8_t>& unp
 
 template <int QT>
 void pairs(const GemmArgs& a, int64_t g0, int64_t g1) {
-  if (a.M < TILE_ROWS) {  // no full tile (a small decode batch): the VNNI code, and no tile state touched
-    for (int64_t g = g0; g < g1; ++g) vnni_rows<QT>(a, g, 0);
-    return;
-  }
   static thread_local std::vector<uint8_t> unpacked;
   static thread_local std::vector<float> block_sums;  // float(s_a), converted once, broadcast from memory
   unpacked.resize(a.K / QK * WEIGHT_TILE_BYTES);
