@@ -15,6 +15,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <climits>
 #include <optional>
 #include <vector>
 
@@ -116,13 +117,64 @@ int64_t check_attention_indexes(const at::Tensor& tables, const at::Tensor& sequ
   return max_keys;
 }
 
+namespace {
+
+// Widening pays where a sequence has this many query tokens in the call; the widened copies of one call
+// stay under WIDE_BYTES (a sequence that would pass it reads the cache, with the same bits).
+constexpr int64_t WIDE_MIN_TOKENS = 8;
+constexpr int64_t WIDE_BYTES = int64_t(64) << 20;
+
+// The WideKeys of a call with a bfloat16 cache on the AVX2 path: each sequence with at least
+// WIDE_MIN_TOKENS query tokens gets its keys from its first token's window start to its last position.
+struct WideCopies {
+  std::vector<float> keys, values;
+  std::vector<int64_t> base, first;
+
+  WideKeys build(const AttnArgs& a) {
+    int64_t B = 0;
+    for (int64_t t = 0; t < a.N; ++t) B = std::max(B, a.sequence[t] + 1);
+    std::vector<int64_t> count(B, 0), last(B, -1);
+    first.assign(B, INT64_MAX);
+    for (int64_t t = 0; t < a.N; ++t) {
+      const int64_t b = a.sequence[t], p = a.positions[t];
+      ++count[b];
+      first[b] = std::min(first[b], a.window > 0 ? std::max<int64_t>(0, p - a.window + 1) : 0);
+      last[b] = std::max(last[b], p);
+    }
+    base.assign(B, -1);
+    int64_t total = 0;
+    const int64_t row = a.Hkv * a.D;
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t span = last[b] - first[b] + 1;
+      if (count[b] < WIDE_MIN_TOKENS || (total + span * row) * 2 * int64_t(sizeof(float)) > WIDE_BYTES) continue;
+      base[b] = total;
+      total += span * row;
+    }
+    if (total == 0) return {};
+    keys.resize(total);
+    values.resize(total);
+    for (int64_t b = 0; b < B; ++b) {
+      if (base[b] < 0) continue;
+      at::parallel_for(first[b], last[b] + 1, 64, [&](int64_t j0, int64_t j1) {
+        widen_keys_avx2(a, b, j0, j1 - 1, keys.data() + base[b] + (j0 - first[b]) * row,
+                        values.data() + base[b] + (j0 - first[b]) * row);
+      });
+    }
+    return {keys.data(), values.data(), base.data(), first.data()};
+  }
+};
+
+}  // namespace
+
 void run_attention(const AttnArgs& a, int64_t max_keys, int64_t path) {
   const bool simd = path != SCALAR && a.D % ATTN_LANES == 0;
   const int64_t group = a.H / a.Hkv, stride = (max_keys + ATTN_LANES - 1) / ATTN_LANES * ATTN_LANES;
+  WideCopies copies;
+  const WideKeys wide = simd && a.bf16 ? copies.build(a) : WideKeys{};
   at::parallel_for(0, a.N * a.Hkv, 1, [&](int64_t i0, int64_t i1) {
     std::vector<float> scores(group * stride), query(a.D);
     std::vector<int64_t> rows(max_keys);
-    const AttnScratch scratch{scores.data(), rows.data(), stride, query.data()};
+    const AttnScratch scratch{scores.data(), rows.data(), stride, query.data(), wide};
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t t = zigzag(i / a.Hkv, a.N), g = i % a.Hkv;
       if (simd) attend_avx2(a, t, g, scratch);

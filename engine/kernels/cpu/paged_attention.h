@@ -54,12 +54,24 @@ struct AttnArgs {
   void* out;                  // [N, H, D] q's dtype
 };
 
+// A bfloat16 cache's keys and values widened to fp32 (exact) once per call for the sequences with many
+// query tokens in it (a prompt or a chunk): every (token, KV head) item of such a sequence then reads fp32
+// rows instead of widening the same keys again, per query head and per token. The same values in the
+// same order, so the same bits; the AVX2 path uses it, the scalar path reads the cache.
+struct WideKeys {
+  const float* keys = nullptr;    // [sum of the sequences' key spans][Hkv][D]
+  const float* values = nullptr;
+  const int64_t* base = nullptr;  // [B] element offset of the sequence's first widened key, -1: not widened
+  const int64_t* first = nullptr; // [B] the position of that key
+};
+
 // Per-thread scratch an item needs: scores for every head of a KV group, and the keys' row offsets.
 struct AttnScratch {
   float* scores;              // [H / Hkv][max_keys rounded up to ATTN_LANES]
   int64_t* rows;              // [max_keys] element offset of each key's row (slot * Hkv * D)
   int64_t stride;             // scores per head
   float* query;               // [D] one query head in fp32
+  WideKeys wide;              // shared by the threads, read only
 };
 
 // Fills rows[0 .. L-1] with the element offset of KV head g's row of each key token t attends, in key
@@ -76,8 +88,19 @@ inline int64_t key_rows(const AttnArgs& a, int64_t t, int64_t g, int64_t* rows) 
   return p - lo + 1;
 }
 
+// The same for the widened keys of token t's sequence (wide.base of it not -1).
+inline int64_t wide_key_rows(const AttnArgs& a, const WideKeys& wide, int64_t t, int64_t g, int64_t* rows) {
+  const int64_t p = a.positions[t], b = a.sequence[t];
+  const int64_t lo = a.window > 0 && p - a.window + 1 > 0 ? p - a.window + 1 : 0;
+  for (int64_t j = lo; j <= p; ++j) rows[j - lo] = wide.base[b] + ((j - wide.first[b]) * a.Hkv + g) * a.D;
+  return p - lo + 1;
+}
+
 // Item = (token t, KV head g): the query heads of g at token t.
 void attend_scalar(const AttnArgs& a, int64_t t, int64_t g, const AttnScratch& s);
 void attend_avx2(const AttnArgs& a, int64_t t, int64_t g, const AttnScratch& s);
+// Keys first .. last of sequence b, every KV head, from the bfloat16 caches into keys and values
+// ([last - first + 1][Hkv][D] each).
+void widen_keys_avx2(const AttnArgs& a, int64_t b, int64_t first, int64_t last, float* keys, float* values);
 
 }  // namespace workbench_cpu

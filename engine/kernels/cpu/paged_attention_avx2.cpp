@@ -51,9 +51,10 @@ inline float tree(__m256 v) {
 
 constexpr int64_t OUT_VECTORS = 8;  // output accumulators per pass over the keys: 64 of d
 
-template <bool BF16>
-void attend(const AttnArgs& a, int64_t t, int64_t g, const AttnScratch& s) {
-  const int64_t L = key_rows(a, t, g, s.rows), group = a.H / a.Hkv, D = a.D, chunks = D / 8;
+// BF16: q and out in bfloat16; KV16: the keys and values read (k, v at s.rows) in bfloat16, else fp32.
+template <bool BF16, bool KV16>
+void attend(const AttnArgs& a, int64_t t, int64_t g, const AttnScratch& s, const void* k, const void* v, int64_t L) {
+  const int64_t group = a.H / a.Hkv, D = a.D, chunks = D / 8;
   const int64_t padded = (L + 7) / 8 * 8;
   for (int64_t hg = 0; hg < group; ++hg) {
     const int64_t h = g * group + hg, qoff = (t * a.H + h) * D;
@@ -68,12 +69,12 @@ void attend(const AttnArgs& a, int64_t t, int64_t g, const AttnScratch& s) {
         for (int64_t c = 0; c < chunks; ++c) {
           const __m256 qv = _mm256_loadu_ps(s.query + 8 * c);
 #pragma GCC unroll 8
-          for (int r = 0; r < 8; ++r) acc[r] = _mm256_fmadd_ps(qv, load8<BF16>(a.k, s.rows[i0 + r] + 8 * c), acc[r]);
+          for (int r = 0; r < 8; ++r) acc[r] = _mm256_fmadd_ps(qv, load8<KV16>(k, s.rows[i0 + r] + 8 * c), acc[r]);
         }
       } else {
         for (int64_t c = 0; c < chunks; ++c) {
           const __m256 qv = _mm256_loadu_ps(s.query + 8 * c);
-          for (int r = 0; r < keys; ++r) acc[r] = _mm256_fmadd_ps(qv, load8<BF16>(a.k, s.rows[i0 + r] + 8 * c), acc[r]);
+          for (int r = 0; r < keys; ++r) acc[r] = _mm256_fmadd_ps(qv, load8<KV16>(k, s.rows[i0 + r] + 8 * c), acc[r]);
         }
       }
       _mm256_storeu_ps(e + i0, _mm256_mul_ps(reduce8(acc), scale));
@@ -102,13 +103,13 @@ void attend(const AttnArgs& a, int64_t t, int64_t g, const AttnScratch& s) {
           const __m256 w = _mm256_broadcast_ss(e + i);
           const int64_t row = s.rows[i] + 8 * c0;
 #pragma GCC unroll 8
-          for (int u = 0; u < OUT_VECTORS; ++u) acc[u] = _mm256_fmadd_ps(w, load8<BF16>(a.v, row + 8 * u), acc[u]);
+          for (int u = 0; u < OUT_VECTORS; ++u) acc[u] = _mm256_fmadd_ps(w, load8<KV16>(v, row + 8 * u), acc[u]);
         }
       } else {
         for (int64_t i = 0; i < L; ++i) {
           const __m256 w = _mm256_broadcast_ss(e + i);
           const int64_t row = s.rows[i] + 8 * c0;
-          for (int u = 0; u < nv; ++u) acc[u] = _mm256_fmadd_ps(w, load8<BF16>(a.v, row + 8 * u), acc[u]);
+          for (int u = 0; u < nv; ++u) acc[u] = _mm256_fmadd_ps(w, load8<KV16>(v, row + 8 * u), acc[u]);
         }
       }
       for (int u = 0; u < nv; ++u) {
@@ -129,8 +130,22 @@ void attend(const AttnArgs& a, int64_t t, int64_t g, const AttnScratch& s) {
 }  // namespace
 
 void attend_avx2(const AttnArgs& a, int64_t t, int64_t g, const AttnScratch& s) {
-  if (a.bf16) attend<true>(a, t, g, s);
-  else attend<false>(a, t, g, s);
+  if (!a.bf16) return attend<false, false>(a, t, g, s, a.k, a.v, key_rows(a, t, g, s.rows));
+  if (s.wide.base && s.wide.base[a.sequence[t]] >= 0)
+    return attend<true, false>(a, t, g, s, s.wide.keys, s.wide.values, wide_key_rows(a, s.wide, t, g, s.rows));
+  attend<true, true>(a, t, g, s, a.k, a.v, key_rows(a, t, g, s.rows));
+}
+
+void widen_keys_avx2(const AttnArgs& a, int64_t b, int64_t first, int64_t last, float* keys, float* values) {
+  const int64_t* table = a.tables + b * a.table_width;
+  const int64_t row = a.Hkv * a.D;  // every KV head of one slot, contiguous in the cache
+  for (int64_t j = first; j <= last; ++j) {
+    const int64_t slot = table[j / a.block_size] * a.block_size + j % a.block_size, out = (j - first) * row;
+    for (int64_t e = 0; e < row; e += 8) {
+      _mm256_storeu_ps(keys + out + e, load8<true>(a.k, slot * row + e));
+      _mm256_storeu_ps(values + out + e, load8<true>(a.v, slot * row + e));
+    }
+  }
 }
 
 }  // namespace workbench_cpu
