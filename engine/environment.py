@@ -16,7 +16,7 @@ import os
 
 FLAG_PREFIX = "ARC_"  # the flag registry's names
 SWITCHES = {
-    "WORKBENCH_CPU_KERNEL": "the native CPU kernels' path: auto (default), scalar, avx2, avx512; off: they are "
+    "WORKBENCH_CPU_KERNEL": "the native CPU kernels' path: auto (default), scalar, avx2, avx512, amx; off: they are "
                             "not built and torch's kernels serve (engine/kernels/cpu)",
     "WORKBENCH_FUSED_LAYERS": "off: a quantized bfloat16 model on the CPU runs layer by layer instead of one "
                               "native call a layer (engine/model/fused_serving.py)",
