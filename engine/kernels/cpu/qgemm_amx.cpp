@@ -41,13 +41,12 @@ struct Isa {  // the VNNI micro-kernel, for the rows after the last full tile
 
 constexpr int64_t TILE_ROWS = AMX_TILE_ROWS, PAIR_COLUMNS = 2 * GROUP, WEIGHT_TILE_BYTES = 8 * 64;
 
-// Tile registers: 0 activations (16 rows x 32 k), 1 weights (8 quads x 16 columns x 4), 2 and 5 sums (16 x 16
-// int32), one for each of two blocks in flight; for Q6_K's halves: 3 activations (16 x 16 k), 4 weights (4
-// quads), and its two halves' sums in 2 and 6 (one block), 5 and 7 (the other).
+// Tile registers: 0 activations (16 rows x 32 k), 1 weights (8 quads x 16 columns x 4), 2 sums (16 x 16
+// int32); for Q6_K's halves: 3 activations (16 x 16 k), 4 weights (4 quads), 5 the second half's sums.
 struct alignas(64) TileConfig {
   uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {32, 64, 64, 16, 64, 64, 64, 64};
-  uint8_t rows[16] = {16, 8, 16, 16, 4, 16, 16, 16};
+  uint16_t colsb[16] = {32, 64, 64, 16, 64, 64};
+  uint8_t rows[16] = {16, 8, 16, 16, 4, 16};
 };
 
 // Both groups' block b as one weight tile (row j: group g's quad j, then group g + 1's), at out. A pair
@@ -90,35 +89,28 @@ inline __m512i pair_subscales(const uint8_t* first, const uint8_t* second, int h
   return _mm512_cvtepi8_epi32(_mm_set_epi64x(hi, lo));
 }
 
-// The sums of block b for rows i0 .. i0 + 15 into sums (and, for Q6_K, second), 16 int32 a row, through
-// sum tiles SUM and HALF. GCC's tile intrinsics take the register's number as text, hence a macro, not a
-// template parameter.
-#define WORKBENCH_TILE_SUMS(NAME, SUM, HALF)                                                                  \
-  template <int QT>                                                                                           \
-  inline void NAME(const GemmArgs& a, const uint8_t* weights, int64_t i0, int64_t b, int32_t* sums,           \
-                   int32_t* second) {                                                                         \
-    const int8_t* rows = a.q + i0 * a.K + b * QK;                                                             \
-    _tile_zero(SUM);                                                                                          \
-    if constexpr (QT == Q6_K) {                                                                               \
-      _tile_zero(HALF);                                                                                       \
-      _tile_loadd(3, rows, a.K);                                                                              \
-      _tile_loadd(4, weights, 64);                                                                            \
-      _tile_dpbssd(SUM, 3, 4);                                                                                \
-      _tile_loadd(3, rows + 16, a.K);                                                                         \
-      _tile_loadd(4, weights + 4 * 64, 64);                                                                   \
-      _tile_dpbssd(HALF, 3, 4);                                                                               \
-      _tile_stored(HALF, second, 64);                                                                         \
-    } else {                                                                                                  \
-      _tile_loadd(0, rows, a.K);                                                                              \
-      _tile_loadd(1, weights, 64);                                                                            \
-      if constexpr (QT == Q8_0) _tile_dpbssd(SUM, 0, 1);                                                      \
-      else _tile_dpbsud(SUM, 0, 1);                                                                           \
-    }                                                                                                         \
-    _tile_stored(SUM, sums, 64);                                                                              \
+// The sums of block b for rows i0 .. i0 + 15 into sums (and, for Q6_K, second), 16 int32 a row.
+template <int QT>
+inline void tile_sums(const GemmArgs& a, const uint8_t* weights, int64_t i0, int64_t b, int32_t* sums, int32_t* second) {
+  const int8_t* rows = a.q + i0 * a.K + b * QK;
+  _tile_zero(2);
+  if constexpr (QT == Q6_K) {
+    _tile_zero(5);
+    _tile_loadd(3, rows, a.K);
+    _tile_loadd(4, weights, 64);
+    _tile_dpbssd(2, 3, 4);
+    _tile_loadd(3, rows + 16, a.K);
+    _tile_loadd(4, weights + 4 * 64, 64);
+    _tile_dpbssd(5, 3, 4);
+    _tile_stored(5, second, 64);
+  } else {
+    _tile_loadd(0, rows, a.K);
+    _tile_loadd(1, weights, 64);
+    if constexpr (QT == Q8_0) _tile_dpbssd(2, 0, 1);
+    else _tile_dpbsud(2, 0, 1);
   }
-WORKBENCH_TILE_SUMS(sums_in_tiles_2_6, 2, 6)
-WORKBENCH_TILE_SUMS(sums_in_tiles_5_7, 5, 7)
-#undef WORKBENCH_TILE_SUMS
+  _tile_stored(2, sums, 64);
+}
 
 // acc[r] += block b's contribution for row i0 + r: qgemm_tile.inc's block_step epilogue at 16 lanes.
 template <int QT>
@@ -161,22 +153,14 @@ void pair(const GemmArgs& a, int64_t g, int64_t g_end, std::vector<uint8_t>& unp
   if (full_rows > 0) {
     for (int64_t b = 0; b < nb; ++b)
       unpack_block<QT>(first + b * gb, second ? second + b * gb : nullptr, unpacked.data() + b * WEIGHT_TILE_BYTES);
-    // Two blocks in flight: the tile unit sums block b + 1 while the vector units scale block b.
-    alignas(64) int32_t sums[2][TILE_ROWS * PAIR_COLUMNS], second_sums[2][TILE_ROWS * PAIR_COLUMNS];
-    const auto sum_block = [&](int64_t i0, int64_t b) {
-      const uint8_t* weights = unpacked.data() + b * WEIGHT_TILE_BYTES;
-      if (b % 2 == 0) sums_in_tiles_2_6<QT>(a, weights, i0, b, sums[0], second_sums[0]);
-      else sums_in_tiles_5_7<QT>(a, weights, i0, b, sums[1], second_sums[1]);
-    };
+    alignas(64) int32_t sums[TILE_ROWS * PAIR_COLUMNS], second_sums[TILE_ROWS * PAIR_COLUMNS];
     for (int64_t i0 = 0; i0 < full_rows; i0 += TILE_ROWS) {
       __m512 acc[TILE_ROWS];
 #pragma GCC unroll 16
       for (int r = 0; r < TILE_ROWS; ++r) acc[r] = _mm512_setzero_ps();
-      sum_block(i0, 0);
       for (int64_t b = 0; b < nb; ++b) {
-        if (b + 1 < nb) sum_block(i0, b + 1);
-        epilogue<QT>(a, first + b * gb, second ? second + b * gb : nullptr, i0, b, sums[b % 2], second_sums[b % 2],
-                     block_sums, acc);
+        tile_sums<QT>(a, unpacked.data() + b * WEIGHT_TILE_BYTES, i0, b, sums, second_sums);
+        epilogue<QT>(a, first + b * gb, second ? second + b * gb : nullptr, i0, b, sums, second_sums, block_sums, acc);
       }
 #pragma GCC unroll 16
       for (int r = 0; r < TILE_ROWS; ++r) {
