@@ -1,7 +1,7 @@
 // The operator dashboard: renders each "state" frame of /ws/ops/dashboard (workbench/ops/consumers.py)
-// and sends flag changes and operators' cancels of requests. Everything that comes from users (request ids, user names) is set as text,
-// never as HTML. Leak events and replay checks are kept here across frames, since a frame carries only
-// the latest ones.
+// and sends flag changes, operators' cancels of requests and their picks for the replay audit. Everything
+// that comes from users (request ids, user names) is set as text, never as HTML. Leak events and replay
+// checks are kept here across frames, since a frame carries only the latest ones.
 "use strict";
 
 (() => {
@@ -132,6 +132,15 @@
     return button;
   }
 
+  function auditButton(worker, requestId) {
+    const button = el("button", {type: "button", class: "audit-request", "data-worker": worker, "data-request": requestId, text: "audit"});
+    button.addEventListener("click", () => {
+      if (!socket || socket.readyState !== WebSocket.OPEN) return show({error: "not connected"});
+      socket.send(JSON.stringify({type: "audit_request", id: nextId++, worker, request_id: requestId}));
+    });
+    return button;
+  }
+
   function send(name, value, worker) {
     if (!socket || socket.readyState !== WebSocket.OPEN) return show({error: "not connected"});
     const frame = {type: "set_flag", id: nextId++, name, value};
@@ -177,7 +186,7 @@
           el("td", {text: s.row === null ? "-" : String(s.row)}), el("td", {class: "parked", text: String(s.parked)}),
           el("td", {text: s.slot_owner === null ? "-" : String(s.slot_owner)}),
           el("td", {class: "owner-matches", text: matches ? "yes" : "NO: foreign slot, dropped when taken"}),
-          el("td", {}, cancelButton(id, s.request_id))));
+          el("td", {}, cancelButton(id, s.request_id), auditButton(id, s.request_id))));
       }
       for (const slot of state.parked_slots || []) {
         slots.push(el("tr", {class: slot.owner_live ? "" : "mismatch"},
@@ -262,6 +271,8 @@
         show(frame.answers);
       } else if (frame.type === "cancel_result") {
         show(frame.error ? {error: frame.error} : {canceled: true, audit_log_entry: frame.cancel});
+      } else if (frame.type === "audit_result") {
+        show(frame.error ? {error: frame.error} : {picked_for_the_replay_audit: true});
       } else if (frame.type === "error") {
         show({error: frame.message, code: frame.code});
       }

@@ -50,7 +50,11 @@ def test_an_operator_watches_a_chat_and_flips_one_worker(browser, cluster_server
     row.wait_for(timeout=20_000)
     assert row.locator(".user").inner_text() == USER
     assert row.get_attribute("data-worker") in workers
-    # The operator stops the chat user's reply (the engine's operator abort, in the audit log): it ends canceled.
+    # The operator picks it for the replay audit (the worker that holds it says yes), then stops it (the
+    # engine's operator abort, in the audit log): it ends canceled.
+    row.locator("button.audit-request").click()
+    operator.wait_for_function("() => document.querySelector('#flag-answer').textContent"
+                               ".includes('picked_for_the_replay_audit')")
     row.locator("button.cancel-request").click()
     meta = chat.locator("article.assistant .meta")
     meta.wait_for(timeout=60_000)  # the reply finished

@@ -168,6 +168,33 @@ async def test_a_cancel_reaches_the_worker_that_holds_the_request(api_user, cele
         await ws.disconnect()
 
 
+@pytest.mark.asyncio
+async def test_an_operators_audit_pick_reaches_the_worker_that_holds_the_request(api_user, celery_cluster):
+    """The worker that served the picked request re-runs it and counts it equal; the other audits nothing
+    (the suite's random audit share is 0, so the other worker's finished request is the control)."""
+    with served_by(celery_cluster) as transport:
+        ws = await connect(api_user[1])
+        await ws.send_to(text_data=generate("picked", "x", 120))
+        await ws.send_to(text_data=generate("other", "x", 120))
+        assert await wait_for(lambda: holder(transport, "-picked") and holder(transport, "-other"))
+        picked_worker, other_worker = holder(transport, "-picked"), holder(transport, "-other")
+        assert picked_worker != other_worker, "liveness: the two requests run on different workers"
+        wire_id = next(rid for rid in transport.workers()[picked_worker].requests if "-picked" in rid)
+        assert await transport.audit_as_operator(other_worker, wire_id) == \
+            "no such request on this worker (it may have just finished)"
+        assert await transport.audit_as_operator(picked_worker, wire_id) is None
+        await frames_until_done(ws, {"picked", "other"})
+
+        def audited(worker: str) -> tuple[int, int]:
+            metrics = transport.metrics_by_worker().get(worker)
+            return (metrics["replay_audited"], metrics["replay_audit_equal"]) if metrics else (0, 0)
+        assert await wait_for(lambda: audited(picked_worker) == (1, 1)), audited(picked_worker)
+        assert audited(other_worker) == (0, 0)
+        [process] = [p for p in celery_cluster.workers if celery_cluster.worker_id(p) == picked_worker]
+        assert any(wire_id in line for line in open(process.log_path) if "an operator's pick" in line)
+        await ws.disconnect()
+
+
 async def openai_completion(token: str):
     return await AsyncClient().post("/v1/completions", {"model": "demo", "prompt": "x", "max_tokens": 4, "seed": 0},
                                     content_type="application/json", headers={"Authorization": f"Bearer {token}"})

@@ -9,7 +9,9 @@ Every PUSH_EVERY_S it sends what changed of the transport's view of every worker
 flags, load, and the engine's inspection snapshot, engine/host/inspection.py) together with the flag
 registry; operators with the `ops.flip_flags` permission may send flag changes, answered with every
 worker's answer and logged like the HTTP ones (workbench/ops/flag_changes.py, which also checks them);
-staff may cancel any request a worker holds, logged in the audit log (workbench/ops/request_cancels.py).
+staff may cancel any request a worker holds, logged in the audit log (workbench/ops/request_cancels.py),
+and pick any for the replay audit (re-run alone once finished, compared bit for bit with its record; the
+result shows in the state's replay counts and, for a mismatch, as a leak event).
 Frames are limited and refused like every socket's (workbench/protocol/json_socket.py).
 
     -> {"type": "state", "workers": {worker: {...}}, "flags": [...], "changes": [latest audit rows]}
@@ -17,8 +19,10 @@ Frames are limited and refused like every socket's (workbench/protocol/json_sock
     -> {"type": "flag_result", "id": any, "change": 12, "answers": {"w1": {"in_force": {...}}}}
     <- {"type": "cancel_request", "id": any, "worker": "w1", "request_id": "<as the state shows it>"}
     -> {"type": "cancel_result", "id": any, "cancel": 7, "error": null | "no such request on this worker ..."}
+    <- {"type": "audit_request", "id": any, "worker": "w1", "request_id": "<as the state shows it>"}
+    -> {"type": "audit_result", "id": any, "error": null | "no such request on this worker ..."}
     -> {"type": "error", "id": any, "code": "forbidden" | "signed_out" | "account_disabled" | "invalid_change"
-        | "invalid_cancel" | "invalid_frame" | "frame_too_large" | "internal_error", "message": "..."}
+        | "invalid_cancel" | "invalid_audit" | "invalid_frame" | "frame_too_large" | "internal_error", "message": "..."}
 """
 
 from __future__ import annotations
@@ -106,13 +110,14 @@ class DashboardConsumer(JsonSocketConsumer):
             await asyncio.sleep(PUSH_EVERY_S)
 
     async def receive_json(self, content: dict[str, object], **kwargs: object) -> None:
-        if content.get("type") == "cancel_request":
-            await self._cancel_request(content)
+        if content.get("type") in ("cancel_request", "audit_request"):
+            await self._about_a_request(content)
             return
         asked = content.get("id")  # echoed by every answer, an error about the frame's type too
         if content.get("type") != "set_flag":
-            raise FrameError("invalid_frame", "this socket takes {\"type\": \"set_flag\", ...} and "
-                                              "{\"type\": \"cancel_request\", ...} frames", asked)
+            raise FrameError("invalid_frame", "this socket takes {\"type\": \"set_flag\", ...}, "
+                                              "{\"type\": \"cancel_request\", ...} and "
+                                              "{\"type\": \"audit_request\", ...} frames", asked)
         user = await _current(self.scope["user"])
         refusal = "your account is gone" if user is None else await database_sync_to_async(flag_changes.refusal)(user)
         if refusal is not None:
@@ -125,8 +130,9 @@ class DashboardConsumer(JsonSocketConsumer):
         self.changes_read_at = 0.0  # the next state shows this change in the log
         await self.send_json({"type": "flag_result", "id": asked, **result})
 
-    async def _cancel_request(self, content: dict[str, object]) -> None:
-        asked = content.get("id")
+    async def _about_a_request(self, content: dict[str, object]) -> None:
+        """A cancel (logged) or an audit pick of a request a worker holds: staff only, as the state names it."""
+        asked, cancel = content.get("id"), content.get("type") == "cancel_request"
         user = await _current(self.scope["user"])  # staff status is read afresh: a demoted operator is refused
         refusal = request_cancels.refusal(user)
         if refusal is not None:
@@ -134,6 +140,11 @@ class DashboardConsumer(JsonSocketConsumer):
         try:
             worker, request_id = request_cancels.parse(content)
         except ValueError as exc:
-            raise FrameError("invalid_cancel", str(exc), asked) from None
-        result = await request_cancels.make(self.transport, user, worker, request_id)
-        await self.send_json({"type": "cancel_result", "id": asked, **result})
+            raise FrameError("invalid_cancel" if cancel else "invalid_audit", str(exc), asked) from None
+        if cancel:
+            result = await request_cancels.make(self.transport, user, worker, request_id)
+            await self.send_json({"type": "cancel_result", "id": asked, **result})
+            return
+        log.info("%s picked %s on %s for the replay audit", user.get_username(), request_id, worker)
+        error = await self.transport.audit_as_operator(worker, request_id)
+        await self.send_json({"type": "audit_result", "id": asked, "error": error})

@@ -76,6 +76,11 @@ class _Abort:
 
 
 @dataclass(frozen=True)
+class _AuditPick:
+    request_id: str
+
+
+@dataclass(frozen=True)
 class _SetFlag:
     name: str
     value: bool | int
@@ -87,7 +92,7 @@ class _Stop:
     pass
 
 
-_Command = _Add | _Abort | _SetFlag | _Stop
+_Command = _Add | _Abort | _AuditPick | _SetFlag | _Stop
 
 
 class EngineHost:
@@ -172,6 +177,10 @@ class EngineHost:
         """A client's cancel, or with `by_operator` an operator's (the engine's FinishedAborted)."""
         self._commands.put(_Abort(request_id, by_operator))
 
+    def pick_for_audit(self, request_id: str) -> None:
+        """An operator's pick: the replay audit re-runs the request once it has finished (ReplayAudit.pick)."""
+        self._commands.put(_AuditPick(request_id))
+
     def set_flag(self, name: str, value: bool | int, done: FlagDone) -> None:
         """Change a runtime flag at the engine's next step boundary; `done` hears when it is in force."""
         self._commands.put(_SetFlag(name, value, done))
@@ -220,6 +229,8 @@ class EngineHost:
                 if not self.engine.abort(command.request_id, by_operator=command.by_operator):
                     if not command.by_operator:  # an operator names what the dashboard showed held
                         self._remember_early_cancel(command.request_id)
+            case _AuditPick():
+                self.audit.pick(command.request_id)
             case _Add():
                 self._add(command)
             case _Stop():

@@ -64,6 +64,14 @@ class InProcessTransport:
         self.host.cancel(request_id, by_operator=True)
         return None
 
+    async def audit_as_operator(self, worker: str, request_id: str) -> str | None:
+        if worker != LOCAL_WORKER:
+            return "no such worker"
+        if request_id not in self.host.snapshot.request_ids:
+            return "no such request on this worker (it may have just finished)"
+        self.host.pick_for_audit(request_id)
+        return None
+
     def running_request_ids(self) -> set[str]:
         return set(self.host.snapshot.request_ids)
 

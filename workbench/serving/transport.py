@@ -96,6 +96,12 @@ class Transport(Protocol):
         The request ends canceled, as if its client had asked."""
         ...
 
+    async def audit_as_operator(self, worker: str, request_id: str) -> str | None:
+        """An operator's pick of a request a worker holds for the replay audit, by the ids the dashboard
+        shows: re-run alone once it has finished and compared bit for bit with its record. None once
+        asked, else why not ("no such worker", ...)."""
+        ...
+
     def running_request_ids(self) -> set[str]:
         """The requests the engines hold now (this process's by their request id)."""
         ...

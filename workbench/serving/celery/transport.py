@@ -123,6 +123,12 @@ class CeleryTransport:
         future = asyncio.run_coroutine_threadsafe(self._cancel_as_operator(worker, request_id), self._loop)
         return await asyncio.wrap_future(future)
 
+    async def audit_as_operator(self, worker: str, request_id: str) -> str | None:
+        """As cancel_as_operator: the worker that holds the request audits it."""
+        future = asyncio.run_coroutine_threadsafe(
+            self._to_holder(worker, request_id, wire.audit_pick_message(request_id), "audit pick"), self._loop)
+        return await asyncio.wrap_future(future)
+
     def running_request_ids(self) -> set[str]:
         """What the live workers hold: this process's requests by their request id, others by wire id."""
         request_of = self._pending.request_ids()
@@ -178,16 +184,19 @@ class CeleryTransport:
         return await self._flags.change(name, value, workers, self.roster.workers, self.reply_channel)
 
     async def _cancel_as_operator(self, worker: str, request_id: str) -> str | None:
+        return await self._to_holder(worker, request_id, wire.cancel_message(request_id, by_operator=True), "cancel")
+
+    async def _to_holder(self, worker: str, request_id: str, message: dict, what: str) -> str | None:
+        """An operator's `message` about a request, to the worker whose heartbeat lists it."""
         beat = self.roster.workers.get(worker)
         if beat is None:
             return "no such worker"
         if request_id not in beat.requests:
             return "no such request on this worker (it may have just finished)"
         try:
-            await self.layer.send(wire.control_channel(self.link_settings.queue_prefix, worker),
-                                  wire.cancel_message(request_id, by_operator=True))
+            await self.layer.send(wire.control_channel(self.link_settings.queue_prefix, worker), message)
         except Exception as exc:  # Redis away: the operator hears it, the dashboard lives on
-            return f"the cancel could not reach {worker}: {type(exc).__name__}: {exc}"
+            return f"the {what} could not reach {worker}: {type(exc).__name__}: {exc}"
         return None
 
     async def _poll_forever(self) -> None:

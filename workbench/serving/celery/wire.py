@@ -22,6 +22,7 @@ from workbench.serving.streams import StreamEvent
 GENERATE_TASK = "workbench.generate"
 EVENTS = "workbench.events"
 CANCEL = "workbench.cancel"
+AUDIT_PICK = "workbench.audit_pick"
 SET_FLAG = "workbench.set_flag"
 FLAG_DONE = "workbench.flag_done"
 # A task not started within this long is dropped by Celery unrun: its client has had an error by then.
@@ -52,6 +53,10 @@ def events_of(message: dict) -> list[tuple[str, StreamEvent]]:
 
 def cancel_message(request_id: str, by_operator: bool = False) -> dict:
     return {"type": CANCEL, "request_id": request_id, "by_operator": by_operator}
+
+
+def audit_pick_message(request_id: str) -> dict:
+    return {"type": AUDIT_PICK, "request_id": request_id}
 
 
 def flags_key(prefix: str) -> str:

@@ -195,6 +195,9 @@ class WorkerHost:
                 by_operator = message.get("by_operator") is True
                 log.info("cancel %s%s", message["request_id"], " by an operator" if by_operator else "")
                 self.engine_host.cancel(message["request_id"], by_operator=by_operator)
+            elif message.get("type") == wire.AUDIT_PICK and isinstance(message.get("request_id"), str):
+                log.info("audit %s, an operator's pick", message["request_id"])
+                self.engine_host.pick_for_audit(message["request_id"])
             elif message.get("type") == wire.SET_FLAG:
                 self._set_flag(message)
 
