@@ -14,6 +14,12 @@ every request multiplexed on that socket is lost with no word. Here two limits h
   as soon as the frame's header says its length, without buffering the rest.
 The outer limit bounds what one socket can make the server hold in memory.
 
+Its sockets are built with a door (workbench/protocol/door_protocol.py, frame_door.py): a message over
+the socket's frame rate, over WORKBENCH_MAX_FRAME_BYTES, or large while its user's share of the input
+thread is spent is dropped as it arrives, before its UTF-8 is validated or it is decoded and parsed, and
+the consumer answers it with the refusal's `error` frame. The door reaches the consumer in the scope's
+`extensions`.
+
 With DEBUG on it also refuses to listen anywhere but on loopback (workbench/debug_guard.py).
 """
 
@@ -42,11 +48,14 @@ def main(argv: list[str]) -> None:
     from django.conf import settings
 
     from workbench.debug_guard import refuse_debug_on_reachable_endpoints
+    from workbench.protocol import frame_door
+    from workbench.protocol.door_protocol import DoorWebSocketProtocol
 
     class ClosingServer(Server):
         """Daphne whose websockets close with 1009 over the size limit instead of dropping the TCP
-        connection. The factory is built inside run(); failByDrop is set once the reactor runs,
-        before it accepts any connection (each protocol copies the factory's options as it connects)."""
+        connection, and have a door. The factory is built inside run(); failByDrop and the protocol
+        are set once the reactor runs, before it accepts any connection (each protocol copies the
+        factory's options as it connects)."""
 
         def __init__(self, application: object, endpoints: list[str] | None = None, **options: Any) -> None:
             refuse_debug_on_reachable_endpoints(settings.DEBUG, endpoints or [],
@@ -56,11 +65,18 @@ def main(argv: list[str]) -> None:
         def run(self) -> None:
             from twisted.internet import reactor
 
-            reactor.callWhenRunning(self._close_instead_of_drop)
+            reactor.callWhenRunning(self._shape_websockets)
             super().run()
 
-        def _close_instead_of_drop(self) -> None:
+        def _shape_websockets(self) -> None:
             self.ws_factory.setProtocolOptions(failByDrop=False)
+            self.ws_factory.protocol = DoorWebSocketProtocol
+
+        def create_application(self, protocol: object, scope: dict[str, Any]) -> object:
+            door = getattr(protocol, "door", None)
+            if door is not None:
+                scope = {**scope, "extensions": {**scope.get("extensions", {}), frame_door.SCOPE_KEY: door}}
+            return super().create_application(protocol, scope)
 
     class Command(CommandLineInterface):
         server_class = ClosingServer

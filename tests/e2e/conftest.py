@@ -44,10 +44,14 @@ def new_page(browser, enforce_csp: bool = False):
 
 
 def sign_up(page, base: str, username: str) -> None:
+    """Signs up, then logs in on the page sign-up lands on (its name filled in)."""
     page.goto(f"{base}/signup")
     page.fill("#id_username", username)
     page.fill("#id_password1", "a-long-pass-9!")
     page.fill("#id_password2", "a-long-pass-9!")
+    page.click("button[type=submit]")
+    page.wait_for_url(re.compile(r".*/login\?.*signed_up=1.*"))
+    page.fill("#id_password", "a-long-pass-9!")
     page.click("button[type=submit]")
     page.wait_for_url(f"{base}/")
 

@@ -47,9 +47,12 @@ def test_a_conversation_page_is_only_its_owners(client, users):
 
 
 @pytest.mark.django_db
-def test_signup_logs_in_and_a_new_conversation_opens(client):
+def test_signup_then_login_and_a_new_conversation_opens(client):
     response = client.post("/signup", {"username": "carol", "password1": "a-long-pass-9!", "password2": "a-long-pass-9!"})
-    assert response.status_code == 302
+    assert response.status_code == 302 and response["Location"].startswith("/login?")
+    page = client.get(response["Location"])
+    assert 'value="carol"' in page.content.decode(), "the login page has the name filled in"
+    assert client.post("/login", {"username": "carol", "password": "a-long-pass-9!"}).status_code == 302
     response = client.post("/")
     conversation = Conversation.objects.get(owner__username="carol")
     assert response["Location"] == f"/c/{conversation.pk}"

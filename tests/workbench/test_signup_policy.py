@@ -74,6 +74,40 @@ def test_sign_up_attempts_are_throttled_per_address(django_user_model):
     assert sign_up("user-4", client=elsewhere).status_code == 302, "another address has its own count"
 
 
+def answer_of(response) -> tuple[int, str, bytes, bool]:
+    """What a sign-up's answer shows its sender: status, where it leads, body, and whether it signed in."""
+    return (response.status_code, response.get("Location", ""), response.content,
+            "_auth_user_id" in response.wsgi_request.session)
+
+
+@override_settings(WORKBENCH_SIGNUP="open")
+def test_open_sign_up_answers_a_taken_name_as_it_answers_a_free_one(django_user_model):
+    """Anyone may send the open sign-up form: its answer must not say which names exist. A taken name
+    (in any case) gets what a free one gets, a redirect to the login page, and no account is made or
+    changed for it; the maker of a free one logs in there. The form's other errors show as ever,
+    without the name's."""
+    owner = django_user_model.objects.create_user("taken", password=PASSWORD)
+    prober = "another-long-pass-7!"
+    taken, upper = sign_up("taken", password=prober), sign_up("TAKEN", password=prober)
+    free = sign_up("free-name", password=prober)
+    assert answer_of(free)[0] == 302 and not answer_of(free)[3], "liveness: a free name is made, not signed in"
+    assert django_user_model.objects.filter(username="free-name").exists()
+    for answer, name in ((taken, "taken"), (upper, "TAKEN")):
+        status, location, body, signed_in = answer_of(answer)
+        assert (status, body, signed_in) == (302, answer_of(free)[2], False), answer_of(answer)
+        assert location == free["Location"].replace("free-name", name), (location, free["Location"])
+    assert django_user_model.objects.filter(username__iexact="taken").count() == 1
+    owner.refresh_from_db()
+    assert owner.check_password(PASSWORD) and not owner.check_password(prober), "the owner's account is untouched"
+    page = Client().get(free["Location"]).content.decode()
+    assert 'id="signed-up"' in page and 'value="free-name"' in page, "the login page says what to do next"
+    assert Client().login(username="free-name", password=prober), "the new account's maker logs in"
+    # Refused for another reason: the same errors for a taken and a free name, none of them the name's.
+    weak_taken, weak_free = sign_up("taken", password="a"), sign_up("other-free", password="a")
+    assert weak_taken.status_code == weak_free.status_code == 400
+    assert list(weak_taken.context["form"].errors) == list(weak_free.context["form"].errors) == ["password2"]
+
+
 @override_settings(WORKBENCH_SIGNUP="open")
 def test_open_sign_up_refuses_weak_passwords_by_name(django_user_model):
     for weak in ("a", "password", "12345678901", "weakling-1"):  # short, common, digits, the username

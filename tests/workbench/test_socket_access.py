@@ -6,7 +6,9 @@ another one (its session row gone: refused at the next frame). Each has its live
 frames are taken while the user still may.
 
 Users are changed in the SQLite file the server reads, as an admin's save or another web process's
-logout changes it: the server hears of it only through the database.
+logout changes it: the server hears of it only through the database, so at the first frame once the
+answer the socket keeps is older than WORKBENCH_SOCKET_RECHECK_S (`seen_by_the_server`; a change saved by
+the server's own process ends it at once: tests/workbench/test_socket_recheck.py).
 """
 
 from __future__ import annotations
@@ -30,6 +32,14 @@ LONG = {"max_tokens": None, "ignore_eos": True, "temperature": 0}  # to the mode
 SHORT = {"max_tokens": 4, "ignore_eos": True, "temperature": 0}
 # The first socket of a fresh server may wait for the engine's start (the dashboard's before accept).
 OPEN_TIMEOUT = 90
+
+
+async def seen_by_the_server() -> None:
+    """Waits out the answer an open socket keeps (WORKBENCH_SOCKET_RECHECK_S, the shared servers' default):
+    its next frame asks the database again."""
+    from django.conf import settings
+
+    await asyncio.sleep(settings.WORKBENCH_SOCKET_RECHECK_S)
 
 
 def change_user(db_path: Path, username: str, **columns: int) -> None:
@@ -123,6 +133,7 @@ def test_a_user_deactivated_while_their_reply_streams_is_refused_at_the_next_fra
             assert chat.errors() == [], chat.frames
             running = running_requests(served.address)
             await asyncio.to_thread(change_user, served.db_path, user.username, is_active=0)
+            await seen_by_the_server()
             await chat.send({"type": "resume", "from_offset": 0})
             return chat, await chat.until_closed(), running
 
@@ -166,6 +177,7 @@ def test_staff_who_is_no_longer_staff_is_refused_at_the_next_dashboard_frame(inp
             await dashboard.send({**ask, "id": "while-staff"})
             answered = await dashboard.until(lambda f: f["type"] != "state")
             await asyncio.to_thread(change_user, served.db_path, operator.username, is_staff=0)
+            await seen_by_the_server()
             await dashboard.send({**ask, "id": "no-longer"})
             return dashboard, answered, await dashboard.until_closed()
 
@@ -245,6 +257,7 @@ def test_a_logout_in_another_web_process_ends_the_socket_at_its_next_frame(inpro
             await chat.until(lambda f: f["type"] in ("done", "error"))
             assert chat.errors() == [], "liveness: signed in, the turn is answered"
             await asyncio.to_thread(delete_session, served.db_path, user)
+            await seen_by_the_server()
             await chat.send({"type": "send", "content": "after", "params": SHORT})
             return chat, await chat.until_closed()
 

@@ -25,7 +25,7 @@ from tests.cluster import ROOT, free_port
 from tests.workbench.test_hostile_input import handshake_status, http, open_socket, until_done
 from tests.users import unique_name
 from tests.workbench.daphne_session import PASSWORD, Session
-from tests.workbench.test_socket_access import Frames, change_user, chat_socket
+from tests.workbench.test_socket_access import Frames, change_user, chat_socket, seen_by_the_server
 
 pytestmark = pytest.mark.slow  # the shared Daphne's start, when this module runs first
 # The demo model's vocabulary is 4096 ids (0 to 4095).
@@ -164,7 +164,8 @@ def test_a_password_change_closes_the_sessions_open_sockets_at_their_next_frame(
     """A stolen session must not outlive the password change that answers the theft: Django signs the
     session out at its next page request (its session auth hash no longer matches); an open socket is
     refused at its next frame the same way, `password_changed`, closed as a sign-out (4440). The
-    password is changed in the database the server reads, as an admin's save elsewhere changes it."""
+    password is changed in the database the server reads, as an admin's save elsewhere changes it: seen at
+    the first frame once the socket's kept answer is older than WORKBENCH_SOCKET_RECHECK_S."""
     from django.contrib.auth.hashers import make_password
 
     address, db_path = inprocess_daphne.address, inprocess_daphne.db_path
@@ -180,6 +181,7 @@ def test_a_password_change_closes_the_sessions_open_sockets_at_their_next_frame(
             with sqlite3.connect(db_path) as db:
                 db.execute("UPDATE auth_user SET password = ? WHERE username = ?", (new_hash, user.username))
             db.close()
+            await seen_by_the_server()
             await frames.send({"type": "resume", "from_offset": 0})
             close_code = await frames.until_closed()
             return before, frames.errors(), close_code

@@ -58,7 +58,13 @@ class LoginPage(LoginView):
     authentication_form = ThrottledLoginForm
 
     def get_context_data(self, **kwargs: Any) -> dict[str, Any]:
-        return {**super().get_context_data(**kwargs), "signup": settings.WORKBENCH_SIGNUP}
+        return {**super().get_context_data(**kwargs), "signup": settings.WORKBENCH_SIGNUP,
+                "signed_up": "signed_up" in self.request.GET}
+
+    def get_initial(self) -> dict[str, Any]:
+        # An open sign-up sends its maker here with the name they chose (workbench/accounts/signup.py).
+        username = self.request.GET.get("username", "")
+        return {**super().get_initial(), **({"username": username[:150]} if username else {})}
 
     def form_invalid(self, form: AuthenticationForm) -> HttpResponse:
         response = super().form_invalid(form)

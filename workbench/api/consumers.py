@@ -43,6 +43,8 @@ class GenerateConsumer(JsonSocketConsumer):
         # (or be remembered for) the next request under the same id.
         self.engine_ids: dict[str, list[str]] = {}  # one per choice
         self.submitted = 0
+        if self.door is not None:  # large frames read on the input thread: refused unread once the share is spent
+            self.door.share_user = user.get_username()
         await self.accept()
 
     async def disconnect(self, code: int) -> None:

@@ -55,6 +55,7 @@ class ChatConsumer(JsonSocketConsumer):
             return
         self.conversation: Conversation = found
         self.generation: asyncio.Task[None] | None = None
+        self.reply_ended = False
         self.engine_id: str | None = None
         self.stop_asked = False  # a stop before the request reached the transport
         # Frames of a reply this socket follows (its own or one it resumed), sent in order by _pump.
@@ -87,8 +88,12 @@ class ChatConsumer(JsonSocketConsumer):
             self.pump.cancel()
 
     def _replying(self) -> bool:
+        """Whether this socket's reply is still under way. Not once it has ended (its last frame
+        published): what is left of its task is giving the conversation back, a database call that the
+        next turn's own database calls queue behind on their shared thread, so a turn sent as soon as the
+        page hears the end is taken, not refused `busy`."""
         generation = getattr(self, "generation", None)
-        return generation is not None and not generation.done()
+        return generation is not None and not generation.done() and not self.reply_ended
 
     async def refuse(self, refusal: socket_access.Refusal) -> None:
         # A reply outlives its socket's drop, but not its user's loss of the socket: it is stopped
@@ -167,7 +172,7 @@ class ChatConsumer(JsonSocketConsumer):
         # The id and the stop flag are this request's before the task runs: a stop that comes while the
         # transport is still starting (the first request after a restart) must reach it.
         engine_id = self.engine_id = f"chat-{self.conversation.pk}-{uuid.uuid4().hex}"
-        self.stop_asked = False
+        self.stop_asked, self.reply_ended = False, False
         under_way = live.start(self.conversation.pk, engine_id)
         self.following = under_way
         under_way.follow(self.outbox.put_nowait, 0)
@@ -216,6 +221,8 @@ class ChatConsumer(JsonSocketConsumer):
         finally:
             admission.release()  # its stream's end released it already, unless it never reached the transport
             live.end(self.conversation.pk, under_way)
+            if self.generation is asyncio.current_task():
+                self.reply_ended = True
             await database_sync_to_async(self.conversation.release_reply)(claim)
 
     async def _answer(self, under_way: live.LiveReply, engine_id: str, history: list[dict[str, str]],

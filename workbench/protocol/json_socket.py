@@ -9,11 +9,16 @@ to `receive_json`. Whatever a frame does wrong is raised as FrameError and becom
 frame its answer, never the socket and every request on it.
 
 Before all that, each frame is counted against the socket's frame budget, and each socket against its
-user's open sockets (workbench/protocol/socket_limits.py). Then each frame asks
-workbench/protocol/socket_access.py whether the socket's user may still use it (active, still signed in,
-still staff where `needs_staff`, the API token not revoked): if not, the frame is answered with that
-refusal's `error` and the socket closed with its code. A socket opened with
-a session joins that session's group, so that logging out closes it at once (`session_signed_out`).
+user's open sockets (workbench/protocol/socket_limits.py). Served by workbench/serve.py, the budget and
+the size limit are the socket's door's (workbench/protocol/frame_door.py), applied as the frame arrives,
+before it is even read: the consumer gets only the refusal (`frame_refused`) and answers it. Then each
+frame asks workbench/protocol/socket_access.py whether the socket's user may still use it (active,
+still signed in, still staff where `needs_staff`, the API token not revoked): if not, the frame is
+answered with that refusal's `error` and the socket closed with its code. The answer "it may" is kept
+for WORKBENCH_SOCKET_RECHECK_S, or until a user, token or session is saved or deleted in this process
+(socket_access.changes), so that a socket's flood of frames is not a flood of queries on the one
+thread that every socket's database calls share. A socket opened with a session joins that session's
+group, so that logging out closes it at once (`session_signed_out`).
 """
 
 from __future__ import annotations
@@ -22,17 +27,21 @@ import asyncio
 import functools
 import json
 import logging
+import time
 from collections.abc import Callable
 from typing import Any, ClassVar
 
 from asgiref.typing import WebSocketConnectEvent, WebSocketDisconnectEvent
+from channels.consumer import get_handler_name
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 
-from workbench.protocol import socket_access, socket_limits
+from workbench.protocol import frame_door, socket_access, socket_limits
 from workbench.protocol.json_input import JsonInputError, parse_object
 
 log = logging.getLogger(__name__)
+
+PER_FRAME_EVENTS = frozenset({"websocket.receive", frame_door.FRAME_REFUSED_EVENT})
 
 
 class FrameError(Exception):
@@ -56,10 +65,18 @@ class JsonSocketConsumer(AsyncJsonWebsocketConsumer):
     # Gives this socket's place among its user's open sockets back (workbench/protocol/socket_limits.py).
     release_place: Callable[[], None] | None = None
     frame_bytes = 0  # the size of the frame being handled
+    # When the last access check let the socket's user in, and socket_access.changes() then.
+    allowed_at: tuple[float, int] | None = None
 
     @functools.cached_property
     def frame_budget(self) -> socket_limits.FrameBudget:
         return socket_limits.FrameBudget()
+
+    @functools.cached_property
+    def door(self) -> frame_door.FrameDoor | None:
+        """The socket's door where the server has one (workbench/serve.py); else its checks are made here."""
+        door = (self.scope.get("extensions") or {}).get(frame_door.SCOPE_KEY)
+        return door if isinstance(door, frame_door.FrameDoor) else None
 
     async def websocket_connect(self, message: WebSocketConnectEvent) -> None:
         user = self.scope.get("user")
@@ -83,11 +100,10 @@ class JsonSocketConsumer(AsyncJsonWebsocketConsumer):
         await super().websocket_disconnect(message)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: object) -> None:
-        if not self.frame_budget.take():  # before the frame costs anything: no query, no parse
-            await self.send_error("too_many_frames", f"at most {settings.WORKBENCH_SOCKET_FRAMES_PER_S} frames a "
-                                                     "second on one socket; this one was dropped", retry_after=1)
+        if self.door is None and not self.frame_budget.take():  # before the frame costs anything: no query, no parse
+            await self.frame_refused(frame_door.too_many_frames().event())
             return
-        refusal = await socket_access.refusal(self.scope, self.token_holder, staff=self.needs_staff)
+        refusal = await self.access_refusal()
         if refusal is not None:
             await self.refuse(refusal)
             return
@@ -99,6 +115,35 @@ class JsonSocketConsumer(AsyncJsonWebsocketConsumer):
             log.exception("a websocket frame failed")
             await self.send_error("internal_error", "the server failed on this frame (it is logged); "
                                                     "the socket stays open")
+
+    async def dispatch(self, message: dict[str, Any]) -> None:
+        # Channels closes stale database connections before every handler, a call queued on the one thread
+        # that every socket's database calls share. A frame's own database calls (socket_access.refusal and
+        # the consumers' helpers, all database_sync_to_async) close them there themselves, before and
+        # after, and a refused frame makes none: neither waits in that queue for nothing.
+        if message.get("type") in PER_FRAME_EVENTS:
+            await getattr(self, get_handler_name(message))(message)
+        else:
+            await super().dispatch(message)
+
+    async def frame_refused(self, event: dict[str, Any]) -> None:
+        """A frame refused by the door (frame_door.FRAME_REFUSED_EVENT): answered, nothing of it read."""
+        await self.send_error(event["code"], event["message"], retry_after=event["retry_after"])
+
+    async def access_refusal(self) -> socket_access.Refusal | None:
+        """socket_access.refusal, asked again only once the last "it may" is older than
+        WORKBENCH_SOCKET_RECHECK_S or something it read has changed in this process since."""
+        changes = socket_access.changes()
+        if self.allowed_at is not None:
+            at, seen = self.allowed_at
+            if seen == changes and time.monotonic() - at < settings.WORKBENCH_SOCKET_RECHECK_S:
+                return None
+        self.allowed_at = None
+        asked = time.monotonic()  # both read before the query: what changes while it runs is asked again
+        refusal = await socket_access.refusal(self.scope, self.token_holder, staff=self.needs_staff)
+        if refusal is None:
+            self.allowed_at = (asked, changes)
+        return refusal
 
     def token_holder(self, token: str) -> Any:
         """The active user of an API token sent on this socket, or None: a socket takes none unless its
@@ -119,8 +164,9 @@ class JsonSocketConsumer(AsyncJsonWebsocketConsumer):
         # surrogatepass: a test client may send a str UTF-8 cannot carry; it is counted, then refused by the parse.
         size = len(bytes_data or b"") if text_data is None else len(text_data.encode("utf-8", "surrogatepass"))
         self.frame_bytes = size  # the frame's work is placed by its size (workbench/serving/input_work.py)
-        if size > settings.WORKBENCH_MAX_FRAME_BYTES:
-            raise FrameError("frame_too_large", f"frames are limited to {settings.WORKBENCH_MAX_FRAME_BYTES} bytes")
+        too_large = frame_door.too_large(size)  # the door's, where there is one, refused it unread
+        if too_large is not None:
+            raise FrameError(too_large.code, too_large.message)
         if text_data is None:
             raise FrameError("invalid_frame", "frames must be JSON text, not binary")
         try:

@@ -10,6 +10,13 @@ by its primary key, the session key, in one round trip; for an API-token socket 
 unique digest, joined to its user's row. (Sessions kept outside the database, a cache or signed cookies,
 cost their store's own lookup beside it.)
 
+A consumer keeps an answer "it may" for WORKBENCH_SOCKET_RECHECK_S (workbench/protocol/json_socket.py):
+those queries run on the one thread that every socket's database calls share, and a socket sending its
+fifty frames a second would keep it busy for everyone. A change made in this process (a user, an API
+token or a session saved or deleted: a revoke, a password change, a deactivation, a logout through any
+page or the admin) counts in `changes()` and ends every kept answer at once; a change made by another
+process, or straight in the database, is seen within WORKBENCH_SOCKET_RECHECK_S.
+
 Logging out (Django's `user_logged_out`) sends `session.signed_out` to the group named by the session's
 key, which every socket opened with that session joins: such a socket is told `signed_out` and closed
 with SIGNED_OUT at once. The consumers' channel layer is in memory, one per web process, also with the
@@ -20,6 +27,7 @@ only listens (a reply streaming to it) keeps listening until then.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -112,6 +120,23 @@ def _password_unchanged(session: Any, password: str) -> bool:
     now = get_user_model()(password=password)
     return constant_time_compare(signed_with, now.get_session_auth_hash()) or any(
         constant_time_compare(signed_with, fallback) for fallback in now.get_session_auth_fallback_hash())
+
+
+_changes_lock = threading.Lock()
+_changes = 0
+
+
+def changes() -> int:
+    """How many changes `refusal` could read differently this process has saved: a kept answer
+    holds only while this stays what it was when the answer was read."""
+    return _changes
+
+
+def note_change(sender: object, **kwargs: object) -> None:
+    """post_save and post_delete receiver for the user model, API tokens and sessions."""
+    global _changes
+    with _changes_lock:
+        _changes += 1
 
 
 def close_session_sockets(sender: object, request: object, user: object, **kwargs: object) -> None:

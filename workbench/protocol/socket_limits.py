@@ -48,6 +48,14 @@ class FrameBudget:
         self.tokens -= 1
         return True
 
+    def wait_s(self) -> float:
+        """Seconds until the budget holds a frame again (0: it does now, or there is no limit)."""
+        if not self.rate:
+            return 0.0
+        now = time.monotonic()
+        tokens = min(2.0 * self.rate, self.tokens + (now - self.at) * self.rate)
+        return max(0.0, (1 - tokens) / self.rate)
+
 
 # The sockets open in this process, where the in-process transport keeps its counts too.
 _memory_counts = MemoryUserCounts()

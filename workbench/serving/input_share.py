@@ -31,17 +31,29 @@ class InputShares:
 
     def take_turn(self, user: str) -> None:
         """Counts one more of `user`'s requests as waiting for the thread, or raises Refused."""
-        share, queue = settings.WORKBENCH_USER_INPUT_SHARE, settings.WORKBENCH_USER_INPUT_QUEUE
         with self._lock:
-            if queue and self._waiting.get(user, 0) >= queue:
-                raise Refused("rate_limited", f"you have {queue} large requests waiting to be read already, the "
-                                              "most one user may (WORKBENCH_USER_INPUT_QUEUE); wait for one", 1)
-            spent, free_in = self._spent_in_window(user, share * WINDOW_S)
-            if share and spent >= share * WINDOW_S:
-                raise Refused("rate_limited", f"your large requests took {spent:.1f} s of reading in the last "
-                                              f"{WINDOW_S:.0f} s, the most one user may (WORKBENCH_USER_INPUT_SHARE "
-                                              f"{share:g}); try again in {math.ceil(free_in)} s", max(1, math.ceil(free_in)))
+            refused = self._refusal(user)
+            if refused is not None:
+                raise refused
             self._waiting[user] += 1
+
+    def refusal(self, user: str) -> Refused | None:
+        """What take_turn would raise for `user` now, without taking a turn: the websocket door
+        (workbench/protocol/frame_door.py) refuses a large frame with it before the frame is read."""
+        with self._lock:
+            return self._refusal(user)
+
+    def _refusal(self, user: str) -> Refused | None:
+        share, queue = settings.WORKBENCH_USER_INPUT_SHARE, settings.WORKBENCH_USER_INPUT_QUEUE
+        if queue and self._waiting.get(user, 0) >= queue:
+            return Refused("rate_limited", f"you have {queue} large requests waiting to be read already, the "
+                                           "most one user may (WORKBENCH_USER_INPUT_QUEUE); wait for one", 1)
+        spent, free_in = self._spent_in_window(user, share * WINDOW_S)
+        if share and spent >= share * WINDOW_S:
+            return Refused("rate_limited", f"your large requests took {spent:.1f} s of reading in the last "
+                                           f"{WINDOW_S:.0f} s, the most one user may (WORKBENCH_USER_INPUT_SHARE "
+                                           f"{share:g}); try again in {math.ceil(free_in)} s", max(1, math.ceil(free_in)))
+        return None
 
     def leave(self, user: str) -> None:
         with self._lock:
