@@ -29,9 +29,9 @@ def inprocess():
 
 
 def test_the_protocol_names_what_the_web_side_calls():
-    assert MEMBERS == ["answering", "audit_as_operator", "cancel", "cancel_as_operator", "change_flag", "flags_in_force", "metrics_by_worker",
-                       "models", "running_request_ids", "start", "stop", "submit", "tokenizer", "tokenizer_for",
-                       "watch_state", "workers_view"]
+    assert MEMBERS == ["answering", "audit_as_operator", "cancel", "cancel_as_operator", "change_flag", "flags_in_force",
+                       "metrics_by_worker", "models", "running_request_ids", "start", "stop", "submit", "tokenizer",
+                       "tokenizer_for", "watch_state", "workers_view"]
 
 
 @pytest.mark.parametrize("kind", [InProcessTransport, CeleryTransport])
