@@ -174,8 +174,8 @@ async def test_an_operators_audit_pick_reaches_the_worker_that_holds_the_request
     (the suite's random audit share is 0, so the other worker's finished request is the control)."""
     with served_by(celery_cluster) as transport:
         ws = await connect(api_user[1])
-        await ws.send_to(text_data=generate("picked", "x", 120))
-        await ws.send_to(text_data=generate("other", "x", 120))
+        await ws.send_to(text_data=generate("picked", "x", 60))
+        await ws.send_to(text_data=generate("other", "x", 60))
         assert await wait_for(lambda: holder(transport, "-picked") and holder(transport, "-other"))
         picked_worker, other_worker = holder(transport, "-picked"), holder(transport, "-other")
         assert picked_worker != other_worker, "liveness: the two requests run on different workers"
