@@ -123,20 +123,12 @@
     return button;
   }
 
-  function cancelButton(worker, requestId) {
-    const button = el("button", {type: "button", class: "cancel-request", "data-worker": worker, "data-request": requestId, text: "cancel"});
+  // An operator's action on one request ("cancel" or "audit"): a `<action>_request` frame naming it.
+  function requestButton(action, worker, requestId) {
+    const button = el("button", {type: "button", class: `${action}-request`, "data-worker": worker, "data-request": requestId, text: action});
     button.addEventListener("click", () => {
       if (!socket || socket.readyState !== WebSocket.OPEN) return show({error: "not connected"});
-      socket.send(JSON.stringify({type: "cancel_request", id: nextId++, worker, request_id: requestId}));
-    });
-    return button;
-  }
-
-  function auditButton(worker, requestId) {
-    const button = el("button", {type: "button", class: "audit-request", "data-worker": worker, "data-request": requestId, text: "audit"});
-    button.addEventListener("click", () => {
-      if (!socket || socket.readyState !== WebSocket.OPEN) return show({error: "not connected"});
-      socket.send(JSON.stringify({type: "audit_request", id: nextId++, worker, request_id: requestId}));
+      socket.send(JSON.stringify({type: `${action}_request`, id: nextId++, worker, request_id: requestId}));
     });
     return button;
   }
@@ -186,7 +178,7 @@
           el("td", {text: s.row === null ? "-" : String(s.row)}), el("td", {class: "parked", text: String(s.parked)}),
           el("td", {text: s.slot_owner === null ? "-" : String(s.slot_owner)}),
           el("td", {class: "owner-matches", text: matches ? "yes" : "NO: foreign slot, dropped when taken"}),
-          el("td", {}, cancelButton(id, s.request_id), auditButton(id, s.request_id))));
+          el("td", {}, requestButton("cancel", id, s.request_id), requestButton("audit", id, s.request_id))));
       }
       for (const slot of state.parked_slots || []) {
         slots.push(el("tr", {class: slot.owner_live ? "" : "mismatch"},
