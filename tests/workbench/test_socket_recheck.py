@@ -17,6 +17,7 @@ from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.utils import timezone
 
+from tests.workbench.test_input_share import Clock
 from workbench.api.models import ApiToken
 from workbench.asgi import application
 from workbench.protocol import json_socket, socket_access
@@ -26,18 +27,10 @@ pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
 CANCEL = json.dumps({"type": "cancel", "request_id": "none"})
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def monotonic(self) -> float:
-        return self.now
-
-
 @pytest.fixture
 def clock(monkeypatch):
     clock = Clock()
-    monkeypatch.setattr(json_socket, "time", SimpleNamespace(monotonic=clock.monotonic))
+    monkeypatch.setattr(json_socket, "time", SimpleNamespace(monotonic=clock))
     return clock
 
 

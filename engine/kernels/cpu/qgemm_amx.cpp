@@ -143,30 +143,28 @@ void vnni_rows(const GemmArgs& a, int64_t g, int64_t i) {
   if (i < a.M) rest<QT>(a, g, i, a.M - i);
 }
 
-// Output groups g and g + 1 (when g + 1 < g_end) for all rows.
+// Output groups g and g + 1 (when g + 1 < g_end) for all rows (at least one full tile of them: ops.cpp).
 template <int QT>
 void pair(const GemmArgs& a, int64_t g, int64_t g_end, std::vector<uint8_t>& unpacked, const float* block_sums) {
   const int64_t nb = a.K / QK, gb = group_bytes(QT);
   const uint8_t* first = a.w + g * nb * gb;
   const uint8_t* second = g + 1 < g_end ? first + nb * gb : nullptr;
   const int64_t full_rows = a.M / TILE_ROWS * TILE_ROWS;
-  if (full_rows > 0) {
-    for (int64_t b = 0; b < nb; ++b)
-      unpack_block<QT>(first + b * gb, second ? second + b * gb : nullptr, unpacked.data() + b * WEIGHT_TILE_BYTES);
-    alignas(64) int32_t sums[TILE_ROWS * PAIR_COLUMNS], second_sums[TILE_ROWS * PAIR_COLUMNS];
-    for (int64_t i0 = 0; i0 < full_rows; i0 += TILE_ROWS) {
-      __m512 acc[TILE_ROWS];
+  for (int64_t b = 0; b < nb; ++b)
+    unpack_block<QT>(first + b * gb, second ? second + b * gb : nullptr, unpacked.data() + b * WEIGHT_TILE_BYTES);
+  alignas(64) int32_t sums[TILE_ROWS * PAIR_COLUMNS], second_sums[TILE_ROWS * PAIR_COLUMNS];
+  for (int64_t i0 = 0; i0 < full_rows; i0 += TILE_ROWS) {
+    __m512 acc[TILE_ROWS];
 #pragma GCC unroll 16
-      for (int r = 0; r < TILE_ROWS; ++r) acc[r] = _mm512_setzero_ps();
-      for (int64_t b = 0; b < nb; ++b) {
-        tile_sums<QT>(a, unpacked.data() + b * WEIGHT_TILE_BYTES, i0, b, sums, second_sums);
-        epilogue<QT>(a, first + b * gb, second ? second + b * gb : nullptr, i0, b, sums, second_sums, block_sums, acc);
-      }
+    for (int r = 0; r < TILE_ROWS; ++r) acc[r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      tile_sums<QT>(a, unpacked.data() + b * WEIGHT_TILE_BYTES, i0, b, sums, second_sums);
+      epilogue<QT>(a, first + b * gb, second ? second + b * gb : nullptr, i0, b, sums, second_sums, block_sums, acc);
+    }
 #pragma GCC unroll 16
-      for (int r = 0; r < TILE_ROWS; ++r) {
-        store(a, i0 + r, g, _mm512_castps512_ps256(acc[r]));
-        if (second) store(a, i0 + r, g + 1, _mm512_extractf32x8_ps(acc[r], 1));
-      }
+    for (int r = 0; r < TILE_ROWS; ++r) {
+      store(a, i0 + r, g, _mm512_castps512_ps256(acc[r]));
+      if (second) store(a, i0 + r, g + 1, _mm512_extractf32x8_ps(acc[r], 1));
     }
   }
   vnni_rows<QT>(a, g, full_rows);
