@@ -30,6 +30,7 @@ import torch
 
 from engine.kernels.host_copy import device_tensor
 from engine.grammar import Constraint
+from engine.sampling_noise import exponential_noise
 from engine.sampling_params import SamplingParams
 
 
@@ -78,7 +79,7 @@ def _row_argmax(scores: torch.Tensor) -> torch.Tensor:
 def _draw(logits: torch.Tensor, rows: list[SampleRequest]) -> list[int]:
     """Every row's token, with one wait for the device (none more unless a row needs float64)."""
     scores = logits.clone()  # [B, V]: each row's token is the argmax of its row
-    drawn: list[tuple[int, torch.Tensor, torch.Tensor]] = []  # (row, probabilities valid, generator state)
+    sampled: list[tuple[int, torch.Tensor]] = []  # (row, its draw distribution)
     for index, row in enumerate(rows):
         params = row.params
         if params.greedy and not params.has_penalties:
@@ -89,27 +90,29 @@ def _draw(logits: torch.Tensor, rows: list[SampleRequest]) -> list[int]:
         if params.greedy:
             scores[index] = values
             continue
-        probs = _probabilities(values, params)
-        total = probs.sum()
-        # Kept so that a row found invalid below draws again as if this draw had never happened.
-        state = row.generator.get_state()
-        noise = torch.empty_like(probs).exponential_(1, generator=row.generator)
-        scores[index] = probs / noise
-        drawn.append((index, (total > 0) & (total < math.inf), state))
-    chosen = _row_argmax(scores)
-    if drawn:
-        chosen = torch.cat([chosen, torch.stack([valid for _, valid, _ in drawn]).long()])
-    host = chosen.tolist()  # the step's one wait for the device
-    tokens = host[: len(rows)]
+        sampled.append((index, _probabilities(values, params)))
+    # Kept so that a row found invalid below draws again as if this draw had never happened.
+    states = [rows[index].generator.get_state() for index, _ in sampled]
     try:
-        for (index, _, state), valid in zip(drawn, host[len(rows):]):
+        noises = exponential_noise([probs for _, probs in sampled], [rows[index].generator for index, _ in sampled])
+        valids = []
+        for (index, probs), noise in zip(sampled, noises):
+            scores[index] = probs / noise
+            total = probs.sum()
+            valids.append((total > 0) & (total < math.inf))
+        chosen = _row_argmax(scores)
+        if sampled:
+            chosen = torch.cat([chosen, torch.stack(valids).long()])
+        host = chosen.tolist()  # the step's one wait for the device
+        tokens = host[: len(rows)]
+        for (index, _), state, valid in zip(sampled, states, host[len(rows):]):
             if not valid:
                 rows[index].generator.set_state(state)
                 tokens[index] = _sample_exactly(logits[index], rows[index])
     except Exception:
         # The step fails and the engine runs its rows again one by one (engine/step_recovery.py): every
         # generator as before it, so a seeded row draws there what it would have drawn here.
-        for index, _, state in drawn:
+        for (index, _), state in zip(sampled, states):
             rows[index].generator.set_state(state)
         raise
     return tokens
