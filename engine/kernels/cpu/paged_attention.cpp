@@ -8,7 +8,8 @@
 // window) through its block table, in the order paged_attention.h defines. The work items are (token,
 // KV head) pairs, each computed alone with the same arithmetic whoever shares the call; threads take
 // them in fixed shares, and the path depends on the CPU and head_dim only (head_dim not a multiple of 8
-// runs the scalar code in every path, which is the same arithmetic). AVX-512 CPUs run the AVX2 code.
+// runs the scalar code in every path, which is the same arithmetic; AVX-512 runs the AVX2 code for
+// head_dim not a multiple of 16).
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -124,13 +125,14 @@ namespace {
 constexpr int64_t WIDE_MIN_TOKENS = 8;
 constexpr int64_t WIDE_BYTES = int64_t(64) << 20;
 
-// The WideKeys of a call with a bfloat16 cache on the AVX2 path: each sequence with at least
-// WIDE_MIN_TOKENS query tokens gets its keys from its first token's window start to its last position.
+// The WideKeys of a call with a bfloat16 cache on a SIMD path: each sequence with at least
+// WIDE_MIN_TOKENS query tokens gets its keys from its first token's window start to its last position
+// (AVX-512: in 16-key blocks, the span rounded up).
 struct WideCopies {
   std::vector<float> keys, values;
-  std::vector<int64_t> base, first;
+  std::vector<int64_t> base, first, blocks;
 
-  WideKeys build(const AttnArgs& a) {
+  WideKeys build(const AttnArgs& a, bool in_blocks) {
     int64_t B = 0;
     for (int64_t t = 0; t < a.N; ++t) B = std::max(B, a.sequence[t] + 1);
     std::vector<int64_t> count(B, 0), last(B, -1);
@@ -142,42 +144,50 @@ struct WideCopies {
       last[b] = std::max(last[b], p);
     }
     base.assign(B, -1);
+    blocks.assign(B, 0);
     int64_t total = 0;
     const int64_t row = a.Hkv * a.D;
     for (int64_t b = 0; b < B; ++b) {
-      const int64_t span = last[b] - first[b] + 1;
+      const int64_t span = in_blocks ? (last[b] - first[b] + 16) / 16 * 16 : last[b] - first[b] + 1;
       if (count[b] < WIDE_MIN_TOKENS || (total + span * row) * 2 * int64_t(sizeof(float)) > WIDE_BYTES) continue;
       base[b] = total;
+      blocks[b] = span / 16;
       total += span * row;
     }
     if (total == 0) return {};
-    keys.resize(total);
+    keys.resize(total);  // zeros: a block's keys past the span
     values.resize(total);
     for (int64_t b = 0; b < B; ++b) {
       if (base[b] < 0) continue;
       at::parallel_for(first[b], last[b] + 1, 64, [&](int64_t j0, int64_t j1) {
-        widen_keys_avx2(a, b, j0, j1 - 1, keys.data() + base[b] + (j0 - first[b]) * row,
-                        values.data() + base[b] + (j0 - first[b]) * row);
+        if (in_blocks) {
+          widen_keys_avx512(a, b, first[b], j0, j1 - 1, blocks[b], keys.data() + base[b], values.data() + base[b]);
+        } else {
+          widen_keys_avx2(a, b, j0, j1 - 1, keys.data() + base[b] + (j0 - first[b]) * row,
+                          values.data() + base[b] + (j0 - first[b]) * row);
+        }
       });
     }
-    return {keys.data(), values.data(), base.data(), first.data()};
+    return {keys.data(), values.data(), base.data(), first.data(), in_blocks ? blocks.data() : nullptr};
   }
 };
 
 }  // namespace
 
 void run_attention(const AttnArgs& a, int64_t max_keys, int64_t path) {
-  const bool simd = path != SCALAR && a.D % ATTN_LANES == 0;
-  const int64_t group = a.H / a.Hkv, stride = (max_keys + ATTN_LANES - 1) / ATTN_LANES * ATTN_LANES;
+  const bool simd = path != SCALAR && a.D % ATTN_LANES == 0, wide16 = simd && path >= AVX512 && a.D % 16 == 0;
+  // Room for whole 16-key blocks before and after a head's scores (AttnScratch).
+  const int64_t group = a.H / a.Hkv, stride = (max_keys + 15) / 16 * 16 + 32;
   WideCopies copies;
-  const WideKeys wide = simd && a.bf16 ? copies.build(a) : WideKeys{};
+  const WideKeys wide = simd && a.bf16 ? copies.build(a, wide16) : WideKeys{};
   at::parallel_for(0, a.N * a.Hkv, 1, [&](int64_t i0, int64_t i1) {
     std::vector<float> scores(group * stride), query(a.D);
     std::vector<int64_t> rows(max_keys);
     const AttnScratch scratch{scores.data(), rows.data(), stride, query.data(), wide};
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t t = zigzag(i / a.Hkv, a.N), g = i % a.Hkv;
-      if (simd) attend_avx2(a, t, g, scratch);
+      if (wide16) attend_avx512(a, t, g, scratch);
+      else if (simd) attend_avx2(a, t, g, scratch);
       else attend_scalar(a, t, g, scratch);
     }
   });

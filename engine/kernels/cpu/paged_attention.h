@@ -57,17 +57,20 @@ struct AttnArgs {
 // A bfloat16 cache's keys and values widened to fp32 (exact) once per call for the sequences with many
 // query tokens in it (a prompt or a chunk): every (token, KV head) item of such a sequence then reads fp32
 // rows instead of widening the same keys again, per query head and per token. The same values in the
-// same order, so the same bits; the AVX2 path uses it, the scalar path reads the cache.
+// same order, so the same bits; the SIMD paths use it, the scalar path reads the cache.
 struct WideKeys {
-  const float* keys = nullptr;    // [sum of the sequences' key spans][Hkv][D]
-  const float* values = nullptr;
+  const float* keys = nullptr;    // AVX2: [span][Hkv][D]; AVX-512: per sequence [Hkv][blocks][D][16], a
+                                  // vector holding one d of 16 consecutive keys (+0 past the span)
+  const float* values = nullptr;  // [span][Hkv][D] at the same offsets (AVX-512: blocks * 16 rows a sequence)
   const int64_t* base = nullptr;  // [B] element offset of the sequence's first widened key, -1: not widened
   const int64_t* first = nullptr; // [B] the position of that key
+  const int64_t* blocks = nullptr;  // [B] AVX-512: the sequence's 16-key blocks; null on AVX2
 };
 
 // Per-thread scratch an item needs: scores for every head of a KV group, and the keys' row offsets.
 struct AttnScratch {
-  float* scores;              // [H / Hkv][max_keys rounded up to ATTN_LANES]
+  float* scores;              // [H / Hkv][stride]: a head's scores from its row's 16th float (room before
+                              // and after for whole 16-key blocks; the 8-lane paths start at the row)
   int64_t* rows;              // [max_keys] element offset of each key's row (slot * Hkv * D)
   int64_t stride;             // scores per head
   float* query;               // [D] one query head in fp32
@@ -99,8 +102,13 @@ inline int64_t wide_key_rows(const AttnArgs& a, const WideKeys& wide, int64_t t,
 // Item = (token t, KV head g): the query heads of g at token t.
 void attend_scalar(const AttnArgs& a, int64_t t, int64_t g, const AttnScratch& s);
 void attend_avx2(const AttnArgs& a, int64_t t, int64_t g, const AttnScratch& s);
+void attend_avx512(const AttnArgs& a, int64_t t, int64_t g, const AttnScratch& s);  // head_dim % 16 == 0
 // Keys first .. last of sequence b, every KV head, from the bfloat16 caches into keys and values
 // ([last - first + 1][Hkv][D] each).
 void widen_keys_avx2(const AttnArgs& a, int64_t b, int64_t first, int64_t last, float* keys, float* values);
+// Keys j0 .. j1 of sequence b, whose widened span starts at key `first`, into its blocks layout (keys, of
+// `blocks` blocks) and its value rows (values), both at the sequence's base.
+void widen_keys_avx512(const AttnArgs& a, int64_t b, int64_t first, int64_t j0, int64_t j1, int64_t blocks,
+                       float* keys, float* values);
 
 }  // namespace workbench_cpu
