@@ -181,7 +181,7 @@ void run_attention(const AttnArgs& a, int64_t max_keys, int64_t path) {
   WideCopies copies;
   const WideKeys wide = simd && a.bf16 ? copies.build(a, wide16) : WideKeys{};
   at::parallel_for(0, a.N * a.Hkv, 1, [&](int64_t i0, int64_t i1) {
-    std::vector<float> scores(group * stride), query(a.D);
+    std::vector<float> scores(group * stride), query(group * a.D);
     std::vector<int64_t> rows(max_keys);
     const AttnScratch scratch{scores.data(), rows.data(), stride, query.data(), wide};
     for (int64_t i = i0; i < i1; ++i) {

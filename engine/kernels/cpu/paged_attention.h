@@ -73,7 +73,7 @@ struct AttnScratch {
                               // and after for whole 16-key blocks; the 8-lane paths start at the row)
   int64_t* rows;              // [max_keys] element offset of each key's row (slot * Hkv * D)
   int64_t stride;             // scores per head
-  float* query;               // [D] one query head in fp32
+  float* query;               // [H / Hkv][D] the query heads of the item in fp32
   WideKeys wide;              // shared by the threads, read only
 };
 

@@ -22,7 +22,7 @@ namespace {
 #include "paged_attention_lanes.inc"
 
 constexpr int64_t KEYS = 16;        // keys a vector in the blocks layout
-constexpr int HEADS_AT_ONCE = 4;    // query heads per pass over the value rows
+constexpr int HEADS_AT_ONCE = 3;    // query heads per pass over the keys and over the value rows
 constexpr int OUT_VECTORS = 4;      // output vectors per head and pass: 64 of d
 
 template <bool KV16>
@@ -53,33 +53,92 @@ inline __m512 tree16(const __m512 a[8], __m512 scale) {
   return _mm512_mul_ps(_mm512_add_ps(lo, hi), scale);
 }
 
-// Scores of NB consecutive key blocks at kb (each [D][16]) into out, out + 16, ...
-template <int NB>
-inline void block_scores(const float* query, const float* kb, int64_t D, __m512 scale, float* out) {
-  __m512 acc[NB][8];
-  for (int n = 0; n < NB; ++n)
-    for (int l = 0; l < 8; ++l) acc[n][l] = _mm512_setzero_ps();
+// exp_f32 lane by lane (exp8's operations at 16 lanes).
+inline __m512 exp16(__m512 x) {
+  const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(EXP_LOW), _CMP_GE_OQ);
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-LN2_HI), x);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(-LN2_LO), r);
+  __m512 p = _mm512_set1_ps(EXP_P[0]);
+  for (int c = 1; c < 6; ++c) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P[c]));
+  const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+  const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_maskz_mov_ps(keep, _mm512_mul_ps(y, _mm512_castsi512_ps(bits)));
+}
+
+// weights8 at 16 lanes for the max and the exponentials; the sum still adds keys i = l mod 8 in lane l,
+// a vector's first 8 keys before its last 8.
+inline float weights16(float* e, int64_t L) {
+  const int64_t padded = (L + 15) / 16 * 16;
+  for (int64_t i = L; i < padded; ++i) e[i] = -__builtin_inff();  // exp gives +0 there, and +0 adds nothing
+  __m512 mv = _mm512_set1_ps(-__builtin_inff());
+  for (int64_t i = 0; i < padded; i += 16) mv = _mm512_max_ps(mv, _mm512_loadu_ps(e + i));
+  const __m512 mb = _mm512_set1_ps(_mm512_reduce_max_ps(mv));
+  __m256 lanes = _mm256_setzero_ps();
+  for (int64_t i = 0; i < padded; i += 16) {
+    const __m512 w = exp16(_mm512_sub_ps(_mm512_loadu_ps(e + i), mb));
+    _mm512_storeu_ps(e + i, w);
+    lanes = _mm256_add_ps(_mm256_add_ps(lanes, _mm512_castps512_ps256(w)), _mm512_extractf32x8_ps(w, 1));
+  }
+  return tree(lanes);
+}
+
+// Scores of HP query heads (queries[h]: D values in fp32) against one key block at kb ([D][16]) into
+// out[h]: each key row is loaded once for all the heads (a prompt's keys for one KV head outgrow L1).
+template <int HP>
+inline void block_scores(const float* const* queries, const float* kb, int64_t D, __m512 scale, float* const* out) {
+  __m512 acc[HP][8];
+  for (int h = 0; h < HP; ++h)
+    for (int l = 0; l < 8; ++l) acc[h][l] = _mm512_setzero_ps();
   for (int64_t d0 = 0; d0 < D; d0 += 8) {
 #pragma GCC unroll 8
     for (int l = 0; l < 8; ++l) {
-      const __m512 qd = _mm512_set1_ps(query[d0 + l]);
-      for (int n = 0; n < NB; ++n)
-        acc[n][l] = _mm512_fmadd_ps(qd, _mm512_loadu_ps(kb + (n * D + d0 + l) * KEYS), acc[n][l]);
+      const __m512 k = _mm512_loadu_ps(kb + (d0 + l) * KEYS);
+      for (int h = 0; h < HP; ++h) acc[h][l] = _mm512_fmadd_ps(_mm512_set1_ps(queries[h][d0 + l]), k, acc[h][l]);
     }
   }
-  for (int n = 0; n < NB; ++n) _mm512_storeu_ps(out + n * KEYS, tree16(acc[n], scale));
+  for (int h = 0; h < HP; ++h) _mm512_storeu_ps(out[h], tree16(acc[h], scale));
 }
 
-// One query head's scores e[0 .. L-1] of keys i_first .. i_first + L - 1 of a widened sequence (kt: its
-// KV head's blocks). Whole blocks are scored, so e[-15 .. -1] and e[L .. L + 15] may be written too
-// (AttnScratch leaves room): keys outside the token's range, never read.
-inline void blocked_scores(const float* query, const float* kt, int64_t i_first, int64_t L, int64_t D, float scale_f,
-                           float* e) {
+// The scores of HP query heads against the cache's keys at rows (decode: no widened copy), scores8's
+// arithmetic for each head, each key chunk loaded (and widened) once for all of them: 8 keys x HP heads
+// of accumulators, which AVX-512's 32 vector registers hold.
+template <bool KV16, int HP>
+void cached_scores(const float* const* queries, const void* k, const int64_t* rows, int64_t L, int64_t D, float scale_f,
+                   float* const* e) {
+  const __m256 scale = _mm256_set1_ps(scale_f);
+  int64_t i0 = 0;
+  for (; i0 + 8 <= L; i0 += 8) {
+    __m256 acc[HP][8];
+    for (int h = 0; h < HP; ++h)
+      for (int r = 0; r < 8; ++r) acc[h][r] = _mm256_setzero_ps();
+    for (int64_t c = 0; c < D; c += 8) {
+      __m256 qv[HP];
+      for (int h = 0; h < HP; ++h) qv[h] = _mm256_loadu_ps(queries[h] + c);
+#pragma GCC unroll 8
+      for (int r = 0; r < 8; ++r) {
+        const __m256 key = load8<KV16>(k, rows[i0 + r] + c);
+        for (int h = 0; h < HP; ++h) acc[h][r] = _mm256_fmadd_ps(qv[h], key, acc[h][r]);
+      }
+    }
+    for (int h = 0; h < HP; ++h) _mm256_storeu_ps(e[h] + i0, _mm256_mul_ps(reduce8(acc[h]), scale));
+  }
+  if (i0 < L)
+    for (int h = 0; h < HP; ++h) scores8<KV16>(queries[h], k, rows + i0, L - i0, D, scale_f, e[h] + i0);
+}
+
+// The scores e[h][0 .. L-1] of HP query heads for keys i_first .. i_first + L - 1 of a widened sequence
+// (kt: its KV head's blocks). Whole blocks are scored, so e[h][-15 .. -1] and e[h][L .. L + 15] may be
+// written too (AttnScratch leaves room): keys outside the token's range, never read.
+template <int HP>
+void blocked_scores(const float* const* queries, const float* kt, int64_t i_first, int64_t L, int64_t D, float scale_f,
+                    float* const* e) {
   const __m512 scale = _mm512_set1_ps(scale_f);
-  const int64_t b1 = (i_first + L - 1) / KEYS + 1;
-  int64_t b = i_first / KEYS;
-  for (; b + 2 <= b1; b += 2) block_scores<2>(query, kt + b * D * KEYS, D, scale, e + b * KEYS - i_first);
-  if (b < b1) block_scores<1>(query, kt + b * D * KEYS, D, scale, e + b * KEYS - i_first);
+  for (int64_t b = i_first / KEYS; b * KEYS < i_first + L; ++b) {
+    float* out[HP];
+    for (int h = 0; h < HP; ++h) out[h] = e[h] + b * KEYS - i_first;
+    block_scores<HP>(queries, kt + b * D * KEYS, D, scale, out);
+  }
 }
 
 // Outputs of HP query heads (weights e[h], sums sum[h], output offsets qoff[h]) for d0 .. d0 + 16 NV - 1.
@@ -130,21 +189,34 @@ void attend(const AttnArgs& a, int64_t t, int64_t g, const AttnScratch& s, const
   for (int64_t hg0 = 0; hg0 < group; hg0 += HEADS_AT_ONCE) {
     const int heads = group - hg0 < HEADS_AT_ONCE ? int(group - hg0) : HEADS_AT_ONCE;
     float* e[HEADS_AT_ONCE];
+    const float* queries[HEADS_AT_ONCE];
     float sum[HEADS_AT_ONCE];
     int64_t qoff[HEADS_AT_ONCE];
     for (int h = 0; h < heads; ++h) {
       qoff[h] = (t * a.H + g * group + hg0 + h) * D;
-      for (int64_t c = 0; c < D; c += 8) _mm256_storeu_ps(s.query + c, load8<BF16>(a.q, qoff[h] + c));
+      float* query = s.query + h * D;
+      for (int64_t c = 0; c < D; c += 8) _mm256_storeu_ps(query + c, load8<BF16>(a.q, qoff[h] + c));
+      queries[h] = query;
       e[h] = s.scores + (hg0 + h) * s.stride + KEYS;
-      if (kt) blocked_scores(s.query, kt, i_first, L, D, a.scale, e[h]);
-      else scores8<KV16>(s.query, k, s.rows, L, D, a.scale, e[h]);
-      sum[h] = weights8(e[h], L);
     }
+    if (kt) {
+      switch (heads) {
+        case 1: blocked_scores<1>(queries, kt, i_first, L, D, a.scale, e); break;
+        case 2: blocked_scores<2>(queries, kt, i_first, L, D, a.scale, e); break;
+        default: blocked_scores<3>(queries, kt, i_first, L, D, a.scale, e); break;
+      }
+    } else {
+      switch (heads) {
+        case 1: cached_scores<KV16, 1>(queries, k, s.rows, L, D, a.scale, e); break;
+        case 2: cached_scores<KV16, 2>(queries, k, s.rows, L, D, a.scale, e); break;
+        default: cached_scores<KV16, 3>(queries, k, s.rows, L, D, a.scale, e); break;
+      }
+    }
+    for (int h = 0; h < heads; ++h) sum[h] = weights16(e[h], L);
     switch (heads) {
       case 1: outputs_for<BF16, KV16, 1>(a, v, s.rows, L, e, sum, qoff); break;
       case 2: outputs_for<BF16, KV16, 2>(a, v, s.rows, L, e, sum, qoff); break;
-      case 3: outputs_for<BF16, KV16, 3>(a, v, s.rows, L, e, sum, qoff); break;
-      default: outputs_for<BF16, KV16, 4>(a, v, s.rows, L, e, sum, qoff); break;
+      default: outputs_for<BF16, KV16, 3>(a, v, s.rows, L, e, sum, qoff); break;
     }
   }
 }
