@@ -18,7 +18,8 @@ LIMITS = {"WORKBENCH_USER_CONCURRENT_REQUESTS": 2, "WORKBENCH_USER_REQUESTS_PER_
 # Each test's users are its own, so one test's counts never meet another's.
 LIMITED_USERS = ["frames", "frames-1009", "alice", "carol", "dave", "erin", "gina", "hank", "ivan",
                  "prefix-ws-bob", "prefix-ws-carol", "prefix-http-bob", "prefix-http-carol", "tokenizer", "jane", "flooder",
-                 "big-reader", "bystander", "door", "door-control", "http-door", "http-door-bystander"]
+                 "big-reader", "bystander", "door", "door-control", "http-door", "http-door-bystander",
+                 "http-door-expects"]
 
 
 @pytest.fixture(scope="session")

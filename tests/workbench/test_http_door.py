@@ -215,7 +215,7 @@ def test_through_daphne_a_spent_share_refuses_a_large_body_unread_while_another_
     """After one large request spends a user's share of the input thread (a thousandth of it on the
     limited Daphne), their next large body is refused 429 from its headers alone: the client sends none
     of it. The same headers from another user, or without a token (401), are answered as they should:
-    the other user's body is waited for, read and served."""
+    the other user's body is waited for (or, asked for, `100 Continue` sent), read and served."""
     address, tokens = limited_daphne
     spender, bystander = tokens["http-door"], tokens["http-door-bystander"]
     large = json.dumps({"prompt": BIG_PROMPT}).encode()
@@ -240,3 +240,13 @@ def test_through_daphne_a_spent_share_refuses_a_large_body_unread_while_another_
         conn.sendall(large)
         status, _, body = read_answer(conn)
     assert status == 200 and json.loads(body)["count"] > 10_000, "another user's share is their own"
+
+    # A client that waits for `100 Continue` (curl's way with a large body) is told to go on once let in.
+    # Another user again: on the limited Daphne one large request spends anyone's share.
+    expecting = api_head(address, "/tokenize", len(large), f"Authorization: Bearer {tokens['http-door-expects']}",
+                         "Expect: 100-continue")
+    with raw_request(address, expecting) as conn:
+        assert conn.recv(64) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        conn.sendall(large)
+        status, _, body = read_answer(conn)
+    assert status == 200, body
