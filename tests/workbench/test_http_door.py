@@ -250,3 +250,27 @@ def test_through_daphne_a_spent_share_refuses_a_large_body_unread_while_another_
         conn.sendall(large)
         status, _, body = read_answer(conn)
     assert status == 200, body
+
+
+@pytest.mark.django_db(transaction=True)  # the door's lookup runs on another thread, as Channels' do
+def test_the_door_takes_the_token_as_each_route_takes_it(django_user_model, settings):
+    """Anthropic's routes take `x-api-key` as well as the bearer token; the others only the bearer token
+    (an `x-api-key` there is no token: 401, as the view answers it). A revoked token is none either."""
+    from workbench.api import http_door
+    from workbench.api.models import ApiToken
+
+    settings.WORKBENCH_USER_INPUT_SHARE = 0.25
+    issued, token = ApiToken.issue(django_user_model.objects.create_user("keyed"), "test")
+    messages, chat = http_door.route_of("/v1/messages"), http_door.route_of("/v1/chat/completions")
+    assert messages is not None and chat is not None
+
+    def asked(route: http_door.Route, headers: dict[str, str]) -> int | None:
+        refusal = asyncio.run(http_door.refusal_of_large(route, headers))
+        return None if refusal is None else refusal.status
+
+    assert asked(messages, {"x-api-key": token}) is None, "liveness: Anthropic's key header is a token there"
+    assert asked(chat, {"authorization": f"Bearer {token}"}) is None
+    assert asked(chat, {"x-api-key": token}) == 401
+    assert asked(messages, {}) == 401
+    issued.revoke()
+    assert asked(messages, {"x-api-key": token}) == 401

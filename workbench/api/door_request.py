@@ -46,8 +46,7 @@ class DoorRequest(WebRequest):
     expects_continue = False  # the client waits for `100 Continue`, which the door holds back
     heading = False  # in gotLength: twisted has not answered `Expect: 100-continue` yet
     received = 0  # bytes of the body so far
-    body_path = ""
-    route: http_door.Route | None = None
+    raw_path = b""  # the request line's target, kept from gotLength: the channel lets it go once the body is whole
     clock: Any = None  # what schedules the close (IReactorTime): the running reactor unless a test gives its own
 
     def gotLength(self, length: int | None) -> None:
@@ -58,12 +57,10 @@ class DoorRequest(WebRequest):
             self.heading = False
 
     def _got_length(self, length: int | None) -> None:
-        # The request line is the channel's until the body is whole; an HTTP/2 stream has none here, and
-        # its body goes to the view's own checks.
+        # The request line is the channel's until the body is whole (an HTTP/2 stream has none: its
+        # refusals take the pages' shape, and its large bodies go to the view's own checks).
         raw = getattr(self.channel, "_path", None)
-        if isinstance(raw, bytes):
-            self.body_path = unquote(raw.split(b"?", 1)[0].decode("latin-1"))  # as Daphne and Django route it
-            self.route = http_door.route_of(self.body_path)
+        self.raw_path = raw if isinstance(raw, bytes) else b""
         refusal = None if length is None else http_door.too_large(length)
         if refusal is not None:
             self.content = io.BytesIO()
@@ -93,17 +90,27 @@ class DoorRequest(WebRequest):
             return None
         return super().process()
 
+    @property
+    def body_path(self) -> str:
+        """The path without its query, as Daphne and Django route it: only a refusal or a large body
+        needs it, so a small request never decodes it."""
+        return unquote(self.raw_path.split(b"?", 1)[0].decode("latin-1"))
+
     def _ask(self) -> None:
         """Asks the door whether the large body of an input-thread route may be read, once."""
-        if self.asked or self.route is None:
+        if self.asked:
             return
-        self.asked = self.pending = True
+        self.asked = True
+        route = http_door.route_of(self.body_path)
+        if route is None:
+            return
+        self.pending = True
         self._hold_continue()
         self.channel.transport.pauseProducing()
         headers = {name.decode("latin-1").lower(): values[0].decode("latin-1")
                    for name, values in self.requestHeaders.getAllRawHeaders()}
         # The lookup is the database's (an asyncio future, on the loop Daphne's reactor runs on).
-        asking = asyncio.ensure_future(http_door.refusal_of_large(self.route, headers))
+        asking = asyncio.ensure_future(http_door.refusal_of_large(route, headers))
         Deferred.fromFuture(asking).addCallbacks(self._answered, self._failed)
 
     def _hold_continue(self) -> None:
