@@ -115,9 +115,11 @@ class DoorRequest(WebRequest):
 
     def _hold_continue(self) -> None:
         """While the headers are being taken in: takes `Expect: 100-continue` from twisted, which would
-        answer it as soon as gotLength returns, before the door has decided."""
-        if self.heading and self.requestHeaders.hasHeader(b"expect"):
-            self.expects_continue = True
+        answer it (an HTTP/1.1 request's) as soon as gotLength returns, before the door has decided."""
+        expect = self.requestHeaders.getRawHeaders(b"expect") if self.heading else None
+        if expect:
+            self.expects_continue = expect[0].lower() == b"100-continue" and \
+                getattr(self.channel, "_version", None) == b"HTTP/1.1"
             self.requestHeaders.removeHeader(b"expect")
 
     def _answered(self, refusal: ApiError | None) -> None:
