@@ -14,6 +14,11 @@ every request multiplexed on that socket is lost with no word. Here two limits h
   as soon as the frame's header says its length, without buffering the rest.
 The outer limit bounds what one socket can make the server hold in memory.
 
+Its HTTP requests have a door too (workbench/api/http_door.py, door_request.py): a body over
+WORKBENCH_MAX_FRAME_BYTES, or a large one for a route that reads it on the input thread without a valid
+token or while its user's share of that thread is spent, is answered from its headers (as the route
+answers such a refusal) and never read into memory, a file or the application.
+
 Its sockets are built with a door (workbench/protocol/door_protocol.py, frame_door.py): a message over
 the socket's frame rate, over WORKBENCH_MAX_FRAME_BYTES, or large while its user's share of the input
 thread is spent is dropped as it arrives, before its UTF-8 is validated or it is decoded and parsed, and
@@ -53,9 +58,9 @@ def main(argv: list[str]) -> None:
 
     class ClosingServer(Server):
         """Daphne whose websockets close with 1009 over the size limit instead of dropping the TCP
-        connection, and have a door. The factory is built inside run(); failByDrop and the protocol
-        are set once the reactor runs, before it accepts any connection (each protocol copies the
-        factory's options as it connects)."""
+        connection, and whose websockets and HTTP requests have a door. The factories are built inside
+        run(); failByDrop and the protocols are set once the reactor runs, before it accepts any
+        connection (each protocol copies the factory's options as it connects)."""
 
         def __init__(self, application: object, endpoints: list[str] | None = None, **options: Any) -> None:
             refuse_debug_on_reachable_endpoints(settings.DEBUG, endpoints or [],
@@ -65,12 +70,15 @@ def main(argv: list[str]) -> None:
         def run(self) -> None:
             from twisted.internet import reactor
 
-            reactor.callWhenRunning(self._shape_websockets)
+            reactor.callWhenRunning(self._give_doors)
             super().run()
 
-        def _shape_websockets(self) -> None:
+        def _give_doors(self) -> None:
+            from workbench.api import door_request  # imports models: once the application has set Django up
+
             self.ws_factory.setProtocolOptions(failByDrop=False)
             self.ws_factory.protocol = DoorWebSocketProtocol
+            door_request.install(self.http_factory)
 
         def create_application(self, protocol: object, scope: dict[str, Any]) -> object:
             door = getattr(protocol, "door", None)

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-# The limited Daphne's limits (test_limits.py fills them, test_strangers.py the tokenize and input ones;
+# The limited Daphne's limits (test_limits.py fills them, test_strangers.py and test_http_door.py the tokenize and input ones;
 # test_big_frames.py and test_prefix_cache_isolation.py stay within them).
 # The frame limit is low so that a flood outruns it however slowly a loaded machine answers each frame
 # (at 50 a second a server spending 20 ms a frame would never fall behind its budget).
@@ -18,7 +18,8 @@ LIMITS = {"WORKBENCH_USER_CONCURRENT_REQUESTS": 2, "WORKBENCH_USER_REQUESTS_PER_
 # Each test's users are its own, so one test's counts never meet another's.
 LIMITED_USERS = ["frames", "frames-1009", "alice", "carol", "dave", "erin", "gina", "hank", "ivan",
                  "prefix-ws-bob", "prefix-ws-carol", "prefix-http-bob", "prefix-http-carol", "tokenizer", "jane", "flooder",
-                 "big-reader", "bystander", "door", "door-control"]
+                 "big-reader", "bystander", "door", "door-control", "http-door", "http-door-bystander",
+                 "http-door-expects"]
 
 
 @pytest.fixture(scope="session")

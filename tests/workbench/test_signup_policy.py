@@ -109,6 +109,35 @@ def test_open_sign_up_answers_a_taken_name_as_it_answers_a_free_one(django_user_
 
 
 @override_settings(WORKBENCH_SIGNUP="open")
+def test_open_sign_up_hashes_the_password_once_for_a_taken_name_as_for_a_free_one(django_user_model, monkeypatch):
+    """The answer's time must not tell a taken name either: hashing the password is nearly all of a
+    sign-up's work, so the hasher runs exactly once for a taken name, as it does for the account a free
+    one makes. Counted, not timed (these machines are shared and noisy). A form refused for another
+    reason hashes nothing for either."""
+    from django.contrib.auth.hashers import get_hasher
+
+    django_user_model.objects.create_user("taken", password=PASSWORD)
+    hasher, hashed = get_hasher("default"), list[str]()
+    encode = hasher.encode
+
+    def counted(password: str, salt: str, *args: object, **kwargs: object) -> str:
+        hashed.append(password)
+        return encode(password, salt, *args, **kwargs)
+
+    monkeypatch.setattr(hasher, "encode", counted)
+
+    def hashings(name: str, password: str = "another-long-pass-7!") -> int:
+        before = len(hashed)
+        answer = sign_up(name, password=password)
+        assert answer.status_code == (302 if len(password) > 1 else 400), answer
+        return len(hashed) - before
+
+    free, taken = hashings("free-name"), hashings("taken")
+    assert django_user_model.objects.filter(username="free-name").exists(), "liveness: the free name was made"
+    assert free == taken == 1, f"a free name hashed {free} times, a taken one {taken}"
+    assert hashings("taken", password="a") == hashings("other-free", password="a") == 0
+
+@override_settings(WORKBENCH_SIGNUP="open")
 def test_open_sign_up_refuses_weak_passwords_by_name(django_user_model):
     for weak in ("a", "password", "12345678901", "weakling-1"):  # short, common, digits, the username
         answer = sign_up("weakling-1", password=weak)

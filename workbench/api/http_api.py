@@ -71,11 +71,14 @@ async def authenticate(request: HttpRequest, api_key_header: bool = False) -> Ab
     token = bearer_token(request.headers) or (api_key_token(request.headers) if api_key_header else None)
     user = await sync_to_async(ApiToken.user_for)(token) if token else None
     if user is None:
-        how = "x-api-key: <token> or Authorization: Bearer <token>" if api_key_header else \
-            "Authorization: Bearer <token>"
-        raise ApiError(401, f"a valid API token is required: {how}", code="invalid_api_key",
-                       kind="authentication_error")
+        raise unauthenticated(api_key_header)
     return user
+
+
+def unauthenticated(api_key_header: bool = False) -> ApiError:
+    """The 401 of a request without a valid token (the door's, workbench/api/http_door.py, as well)."""
+    how = "x-api-key: <token> or Authorization: Bearer <token>" if api_key_header else "Authorization: Bearer <token>"
+    return ApiError(401, f"a valid API token is required: {how}", code="invalid_api_key", kind="authentication_error")
 
 
 def json_body(request: HttpRequest) -> dict[str, object]:

@@ -1,0 +1,276 @@
+"""The HTTP door (workbench/api/http_door.py, door_request.py): a body over the size limit, or a large one
+for a route that reads it on the input thread without a valid token or while its user's share of that
+thread is spent, is answered from its headers, as the route answers such a refusal, and never read
+into memory, a file or the application.
+
+What shows "never read": each refusal comes while the client has sent only part of its body, or none
+of it, and the application is never handed the request. Each case has its control: the same request
+within the limit, or from another user, reaches the application whole.
+
+Two layers: Daphne's HTTP channel with the door, driven byte by byte over a fake transport; and a real
+Daphne started as deployments start it (workbench/serve.py), over raw sockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+
+import pytest
+from daphne.http_protocol import HTTPFactory
+from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
+
+from tests.workbench.test_frame_door import FakeServer
+from tests.workbench.test_strangers import BIG_PROMPT, post
+from workbench.api import door_request
+from workbench.serving import input_work
+
+LIMIT = 1000  # WORKBENCH_MAX_FRAME_BYTES in the fake-transport cases
+FRAME_LIMIT = 256 * 1024  # the default, the real Daphne's
+
+
+class HttpServer(FakeServer):
+    """What Daphne's HTTP request asks of its server; the scopes it was asked to serve kept."""
+
+    request_buffer_size = 8192
+    server_name = b"test"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scopes: list[dict] = []
+
+    def create_application(self, protocol: object, scope: dict) -> asyncio.Queue:
+        self.scopes.append(scope)
+        return self.queue
+
+    def body(self) -> bytes:
+        return b"".join(event.get("body", b"") for event in self.events())
+
+
+@pytest.fixture
+def channel(settings):
+    """A factory for Daphne's HTTP channels with the door, each over a fake transport and on the test's
+    clock: (channel, transport, server, clock)."""
+    settings.WORKBENCH_MAX_FRAME_BYTES = LIMIT
+    asyncio.set_event_loop(loop := asyncio.new_event_loop())
+    clock = Clock()
+
+    def make() -> tuple[object, StringTransport, HttpServer, Clock]:
+        server = HttpServer()
+        factory = HTTPFactory(server)
+        factory.timeOut = None  # twisted's idle timeout would be scheduled on the global reactor
+        door_request.install(factory)
+        protocol = factory.buildProtocol(("127.0.0.1", 1))
+        protocol.requestFactory = type("ClockedDoorRequest", (door_request.DoorRequest,), {"clock": clock})
+        transport = StringTransport()
+        protocol.makeConnection(transport)
+        return protocol, transport, server, clock
+
+    yield make
+    asyncio.set_event_loop(None)
+    loop.close()
+
+
+def head(path: str, length: int | None, *extra: str) -> bytes:
+    sized = f"Content-Length: {length}" if length is not None else "Transfer-Encoding: chunked"
+    return "\r\n".join([f"POST {path} HTTP/1.1", "Host: test", "Content-Type: application/json", sized, *extra,
+                        "", ""]).encode()
+
+
+def answer(transport: StringTransport) -> tuple[int, dict[str, str], bytes]:
+    """(status, headers, body) of what the server wrote."""
+    raw_head, _, body = transport.value().partition(b"\r\n\r\n")
+    status_line, *lines = raw_head.decode("latin-1").split("\r\n")
+    headers = {name.lower(): value.strip() for name, _, value in (line.partition(":") for line in lines)}
+    return int(status_line.split()[1]), headers, body
+
+
+def message_of(shape: str, body: bytes) -> str:
+    """The message of an error answer in each API's shape (docs/PROTOCOL.md), or of the pages' text."""
+    if shape == "text":
+        return body.decode()
+    error = json.loads(body)
+    if shape == "anthropic":
+        assert error["type"] == "error" and error["error"]["type"] == "request_too_large", error
+    return error["error"] if shape == "ollama" else error["error"]["message"]
+
+
+@pytest.mark.parametrize("path, shape", [("/v1/chat/completions", "openai"), ("/v1/messages", "anthropic"),
+                                         ("/api/chat", "ollama"), ("/login", "text")])
+def test_a_body_over_the_limit_is_answered_from_its_headers_and_never_read(channel, path, shape):
+    """Its Content-Length over the limit: a 413 in the route's error shape as soon as the headers are in,
+    with what came along with them and all that comes later dropped; the application never sees it,
+    and the connection closes once the client has had time to finish writing."""
+    protocol, transport, server, clock = channel()
+    protocol.dataReceived(head(path, LIMIT + 1) + b"{" * 600)
+    status, headers, body = answer(transport)
+    assert status == 413 and headers["connection"] == "close", transport.value()
+    assert int(headers["content-length"]) == len(body)
+    assert f"{LIMIT} bytes" in message_of(shape, body), body
+    written = transport.value()
+    protocol.dataReceived(b"{" * (LIMIT - 600))  # the rest of the body, and then some
+    protocol.dataReceived(b"GET / HTTP/1.1\r\nHost: test\r\n\r\n")
+    assert transport.value() == written and server.scopes == [], "nothing more of the client's is read"
+    assert not transport.disconnecting, "the client may still be writing its body"
+    clock.advance(door_request.LINGER_S)
+    assert transport.disconnecting
+
+    protocol, transport, server, _ = channel()  # the control: the same request within the limit
+    protocol.dataReceived(head(path, LIMIT) + b"{" * LIMIT)
+    assert [scope["path"] for scope in server.scopes] == [path] and server.body() == b"{" * LIMIT
+    assert transport.value() == b"", "the application answers it"
+
+
+def chunk(data: bytes) -> bytes:
+    return f"{len(data):x}\r\n".encode() + data + b"\r\n"
+
+
+def test_a_chunked_body_is_refused_as_it_grows_past_the_limit(channel):
+    """A body without a length is counted as it streams in: the chunk that takes it past the limit is
+    answered with the 413, and neither it nor anything later is kept, parsed or handed on."""
+    protocol, transport, server, _ = channel()
+    protocol.dataReceived(head("/v1/completions", None) + chunk(b"a" * 400) + chunk(b"b" * 400))
+    assert transport.value() == b"", "within the limit so far: nothing to answer yet"
+    protocol.dataReceived(chunk(b"c" * 400))
+    status, _, body = answer(transport)
+    assert status == 413 and f"{LIMIT} bytes" in json.loads(body)["error"]["message"], body
+    written = transport.value()
+    # Not parsed either: bytes that are no chunk at all draw no second answer (twisted's 400).
+    protocol.dataReceived(chunk(b"d" * 400) + b"no chunk here\r\n" + b"0\r\n\r\n")
+    assert transport.value() == written and server.scopes == [], "nothing after the refusal is parsed or handed on"
+
+    protocol, transport, server, _ = channel()  # the control: the same chunks, ending within the limit
+    protocol.dataReceived(head("/v1/completions", None) + chunk(b"a" * 400) + chunk(b"b" * 400) + b"0\r\n\r\n")
+    assert server.body() == b"a" * 400 + b"b" * 400 and transport.value() == b""
+
+
+def test_a_client_that_waits_for_100_continue_sends_none_of_a_refused_body(channel):
+    """`Expect: 100-continue` (curl's way with a large body): a refused one is answered without the 100,
+    so the client never sends its body, and the connection closes at once."""
+    protocol, transport, server, _ = channel()
+    protocol.dataReceived(head("/v1/chat/completions", LIMIT + 1, "Expect: 100-continue"))
+    status, _, _ = answer(transport)
+    assert status == 413 and b"100 Continue" not in transport.value(), transport.value()
+    assert transport.disconnecting and server.scopes == []
+
+    protocol, transport, server, _ = channel()  # the control: within the limit, the 100 comes
+    protocol.dataReceived(head("/v1/chat/completions", 10, "Expect: 100-continue"))
+    assert transport.value() == b"HTTP/1.1 100 Continue\r\n\r\n"
+    protocol.dataReceived(b"{" * 10)
+    assert server.body() == b"{" * 10
+
+
+def raw_request(address: str, request: bytes) -> socket.socket:
+    host, port = address.split(":")
+    conn = socket.create_connection((host, int(port)), timeout=30)
+    conn.sendall(request)
+    return conn
+
+
+def read_answer(conn: socket.socket) -> tuple[int, dict[str, str], bytes]:
+    """One whole answer (its Content-Length read) off a raw socket."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += conn.recv(65536) or _closed(data)
+    raw_head, _, body = data.partition(b"\r\n\r\n")
+    status_line, *lines = raw_head.decode("latin-1").split("\r\n")
+    headers = {name.lower(): value.strip() for name, _, value in (line.partition(":") for line in lines)}
+    while len(body) < int(headers.get("content-length", 0)):
+        body += conn.recv(65536) or _closed(data + body)
+    return int(status_line.split()[1]), headers, body
+
+
+def _closed(data: bytes) -> bytes:
+    raise AssertionError(f"the server closed the connection after {data[:300]!r}")
+
+
+def api_head(address: str, path: str, length: int, *auth: str) -> bytes:
+    return "\r\n".join([f"POST {path} HTTP/1.1", f"Host: {address}", "Content-Type: application/json",
+                        f"Content-Length: {length}", *auth, "", ""]).encode()
+
+
+@pytest.mark.slow  # the session's limited Daphne (tests/workbench/conftest.py)
+def test_through_daphne_a_huge_body_is_answered_before_the_client_has_sent_it(limited_daphne):
+    """A client declares 10 MB and sends 64 KB of it: Daphne answers the 413, in each API's shape,
+    while the client is still sending. Without the door Daphne reads all 10 MB into a file first, and
+    this client, which sends no more, would wait for an answer that never comes."""
+    address, tokens = limited_daphne
+    token = tokens["http-door-bystander"]
+    for path, auth, error_of in (("/v1/chat/completions", f"Authorization: Bearer {token}", lambda b: b["error"]["message"]),
+                                 ("/v1/messages", f"x-api-key: {token}", lambda b: b["error"]["message"]),
+                                 ("/api/generate", f"Authorization: Bearer {token}", lambda b: b["error"])):
+        with raw_request(address, api_head(address, path, 10_000_000, auth) + b"{" * 65536) as conn:
+            status, headers, body = read_answer(conn)
+        assert status == 413 and str(FRAME_LIMIT) in error_of(json.loads(body)), (path, body)
+    with raw_request(address, api_head(address, "/tokenize", 2, f"Authorization: Bearer {token}") + b"{x") as conn:
+        status, _, body = read_answer(conn)
+    assert status == 400 and "not valid JSON" in json.loads(body)["error"]["message"], \
+        f"the control: a body within the limit is read and answered by the view ({body!r})"
+
+
+@pytest.mark.slow
+def test_through_daphne_a_spent_share_refuses_a_large_body_unread_while_another_user_is_served(limited_daphne):
+    """After one large request spends a user's share of the input thread (a thousandth of it on the
+    limited Daphne), their next large body is refused 429 from its headers alone: the client sends none
+    of it. The same headers from another user, or without a token (401), are answered as they should:
+    the other user's body is waited for (or, asked for, `100 Continue` sent), read and served."""
+    address, tokens = limited_daphne
+    spender, bystander = tokens["http-door"], tokens["http-door-bystander"]
+    large = json.dumps({"prompt": BIG_PROMPT}).encode()
+    assert len(large) >= input_work.LARGE_BYTES
+    first, _ = post(address, "/tokenize", {"prompt": BIG_PROMPT}, spender)
+    assert first == 200, "liveness: a large request within the share is read"
+
+    with raw_request(address, api_head(address, "/tokenize", len(large), f"Authorization: Bearer {spender}")) as conn:
+        status, headers, body = read_answer(conn)
+    assert status == 429 and json.loads(body)["error"]["code"] == "rate_limited", body
+    assert "WORKBENCH_USER_INPUT_SHARE" in json.loads(body)["error"]["message"] and int(headers["retry-after"]) >= 1
+
+    with raw_request(address, api_head(address, "/tokenize", len(large))) as conn:
+        status, _, body = read_answer(conn)
+    assert status == 401 and json.loads(body)["error"]["code"] == "invalid_api_key", body
+
+    with raw_request(address, api_head(address, "/tokenize", len(large), f"Authorization: Bearer {bystander}")) as conn:
+        conn.settimeout(1.0)
+        with pytest.raises(TimeoutError):
+            conn.recv(1)  # let in: the server waits for the body
+        conn.settimeout(30)
+        conn.sendall(large)
+        status, _, body = read_answer(conn)
+    assert status == 200 and json.loads(body)["count"] > 10_000, "another user's share is their own"
+
+    # A client that waits for `100 Continue` (curl's way with a large body) is told to go on once let in.
+    # Another user again: on the limited Daphne one large request spends anyone's share.
+    expecting = api_head(address, "/tokenize", len(large), f"Authorization: Bearer {tokens['http-door-expects']}",
+                         "Expect: 100-continue")
+    with raw_request(address, expecting) as conn:
+        assert conn.recv(64) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        conn.sendall(large)
+        status, _, body = read_answer(conn)
+    assert status == 200, body
+
+
+@pytest.mark.django_db(transaction=True)  # the door's lookup runs on another thread, as Channels' do
+def test_the_door_takes_the_token_as_each_route_takes_it(django_user_model, settings):
+    """Anthropic's routes take `x-api-key` as well as the bearer token; the others only the bearer token
+    (an `x-api-key` there is no token: 401, as the view answers it). A revoked token is none either."""
+    from workbench.api import http_door
+    from workbench.api.models import ApiToken
+
+    settings.WORKBENCH_USER_INPUT_SHARE = 0.25
+    issued, token = ApiToken.issue(django_user_model.objects.create_user("keyed"), "test")
+    messages, chat = http_door.route_of("/v1/messages"), http_door.route_of("/v1/chat/completions")
+    assert messages is not None and chat is not None
+
+    def asked(route: http_door.Route, headers: dict[str, str]) -> int | None:
+        refusal = asyncio.run(http_door.refusal_of_large(route, headers))
+        return None if refusal is None else refusal.status
+
+    assert asked(messages, {"x-api-key": token}) is None, "liveness: Anthropic's key header is a token there"
+    assert asked(chat, {"authorization": f"Bearer {token}"}) is None
+    assert asked(chat, {"x-api-key": token}) == 401
+    assert asked(messages, {}) == 401
+    issued.revoke()
+    assert asked(messages, {"x-api-key": token}) == 401

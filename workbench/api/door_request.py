@@ -1,0 +1,190 @@
+"""Daphne's HTTP request with a door (workbench/api/http_door.py): a body the door refuses is answered
+at once and never read into memory, a file or the application. workbench/serve.py has Daphne build its
+HTTP requests with it.
+
+Twisted calls gotLength once the headers are in (the length None for a chunked body), then
+handleContentChunk as the body arrives, and process once it is whole. Twisted writes `100 Continue`
+after gotLength to a client that asked for it: where the door still has to ask the database, the header
+is taken away first and the 100 is sent only once the body is let in, so that such a client (curl, for
+a large body) sends none of a refused one.
+
+While the door asks (a large body on an input-thread route: the token's user and their share), the
+socket is not read: the client's sends wait in TCP's buffers. What one read brought in with the headers
+is kept meanwhile; the request reaches the application once the body is let in and whole.
+
+A refused request's answer is written straight away with `Connection: close`. What the client still
+sends is dropped as it comes, not stored or parsed, for at most LINGER_S, so that a client that writes
+its whole body before it reads (Python's http.client, httpx) finds the answer; then the connection
+closes. A client that waited for `100 Continue` sent no body: its connection closes at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import logging
+from typing import Any
+from urllib.parse import unquote
+
+from daphne.http_protocol import WebRequest
+from twisted.internet.defer import Deferred
+
+from workbench.api import http_door
+from workbench.api.http_api import ApiError
+from workbench.serving import input_work
+
+logger = logging.getLogger(__name__)
+
+LINGER_S = 5.0  # as nginx's lingering_timeout: long enough for a client to finish writing a refused body
+
+
+class DoorRequest(WebRequest):
+    refused = False
+    pending = False  # the door is asking the database; the socket is not read meanwhile
+    arrived = False  # the body is whole while the door was asking: process() runs once it lets it in
+    asked = False  # the door asked (or is asking) about this body's user
+    expects_continue = False  # the client waits for `100 Continue`, which the door holds back
+    heading = False  # in gotLength: twisted has not answered `Expect: 100-continue` yet
+    received = 0  # bytes of the body so far
+    raw_path = b""  # the request line's target, kept from gotLength: the channel lets it go once the body is whole
+    clock: Any = None  # what schedules the close (IReactorTime): the running reactor unless a test gives its own
+
+    def gotLength(self, length: int | None) -> None:
+        self.heading = True
+        try:
+            self._got_length(length)
+        finally:
+            self.heading = False
+
+    def _got_length(self, length: int | None) -> None:
+        # The request line is the channel's until the body is whole (an HTTP/2 stream has none: its
+        # refusals take the pages' shape, and its large bodies go to the view's own checks).
+        raw = getattr(self.channel, "_path", None)
+        self.raw_path = raw if isinstance(raw, bytes) else b""
+        refusal = None if length is None else http_door.too_large(length)
+        if refusal is not None:
+            self.content = io.BytesIO()
+            self._refuse(refusal)
+            return
+        super().gotLength(length)
+        if length is not None and length >= input_work.LARGE_BYTES:
+            self._ask()
+
+    def handleContentChunk(self, data: bytes) -> None:
+        if self.refused:
+            return
+        self.received += len(data)
+        refusal = http_door.too_large(self.received)  # a chunked body, counted as it streams in
+        if refusal is not None:
+            self._refuse(refusal)
+            return
+        super().handleContentChunk(data)
+        if self.received >= input_work.LARGE_BYTES:
+            self._ask()
+
+    def process(self) -> Any:
+        if self.refused:
+            return None
+        if self.pending:
+            self.arrived = True
+            return None
+        return super().process()
+
+    @property
+    def body_path(self) -> str:
+        """The path without its query, as Daphne and Django route it: only a refusal or a large body
+        needs it, so a small request never decodes it."""
+        return unquote(self.raw_path.split(b"?", 1)[0].decode("latin-1"))
+
+    def _ask(self) -> None:
+        """Asks the door whether the large body of an input-thread route may be read, once."""
+        if self.asked:
+            return
+        self.asked = True
+        route = http_door.route_of(self.body_path)
+        if route is None:
+            return
+        self.pending = True
+        self._hold_continue()
+        self.channel.transport.pauseProducing()
+        headers = {name.decode("latin-1").lower(): values[0].decode("latin-1")
+                   for name, values in self.requestHeaders.getAllRawHeaders()}
+        # The lookup is the database's (an asyncio future, on the loop Daphne's reactor runs on).
+        asking = asyncio.ensure_future(http_door.refusal_of_large(route, headers))
+        Deferred.fromFuture(asking).addCallbacks(self._answered, self._failed)
+
+    def _hold_continue(self) -> None:
+        """While the headers are being taken in: takes `Expect: 100-continue` from twisted, which would
+        answer it (an HTTP/1.1 request's) as soon as gotLength returns, before the door has decided."""
+        expect = self.requestHeaders.getRawHeaders(b"expect") if self.heading else None
+        if expect:
+            self.expects_continue = expect[0].lower() == b"100-continue" and \
+                getattr(self.channel, "_version", None) == b"HTTP/1.1"
+            self.requestHeaders.removeHeader(b"expect")
+
+    def _answered(self, refusal: ApiError | None) -> None:
+        self.pending = False
+        if self.channel is None or self.refused:  # the client left, or the body grew too large meanwhile
+            return
+        if refusal is not None:
+            self._refuse(refusal)
+            return
+        if self.expects_continue:
+            self.channel.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        self.channel.transport.resumeProducing()
+        if self.arrived:
+            super().process()
+
+    def _failed(self, failure: Any) -> None:
+        # The database did not answer: the view asks again, and answers as it answers such a failure.
+        logger.error("the HTTP door could not check a request: %s", failure.getErrorMessage())
+        self._answered(None)
+
+    def _refuse(self, refusal: ApiError) -> None:
+        self.refused = True
+        self._hold_continue()
+        channel, transport = self.channel, self.channel.transport
+        content, self.content = self.content, io.BytesIO()
+        content.close()  # what was kept of the body
+        # Everything the client sends from now on is dropped; twisted's own parser sees none of it.
+        channel.dataReceived = channel.lineReceived = channel.rawDataReceived = _drop
+        response = http_door.answer(self.body_path, refusal)
+        response["Content-Length"] = str(len(response.content))
+        response["Connection"] = "close"
+        transport.write(f"HTTP/1.1 {response.status_code} {response.reason_phrase}\r\n".encode("latin-1")
+                        + response.serialize_headers() + b"\r\n\r\n" + response.content)
+        self._log(response.status_code, len(response.content))
+        if self.expects_continue:  # the client sent no body, and sends none: nothing to wait for
+            transport.loseConnection()
+            return
+        transport.resumeProducing()
+        if self.clock is None:
+            from twisted.internet import reactor  # the one Daphne installed, running by now
+
+            self.clock = reactor
+        self.clock.callLater(LINGER_S, transport.loseConnection)
+
+    def _log(self, status: int, size: int) -> None:
+        """Daphne's access log line, as for a request that reached the application."""
+        client = self.channel.transport.getPeer()
+        method = getattr(self.channel, "_command", b"").decode("ascii", "replace")
+        self.server.log_action("http", "complete", {
+            "path": self.body_path, "status": status, "method": method, "time_taken": 0, "size": size,
+            "client": f"{client.host}:{client.port}" if hasattr(client, "host") else None})
+
+
+def _drop(data: bytes) -> None:
+    """What a refused request's connection does with what it still receives."""
+
+
+def install(http_factory: Any) -> None:
+    """Has Daphne's HTTP factory (built inside Server.run) give every connection this request class:
+    its buildProtocol sets Daphne's own class on each protocol it builds."""
+    build = http_factory.buildProtocol
+
+    def build_with_door(addr: object) -> Any:
+        protocol = build(addr)
+        protocol.requestFactory = DoorRequest
+        return protocol
+
+    http_factory.buildProtocol = build_with_door
