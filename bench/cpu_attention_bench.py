@@ -4,7 +4,9 @@ against the torch path it replaces (decodes padded and masked, float32 math; eac
 SmolLM2-135M's attention shape (9 query heads, 3 KV heads, head_dim 64), block size 16, in float32 and
 bfloat16: decodes at batch 1 and 8 with every sequence at the context length, and a 512-token prompt
 prefilled whole. Each figure is the median of `--repeats` calls (after warm-up), cache writes included
-(the same in both paths). Run: PYTHONPATH=. python bench/cpu_attention_bench.py [--threads N]
+(the same in both paths). The native op runs on each SIMD path this CPU has (AVX2, and AVX-512 where
+present: WORKBENCH_CPU_KERNEL per column), side by side.
+Run: PYTHONPATH=. python bench/cpu_attention_bench.py [--threads N]
 """
 
 from __future__ import annotations
@@ -62,9 +64,12 @@ def main() -> None:
     assert cpu.native_available(), cpu.unavailable_reason()
     layer = attention.Attention(CONFIG)
     native = attention.native_attention
-    print(f"threads {opts.threads}, load average {os.getloadavg()[0]:.1f}, path {cpu.cpu_paths()[-1]}")
-    print(f"{'case':<24}{'dtype':<10}{'torch us':>10}{'native us':>11}{'torch/native':>14}")
+    paths = [p for p in ("avx2", "avx512") if p in cpu.cpu_paths()]
+    print(f"threads {opts.threads}, load average {os.getloadavg()[0]:.1f}, paths {', '.join(paths)}")
+    print(f"{'case':<24}{'dtype':<10}{'torch us':>10}" + "".join(f"{p + ' us':>12}" for p in paths)
+          + f"{'torch/' + paths[-1]:>14}" + (f"{paths[0] + '/' + paths[-1]:>14}" if len(paths) > 1 else ""))
     for name, batch, context, prefill in [("decode b1 ctx128", 1, 128, False), ("decode b8 ctx128", 8, 128, False),
+                                          ("decode b32 ctx160", 32, 160, False),
                                           ("decode b1 ctx1024", 1, 1024, False),
                                           ("decode b8 ctx1024", 8, 1024, False), ("prefill 512", 1, 512, True)]:
         for dtype in (torch.float32, torch.bfloat16):
@@ -72,10 +77,14 @@ def main() -> None:
             attention.native_attention = lambda device: False  # type: ignore[assignment]
             torch_us = per_call_us(layer, args, opts.repeats)
             attention.native_attention = native
-            native_us = per_call_us(layer, args, opts.repeats)
-            print(f"{name:<24}{str(dtype).removeprefix('torch.'):<10}{torch_us:>10.0f}{native_us:>11.0f}"
-                  f"{torch_us / native_us:>14.2f}")
-
+            native_us = []
+            for path in paths:
+                os.environ["WORKBENCH_CPU_KERNEL"] = path
+                native_us.append(per_call_us(layer, args, opts.repeats))
+            os.environ.pop("WORKBENCH_CPU_KERNEL", None)
+            print(f"{name:<24}{str(dtype).removeprefix('torch.'):<10}{torch_us:>10.0f}"
+                  + "".join(f"{us:>12.0f}" for us in native_us) + f"{torch_us / native_us[-1]:>14.2f}"
+                  + (f"{native_us[0] / native_us[-1]:>14.2f}" if len(paths) > 1 else ""))
 
 if __name__ == "__main__":
     main()
