@@ -6,6 +6,8 @@ token is the argmax of one score matrix, read back with the rows' validity in on
 scores are its (penalised) logits; a sampled row's are its probabilities divided by exponential noise
 from its generator, which is what torch.multinomial does for one sample, less multinomial's own two
 waits on the device (its checks), so the tokens are the ones per-row multinomial draws, bit for bit.
+On the CPU the sampled rows take the same tokens another way, faster and side by side on the CPU's
+threads (engine/sampling_noise.py).
 Penalties, temperature and the filters still run row by row: a launch per row costs no wait, and each
 row keeps the very ops on the very shapes it always had, so its bits. Batched over the rows, softmax,
 sort and cumsum may reduce in another order on a GPU (the kernel is chosen by the shape), and a
@@ -30,7 +32,7 @@ import torch
 
 from engine.kernels.host_copy import device_tensor
 from engine.grammar import Constraint
-from engine.sampling_noise import exponential_noise
+from engine.sampling_noise import multinomial_draws
 from engine.sampling_params import SamplingParams
 
 
@@ -94,17 +96,23 @@ def _draw(logits: torch.Tensor, rows: list[SampleRequest]) -> list[int]:
     # Kept so that a row found invalid below draws again as if this draw had never happened.
     states = [rows[index].generator.get_state() for index, _ in sampled]
     try:
-        noises = exponential_noise([probs for _, probs in sampled], [rows[index].generator for index, _ in sampled])
         valids = []
-        for (index, probs), noise in zip(sampled, noises):
-            scores[index] = probs / noise
+        for _, probs in sampled:
             total = probs.sum()
             valids.append((total > 0) & (total < math.inf))
+        drawn = []
+        if logits.device.type == "cpu":  # the same tokens, faster than the argmax over probs / noise
+            drawn = multinomial_draws([probs for _, probs in sampled], [rows[index].generator for index, _ in sampled])
+        else:
+            for index, probs in sampled:
+                scores[index] = probs / torch.empty_like(probs).exponential_(1, generator=rows[index].generator)
         chosen = _row_argmax(scores)
         if sampled:
             chosen = torch.cat([chosen, torch.stack(valids).long()])
         host = chosen.tolist()  # the step's one wait for the device
         tokens = host[: len(rows)]
+        for (index, _), token in zip(sampled, drawn):
+            tokens[index] = token
         for (index, _), state, valid in zip(sampled, states, host[len(rows):]):
             if not valid:
                 rows[index].generator.set_state(state)
