@@ -7,7 +7,7 @@ scores are its (penalised) logits; a sampled row's are its probabilities divided
 from its generator, which is what torch.multinomial does for one sample, less multinomial's own two
 waits on the device (its checks), so the tokens are the ones per-row multinomial draws, bit for bit.
 On the CPU the sampled rows take the same tokens another way, faster and side by side on the CPU's
-threads (engine/sampling_noise.py).
+threads (engine/sampling_draws.py).
 Penalties, temperature and the filters still run row by row: a launch per row costs no wait, and each
 row keeps the very ops on the very shapes it always had, so its bits. Batched over the rows, softmax,
 sort and cumsum may reduce in another order on a GPU (the kernel is chosen by the shape), and a
@@ -32,7 +32,7 @@ import torch
 
 from engine.kernels.host_copy import device_tensor
 from engine.grammar import Constraint
-from engine.sampling_noise import multinomial_draws
+from engine.sampling_draws import multinomial_draws
 from engine.sampling_params import SamplingParams
 
 

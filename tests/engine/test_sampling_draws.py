@@ -5,7 +5,7 @@ import threading
 import pytest
 import torch
 
-from engine import sampling_noise
+from engine import sampling_draws
 
 
 @pytest.fixture
@@ -23,7 +23,7 @@ def _multinomial(probs: torch.Tensor, seed: int) -> tuple[int, torch.Tensor]:
 
 def _ours(probs: torch.Tensor, seed: int) -> tuple[int, torch.Tensor]:
     generator = torch.Generator().manual_seed(seed)
-    return sampling_noise.draw(probs, generator), generator.get_state()
+    return sampling_draws.draw(probs, generator), generator.get_state()
 
 
 def _rows() -> dict[str, torch.Tensor]:
@@ -71,9 +71,9 @@ def test_rows_drawn_on_threads_get_what_each_generator_draws_alone(two_threads, 
     rows = [_rows()["peaked"].roll(i * 7) for i in range(6)]
     alone = [_ours(probs, seed)[0] for seed, probs in enumerate(rows)]
     threads_used = set()
-    draw = sampling_noise.draw
-    monkeypatch.setattr(sampling_noise, "draw", lambda p, g: (threads_used.add(threading.get_ident()), draw(p, g))[1])
-    side_by_side = sampling_noise.multinomial_draws(rows, [torch.Generator().manual_seed(s) for s in range(6)])
+    draw = sampling_draws.draw
+    monkeypatch.setattr(sampling_draws, "draw", lambda p, g: (threads_used.add(threading.get_ident()), draw(p, g))[1])
+    side_by_side = sampling_draws.multinomial_draws(rows, [torch.Generator().manual_seed(s) for s in range(6)])
     assert threading.get_ident() not in threads_used  # the pool drew them, not the caller
     assert side_by_side == alone
 
@@ -81,6 +81,6 @@ def test_rows_drawn_on_threads_get_what_each_generator_draws_alone(two_threads, 
 def test_a_generator_serving_two_rows_draws_them_in_row_order(two_threads):
     probs = _rows()["flat"]
     shared = torch.Generator().manual_seed(3)
-    first, second = sampling_noise.multinomial_draws([probs, probs], [shared, shared])
+    first, second = sampling_draws.multinomial_draws([probs, probs], [shared, shared])
     again = torch.Generator().manual_seed(3)
     assert [first, second] == [int(torch.multinomial(probs, 1, generator=again)) for _ in range(2)]
