@@ -12,7 +12,10 @@ clients). While the client runs, py-spy samples the server from outside (every t
 run (vLLM's client first sends one test request and loads a tokenizer) until fewer tokens are left to
 generate than one round of all clients' requests, where the concurrency starts to drain. The server's
 /metrics counter of generated tokens marks both ends, so the window does not depend on a guessed run
-length. The client's figures come from its saved JSON result; the profile's table is
+length. py-spy runs --nonblocking (it reads the stacks without stopping the server, which may tear
+one now and then): stopping a server of some 40 threads 50 times a second stalled it for seconds at a
+time (one client: 36 output tok/s and requests of up to 11.6 s, against 75.6 tok/s and 1.7 s unsampled;
+nonblocking, 73.0 tok/s and 1.9 s at most). The client's figures come from its saved JSON result; the profile's table is
 bench/stack_profile.py's, side by side across client counts.
 
 vLLM's CLI lives in a venv of its own (docs/BENCHMARKS.md, "Intel Xeon with AMX"); without it this
@@ -107,10 +110,10 @@ def run_one(args: argparse.Namespace, server: subprocess.Popen, address: str, to
                               stderr=subprocess.STDOUT, text=True)
     raw = workdir / f"clients-{clients}.raw"
     profile = None
-    if wait_for_tokens(address, before + OUTPUT_LEN + 1, client):
+    if args.profile and wait_for_tokens(address, before + OUTPUT_LEN + 1, client):
         time.sleep(args.settle)
         spy = subprocess.Popen([args.py_spy, "record", "-p", str(server.pid), "-d", "3600", "-r", "50", "-f", "raw",
-                                "--threads", "--idle", "-o", str(raw)],
+                                "--threads", "--idle", *([] if args.blocking else ["--nonblocking"]), "-o", str(raw)],
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         started = time.monotonic()
         wait_for_tokens(address, before + OUTPUT_LEN * (1 + prompts - clients), client)
@@ -131,7 +134,8 @@ def client_line(clients: int, result: dict) -> str:
             f"TTFT median {result['median_ttft_ms']:7.0f} ms, p99 {result['p99_ttft_ms']:7.0f} ms  "
             f"TPOT median {result['median_tpot_ms']:5.0f} ms  "
             f"ITL median {result['median_itl_ms']:5.0f} ms, p99 {result['p99_itl_ms']:5.0f} ms  "
-            f"failed {result.get('failed', 0)} of {result['completed'] + result.get('failed', 0)}")
+            f"failed {result.get('failed', 0)} of {result['completed'] + result.get('failed', 0)}  "
+            f"(load {os.getloadavg()[0]:.1f})")
 
 
 def main() -> int:
@@ -143,6 +147,10 @@ def main() -> int:
     parser.add_argument("--py-spy", default=str(Path(sys.executable).parent / "py-spy"))
     parser.add_argument("--settle", type=float, default=5.0,
                         help="seconds after the main run's first tokens before sampling starts")
+    parser.add_argument("--blocking", action="store_true",
+                        help="py-spy stops the server for each sample (its own default), which stalls it")
+    parser.add_argument("--no-profile", dest="profile", action="store_false",
+                        help="the client's figures alone, with no py-spy sampling the server")
     parser.add_argument("--keep", type=Path, help="keep the database, logs, results and raw stacks here")
     args = parser.parse_args()
     counts = [int(c) for c in args.clients.split(",")]
@@ -165,6 +173,8 @@ def main() -> int:
         finally:
             server.terminate()
             server.wait(timeout=30)
+    if not profiles:
+        return 0
     print(f"\nload average {' '.join(f'{x:.2f}' for x in os.getloadavg())}; the server's profile "
           f"(py-spy, {', '.join(f'{c}: {p.seconds:.0f} s' for c, p in profiles.items())}):")
     print(format_table(profiles))
