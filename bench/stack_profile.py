@@ -136,6 +136,7 @@ def format_table(profiles: dict[int, Profile]) -> str:
         threads = "/".join(str(len(profiles[c].threads.get(group, ()))) for c in counts)
         lines.append(f"{group} ({threads} threads)")
         for name in categories(group):
-            cells = "".join(f"{profiles[c].share(group, name):>12.0%}" for c in counts)
+            cells = "".join(f"{profiles[c].share(group, name):>12.0%}" if profiles[c].group_samples[group]
+                            else f"{'-':>12}" for c in counts)  # no such thread at that count
             lines.append(f"  {name:<38}{cells}")
     return "\n".join(lines)
