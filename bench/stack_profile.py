@@ -23,13 +23,13 @@ FRAME = re.compile(r"(?P<function>.*) \((?P<path>[^()]*?)(?::(?P<line>\d+))?\)")
 
 # Thread groups, by the names our server gives its threads (threading's names, as py-spy reports them).
 GROUPS = (("engine", re.compile(r"engine$")), ("event loop", re.compile(r"MainThread$")),
-          ("sampling noise", re.compile(r"sampling-noise")),
+          ("sampling draws", re.compile(r"sampling-draws")),
           ("sync threads", re.compile(r"asyncio_|ThreadPoolExecutor-")))
 OTHER_GROUP = "other threads"
 
 # The engine thread's categories, by the first rule that a frame of the stack meets, in this order: the
-# sampler waits on its noise workers inside sample(), so that wait is sampling, not idleness.
-ENGINE_RULES = (("sampling", ("engine/sampler.py", "engine/sampling_noise.py")),
+# sampler waits on its draw workers inside sample(), so that wait is sampling, not idleness.
+ENGINE_RULES = (("sampling", ("engine/sampler.py", "engine/sampling_draws.py")),
                 ("detokenizing", ("engine/detokenizer.py",)),
                 ("forward", ("engine/model/", "engine/kernels/", "engine/decode/")),
                 ("scheduling", ("engine/scheduler/",)),

@@ -14,12 +14,12 @@ LOOP = ("thread (100): MainThread;<module> (workbench/serve.py:96);main (workben
         "Server.run (daphne/server.py:155);AsyncioSelectorReactor.run (twisted/internet/asyncioreactor.py:257);"
         "BaseEventLoop.run_forever (asyncio/base_events.py:607);BaseEventLoop._run_once (asyncio/base_events.py:1922)")
 RAW = "\n".join([
-    # engine: 6 forward, 2 sampling (one of them waiting on the noise workers), 1 detokenizing,
+    # engine: 6 forward, 2 sampling (one of them waiting on the draw workers), 1 detokenizing,
     # 1 publishing a snapshot, 1 scheduling, 1 other, 2 idle
     f"{RUNNER};ModelRunner._serve (engine/decode/runner.py:80);decoder_layer (engine/kernels/cpu/decoder_layer.py:48) 6",
     f"{RUNNER};ModelRunner._serve (engine/decode/runner.py:88);sample (engine/sampler.py:65);_draw (engine/sampler.py:100) 1",
     f"{RUNNER};ModelRunner._serve (engine/decode/runner.py:88);sample (engine/sampler.py:65);"
-    "exponential_noise (engine/sampling_noise.py:32);Future.result (concurrent/futures/_base.py:451);"
+    "multinomial_draws (engine/sampling_draws.py:45);Future.result (concurrent/futures/_base.py:451);"
     "Condition.wait (threading.py:327) 1",
     f"{ENGINE};row_done (engine/postprocess.py:40);Detokenizer.step (engine/detokenizer.py:88) 1",
     f"thread (101): engine;{BOOT};EngineHost._run (workbench/serving/engine_host.py:214);"
@@ -33,9 +33,9 @@ RAW = "\n".join([
     f"{LOOP};Handle._run (asyncio/events.py:80);_push_all (workbench/serving/streams.py:95) 1",
     f"{LOOP};Handle._run (asyncio/events.py:80);dumps (json/__init__.py:238) 1",
     f"{LOOP};FileDescriptor.doWrite (twisted/internet/abstract.py:305);untilConcludes (twisted/python/util.py:760) 1",
-    # a sync thread idle, a noise worker busy, an unnamed thread (started while sampled) idle
+    # a sync thread idle, a draw worker busy, an unnamed thread (started while sampled) idle
     f"thread (102): asyncio_0;{BOOT};_worker (concurrent/futures/thread.py:81) 4",
-    f"thread (103): sampling-noise_0;{BOOT};_worker (concurrent/futures/thread.py:83);_one (engine/sampling_noise.py:36) 3",
+    f"thread (103): sampling-draws_0;{BOOT};_worker (concurrent/futures/thread.py:83);draw (engine/sampling_draws.py:55) 3",
     f"thread (104);{BOOT};_worker (concurrent/futures/thread.py:81) 2",
 ])
 
@@ -51,7 +51,7 @@ def test_categories_of_each_thread_group() -> None:
     loop = {name: profile.samples["event loop", name] for name in ("idle", "application", "transport", "other")}
     assert loop == {"idle": 7, "application": 2, "transport": 1, "other": 0}
     assert profile.samples["sync threads", "idle"] == 4
-    assert profile.samples["sampling noise", "busy"] == 3
+    assert profile.samples["sampling draws", "busy"] == 3
     assert profile.samples["other threads", "idle"] == 2
     assert sum(profile.group_samples.values()) == sum(int(line.rsplit(" ", 1)[1]) for line in RAW.splitlines())
 
