@@ -13,10 +13,11 @@ run (vLLM's client first sends one test request and loads a tokenizer) until few
 generate than one round of all clients' requests, where the concurrency starts to drain. The server's
 /metrics counter of generated tokens marks both ends, so the window does not depend on a guessed run
 length. py-spy runs --nonblocking (it reads the stacks without stopping the server, which may tear
-one now and then): stopping a server of some 40 threads 50 times a second stalled it for seconds at a
-time (one client: 36 output tok/s and requests of up to 11.6 s, against 75.6 tok/s and 1.7 s unsampled;
-nonblocking, 73.0 tok/s and 1.9 s at most). The client's figures come from its saved JSON result; the profile's table is
-bench/stack_profile.py's, side by side across client counts.
+one now and then): its default stops the server for every sample, which cost one client 10% of its
+throughput in one run and stalled it for seconds in another (69.0 and 36.0 output tok/s, requests of up
+to 11.6 s in the second, against 75 tok/s unsampled and 72-77 nonblocking). The client's figures come
+from its saved JSON result; the profile's table is bench/stack_profile.py's, side by side across client
+counts.
 
 vLLM's CLI lives in a venv of its own (docs/BENCHMARKS.md, "Intel Xeon with AMX"); without it this
 says how to make it and exits 2.
