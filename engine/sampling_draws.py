@@ -8,7 +8,7 @@ times 2^-53, q = float(-log1p(-u)) in double with libm's log1p. That took 0.95 m
 row, a sixth of a busy server's engine thread at 32 clients. Here:
 - the same 64-bit draws come from `random_` on an int64 tensor (the same random64 per element, so the
   generator ends where exponential_ leaves it), 4x faster than exponential_;
-- the noise is computed vectorized, with torch's log1p, which may differ from libm's in the last bit of
+- the noise is computed vectorized, with numpy's log1p, which may differ from libm's in the last bits of
   the double, so a score probs / q may be one float32 ulp off;
 - so every score within a margin far above that error of the best is computed again exactly, as
   exponential_ computes it (math.log1p is libm's), and the exact best wins, the first of equal ones, as
@@ -47,13 +47,16 @@ def multinomial_draws(probs_rows: list[torch.Tensor], generators: list[torch.Gen
 
 def draw(probs: torch.Tensor, generator: torch.Generator) -> int:
     """torch.multinomial(probs, 1, generator=generator)'s token for one float32 CPU row."""
-    bits = torch.empty(probs.shape, dtype=torch.int64).random_(generator=generator)
-    uniform = (bits & MANTISSA_BITS).double().mul_(2.0 ** -53)  # exact: 53 bits
-    scores = probs / torch.log1p(uniform.neg()).neg_().float()
+    bits = torch.empty(probs.shape, dtype=torch.int64).random_(generator=generator).numpy()
+    # numpy from here: one thread per row (torch's ops would start their own thread teams from every draw
+    # thread, fighting the forward's threads for the cores).
+    uniform = (bits & MANTISSA_BITS).astype(numpy.float64) * 2.0 ** -53  # exact: 53 bits
+    with numpy.errstate(divide="ignore", invalid="ignore"):  # u = 0: q = +0, an infinite or NaN score
+        scores = probs.numpy() / (-numpy.log1p(-uniform)).astype(numpy.float32)
     best = float(scores.max())
     if not best > 0.0:  # a NaN score, which the argmax picks first (max propagates it), or no probability
         return int(scores.argmax())
-    candidates = (scores >= best * (1.0 - MARGIN)).nonzero().flatten().tolist()
+    candidates = numpy.flatnonzero(scores >= best * (1.0 - MARGIN)).tolist()
     if len(candidates) == 1:
         return candidates[0]
     exact = [_exact_score(float(probs[j]), float(uniform[j])) for j in candidates]
