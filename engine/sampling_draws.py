@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import threading
 
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 
 import numpy
 import torch
@@ -42,7 +42,11 @@ def multinomial_draws(probs_rows: list[torch.Tensor], generators: list[torch.Gen
     shared = len({id(g) for g in generators}) != len(generators)
     if shared or threads < 2 or len(probs_rows) < 2:
         return [draw(p, g) for p, g in zip(probs_rows, generators)]
-    return list(_threads(threads).map(draw, probs_rows, generators))
+    # Every row finished before this returns, also when one fails: the caller then puts every generator
+    # back, and none may still be drawing.
+    futures = [_threads(threads).submit(draw, p, g) for p, g in zip(probs_rows, generators)]
+    wait(futures)
+    return [f.result() for f in futures]
 
 
 def draw(probs: torch.Tensor, generator: torch.Generator) -> int:
@@ -51,15 +55,16 @@ def draw(probs: torch.Tensor, generator: torch.Generator) -> int:
     # numpy from here: one thread per row (torch's ops would start their own thread teams from every draw
     # thread, fighting the forward's threads for the cores).
     uniform = (bits & MANTISSA_BITS).astype(numpy.float64) * 2.0 ** -53  # exact: 53 bits
+    probabilities = probs.numpy()
     with numpy.errstate(divide="ignore", invalid="ignore"):  # u = 0: q = +0, an infinite or NaN score
-        scores = probs.numpy() / (-numpy.log1p(-uniform)).astype(numpy.float32)
+        scores = probabilities / (-numpy.log1p(-uniform)).astype(numpy.float32)
     best = float(scores.max())
     if not best > 0.0:  # a NaN score, which the argmax picks first (max propagates it), or no probability
         return int(scores.argmax())
     candidates = numpy.flatnonzero(scores >= best * (1.0 - MARGIN)).tolist()
     if len(candidates) == 1:
         return candidates[0]
-    exact = [_exact_score(float(probs[j]), float(uniform[j])) for j in candidates]
+    exact = [_exact_score(float(probabilities[j]), float(uniform[j])) for j in candidates]
     return candidates[exact.index(max(exact))]
 
 

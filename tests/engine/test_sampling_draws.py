@@ -84,3 +84,23 @@ def test_a_generator_serving_two_rows_draws_them_in_row_order(two_threads):
     first, second = sampling_draws.multinomial_draws([probs, probs], [shared, shared])
     again = torch.Generator().manual_seed(3)
     assert [first, second] == [int(torch.multinomial(probs, 1, generator=again)) for _ in range(2)]
+
+
+def test_a_failing_row_returns_only_once_every_other_row_has_finished(two_threads, monkeypatch):
+    finished = []
+    draw = sampling_draws.draw
+
+    def slow_or_failing(probs, generator):
+        if probs[0] < 0:
+            raise RuntimeError("this row fails at once")
+        token = draw(probs, generator)
+        threading.Event().wait(0.2)  # the other rows are still drawing when the failure is raised
+        finished.append(token)
+        return token
+
+    monkeypatch.setattr(sampling_draws, "draw", slow_or_failing)
+    bad = torch.full((64,), -1.0)
+    good = [_rows()["flat"] for _ in range(3)]
+    with pytest.raises(RuntimeError, match="fails at once"):
+        sampling_draws.multinomial_draws([bad, *good], [torch.Generator().manual_seed(s) for s in range(4)])
+    assert len(finished) == 3  # no row was still drawing when the caller got the failure
