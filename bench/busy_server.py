@@ -105,9 +105,11 @@ def run_one(args: argparse.Namespace, server: subprocess.Popen, address: str, to
     prompts = max(16, args.prompts_per_client * clients)
     before = generated_tokens(address)
     # The test request's tokens come first; the main run's follow it.
-    client = subprocess.Popen(client_command(args.vllm, address, token, clients, prompts, workdir),
-                              env={**os.environ, "VLLM_TARGET_DEVICE": "cpu"}, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)
+    log = workdir / f"clients-{clients}.log"  # a file, not a pipe: nobody reads a pipe until the end
+    with log.open("w") as output:
+        client = subprocess.Popen(client_command(args.vllm, address, token, clients, prompts, workdir),
+                                  env={**os.environ, "VLLM_TARGET_DEVICE": "cpu"}, stdout=output,
+                                  stderr=subprocess.STDOUT, text=True)
     raw = workdir / f"clients-{clients}.raw"
     profile = None
     if args.profile and wait_for_tokens(address, before + OUTPUT_LEN + 1, client):
@@ -118,14 +120,18 @@ def run_one(args: argparse.Namespace, server: subprocess.Popen, address: str, to
         started = time.monotonic()
         wait_for_tokens(address, before + OUTPUT_LEN * (1 + prompts - clients), client)
         spy.send_signal(signal.SIGINT)  # py-spy writes what it sampled when interrupted
-        _, spy_err = spy.communicate(timeout=60)
+        try:
+            _, spy_err = spy.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            spy.kill()
+            _, spy_err = spy.communicate()
         if raw.is_file():
             profile = profile_of(raw.read_text(), seconds=time.monotonic() - started)
         else:
             print(f"py-spy wrote nothing: {spy_err[-1000:]}", file=sys.stderr)
-    out, _ = client.communicate()
+    client.wait()
     if client.returncode != 0:
-        raise SystemExit(f"vllm bench serve failed ({client.returncode}):\n{out[-3000:]}")
+        raise SystemExit(f"vllm bench serve failed ({client.returncode}):\n{log.read_text()[-3000:]}")
     return json.loads((workdir / f"clients-{clients}.json").read_text()), profile
 
 
@@ -165,10 +171,10 @@ def main() -> int:
         workdir = args.keep or Path(scratch)
         workdir.mkdir(parents=True, exist_ok=True)
         server, address, token = start_server(workdir)
-        warm_up(address, token)
         results: dict[int, dict] = {}
         profiles: dict[int, Profile] = {}
         try:
+            warm_up(address, token)
             for clients in counts:
                 results[clients], profile = run_one(args, server, address, token, clients, workdir)
                 if profile is not None:

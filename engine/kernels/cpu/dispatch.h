@@ -17,7 +17,8 @@ enum Path : int64_t { AUTO = -1, SCALAR = 0, AVX2 = 1, AVX512 = 2, AMX = 3 };
 inline bool has_avx2() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
 inline bool has_avx512() {
   return has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+         __builtin_cpu_supports("avx512vnni");
 }
 
 // Linux hands a process the tile unit's state only once asked (arch_prctl ARCH_REQ_XCOMP_PERM for

@@ -1,5 +1,5 @@
 // The contract between the paged attention op (paged_attention.cpp) and its code paths
-// (paged_attention_scalar.cpp, paged_attention_avx2.cpp).
+// (paged_attention_scalar.cpp, paged_attention_avx2.cpp, paged_attention_avx512.cpp).
 //
 // Plain C++ only, no torch headers, for the reason qgemm.h gives: the SIMD file includes it before its
 // `#pragma GCC target`.
@@ -15,8 +15,9 @@
 //           b[0..7] = +0; for i = 0 .. L-1: b[i % 8] = b[i % 8] + e_i; sum = the tree above over b
 //   output  for each d: acc = +0; for i = 0 .. L-1: acc = fma(e_i, v_j[d], acc); out[d] = acc / sum
 // and the bfloat16 output is out rounded once (bf16_bits). Nothing here depends on which other tokens are
-// in the call, how they are split over threads, or the vector width: the SIMD path does these very
-// operations lane by lane (8 keys' scores at once, 8 of d at once), so it gives the scalar path's bits.
+// in the call, how they are split over threads, or the vector width: the SIMD paths do these very
+// operations lane by lane (AVX2: 8 keys' scores at once, 8 of d at once; AVX-512: 16 keys' scores or 16 of
+// d at once where the layout allows), so they give the scalar path's bits.
 //
 // exp_f32(x), for x <= 0 (Cephes' expf): x < EXP_LOW gives +0; else n = nearbyint(x * LOG2E),
 //   r = fma(n, -LN2_HI, x); r = fma(n, -LN2_LO, r); p = P0; p = fma(p, r, P1) .. fma(p, r, P5);

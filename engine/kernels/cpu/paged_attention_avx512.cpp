@@ -4,11 +4,12 @@
 //
 // - Scores of a widened sequence (a prompt or a chunk: WideKeys) come from its keys laid out 16 keys to a
 //   vector (the `blocks` layout): one vector holds one d of 16 keys, so the 8 partial sums a[d % 8] of 16
-//   keys are 8 vectors and the tree is 7 vector adds, lane by lane; two key blocks share each broadcast of
-//   q[d]. Other tokens' scores (decode) read the cache 8 keys at a time, as the AVX2 path does.
-// - The weights' sum stays 8 lanes (lane l adds keys i = l mod 8), shared with the AVX2 path.
-// - Outputs go 16 of d a vector, for up to 4 query heads of the KV group at once: they read the same value
-//   rows, so each row is loaded (and widened from bfloat16) once for all of them.
+//   keys are 8 vectors and the tree is 7 vector adds, lane by lane. Other tokens' scores (decode) read the
+//   cache 8 keys at a time, as the AVX2 path does. Either way up to 3 query heads of the KV group are
+//   scored together, each key row loaded once for all of them.
+// - The weights' sum stays 8 lanes (lane l adds keys i = l mod 8), as in the AVX2 path.
+// - Outputs go 16 of d a vector, for up to 3 query heads at once: they read the same value rows, so each
+//   row is loaded (and widened from bfloat16) once for all of them.
 #include <immintrin.h>
 
 #include "paged_attention.h"

@@ -154,9 +154,10 @@ void pair(const GemmArgs& a, int64_t g, int64_t g_end, std::vector<uint8_t>& unp
   const uint8_t* first = a.w + g * nb * gb;
   const uint8_t* second = g + 1 < g_end ? first + nb * gb : nullptr;
   const int64_t full_rows = a.M / TILE_ROWS * TILE_ROWS;
-  // The next pair's two groups (contiguous), fetched during this pair's first row tile: unpacking them
-  // would otherwise wait on memory at every block.
+  // The next pair's groups (contiguous; one where this share ends on an odd group), fetched during this
+  // pair's first row tile: unpacking them would otherwise wait on memory at every block.
   const uint8_t* next = g + 2 < g_end ? first + 2 * nb * gb : nullptr;
+  const int64_t next_groups = g + 3 < g_end ? 2 : 1;
   for (int64_t b = 0; b < nb; ++b)
     unpack_block<QT>(first + b * gb, second ? second + b * gb : nullptr, unpacked.data() + b * WEIGHT_TILE_BYTES);
   alignas(64) int32_t sums[TILE_ROWS * PAIR_COLUMNS], second_sums[TILE_ROWS * PAIR_COLUMNS];
@@ -165,7 +166,7 @@ void pair(const GemmArgs& a, int64_t g, int64_t g_end, std::vector<uint8_t>& unp
 #pragma GCC unroll 16
     for (int r = 0; r < TILE_ROWS; ++r) acc[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
-      if (i0 == 0 && next) prefetch(next + 2 * b * gb, 2 * gb);  // a block's share of the next pair's bytes
+      if (i0 == 0 && next) prefetch(next + next_groups * b * gb, next_groups * gb);  // a block's share of them
       tile_sums<QT>(a, unpacked.data() + b * WEIGHT_TILE_BYTES, i0, b, sums, second_sums);
       epilogue<QT>(a, first + b * gb, second ? second + b * gb : nullptr, i0, b, sums, second_sums, block_sums, acc);
     }
