@@ -141,6 +141,15 @@ def test_a_chunked_body_is_refused_as_it_grows_past_the_limit(channel):
     protocol.dataReceived(chunk(b"d" * 400) + b"no chunk here\r\n" + b"0\r\n\r\n")
     assert transport.value() == written and server.scopes == [], "nothing after the refusal is parsed or handed on"
 
+    # The same when the refused chunk and bytes that are no chunk come in one read: the decoder, which
+    # was parsing that read when the door refused, does not go on parsing it.
+    protocol, transport, server, _ = channel()
+    protocol.dataReceived(head("/v1/completions", None) + chunk(b"a" * 400) + chunk(b"b" * 400))
+    protocol.dataReceived(chunk(b"c" * 400) + b"no chunk here\r\n" + b"0\r\n\r\n")
+    status, _, _ = answer(transport)
+    assert status == 413 and transport.value().count(b"HTTP/1.1 ") == 1, transport.value()
+    assert server.scopes == [] and not transport.disconnecting, "the linger is not cut short"
+
     protocol, transport, server, _ = channel()  # the control: the same chunks, ending within the limit
     protocol.dataReceived(head("/v1/completions", None) + chunk(b"a" * 400) + chunk(b"b" * 400) + b"0\r\n\r\n")
     assert server.body() == b"a" * 400 + b"b" * 400 and transport.value() == b""
@@ -148,12 +157,17 @@ def test_a_chunked_body_is_refused_as_it_grows_past_the_limit(channel):
 
 def test_a_client_that_waits_for_100_continue_sends_none_of_a_refused_body(channel):
     """`Expect: 100-continue` (curl's way with a large body): a refused one is answered without the 100,
-    so the client never sends its body, and the connection closes at once."""
-    protocol, transport, server, _ = channel()
+    so the client never sends its body; what it sends anyway (curl stops waiting after a second) is
+    dropped until the connection closes after the linger."""
+    protocol, transport, server, clock = channel()
     protocol.dataReceived(head("/v1/chat/completions", LIMIT + 1, "Expect: 100-continue"))
     status, _, _ = answer(transport)
     assert status == 413 and b"100 Continue" not in transport.value(), transport.value()
-    assert transport.disconnecting and server.scopes == []
+    written = transport.value()
+    protocol.dataReceived(b"{" * 600)
+    assert transport.value() == written and server.scopes == [] and not transport.disconnecting
+    clock.advance(door_request.LINGER_S)
+    assert transport.disconnecting
 
     protocol, transport, server, _ = channel()  # the control: within the limit, the 100 comes
     protocol.dataReceived(head("/v1/chat/completions", 10, "Expect: 100-continue"))

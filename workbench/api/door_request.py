@@ -15,7 +15,7 @@ is kept meanwhile; the request reaches the application once the body is let in a
 A refused request's answer is written straight away with `Connection: close`. What the client still
 sends is dropped as it comes, not stored or parsed, for at most LINGER_S, so that a client that writes
 its whole body before it reads (Python's http.client, httpx) finds the answer; then the connection
-closes. A client that waited for `100 Continue` sent no body: its connection closes at once.
+closes. So also for a client that waits for `100 Continue` (which curl stops waiting for after a second).
 """
 
 from __future__ import annotations
@@ -148,15 +148,20 @@ class DoorRequest(WebRequest):
         content.close()  # what was kept of the body
         # Everything the client sends from now on is dropped; twisted's own parser sees none of it.
         channel.dataReceived = channel.lineReceived = channel.rawDataReceived = _drop
+        # A chunked body is refused from inside its decoder, which would go on parsing the rest of the
+        # same read (and answer bytes that are no chunk with a 400 of its own): it is left nothing.
+        decoder = getattr(channel, "_transferDecoder", None)
+        if decoder is not None and isinstance(getattr(decoder, "_buffer", None), bytearray):
+            decoder.dataCallback = decoder.finishCallback = _drop
+            del decoder._buffer[:]
         response = http_door.answer(self.body_path, refusal)
         response["Content-Length"] = str(len(response.content))
         response["Connection"] = "close"
         transport.write(f"HTTP/1.1 {response.status_code} {response.reason_phrase}\r\n".encode("latin-1")
                         + response.serialize_headers() + b"\r\n\r\n" + response.content)
         self._log(response.status_code, len(response.content))
-        if self.expects_continue:  # the client sent no body, and sends none: nothing to wait for
-            transport.loseConnection()
-            return
+        # Also where the client waits for `100 Continue`: curl sends its body anyway after a second without
+        # one, and a close with its bytes unread would reset the connection before it reads the answer.
         transport.resumeProducing()
         if self.clock is None:
             from twisted.internet import reactor  # the one Daphne installed, running by now
