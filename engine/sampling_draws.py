@@ -1,5 +1,5 @@
 """The CPU's sampled rows: for each, the token torch.multinomial draws from its probabilities with its
-generator, the generator left where multinomial leaves it, in about half of multinomial's time, and the
+generator, the generator left where multinomial leaves it, in about a third of multinomial's time, and the
 rows side by side on the CPU's threads.
 
 torch.multinomial draws one sample as the argmax of probs / q, q exponential noise that `exponential_`
