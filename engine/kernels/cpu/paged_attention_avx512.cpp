@@ -113,6 +113,7 @@ void cached_scores(const float* const* queries, const void* k, const int64_t* ro
     __m256 acc[HP][8];
     for (int h = 0; h < HP; ++h)
       for (int r = 0; r < 8; ++r) acc[h][r] = _mm256_setzero_ps();
+    for (int64_t r = i0 + 8; r < i0 + 16 && r < L; ++r) prefetch_row<KV16>(k, rows[r], D);
     for (int64_t c = 0; c < D; c += 8) {
       __m256 qv[HP];
       for (int h = 0; h < HP; ++h) qv[h] = _mm256_loadu_ps(queries[h] + c);
@@ -150,6 +151,7 @@ void outputs(const AttnArgs& a, const void* v, const int64_t* rows, int64_t L, f
   for (int h = 0; h < HP; ++h)
     for (int u = 0; u < NV; ++u) acc[h][u] = _mm512_setzero_ps();
   for (int64_t i = 0; i < L; ++i) {
+    if (i + 8 < L) prefetch_row<KV16>(v, rows[i + 8] + d0, 16 * NV);
     __m512 value[NV];
     for (int u = 0; u < NV; ++u) value[u] = load16<KV16>(v, rows[i] + d0 + 16 * u);
     for (int h = 0; h < HP; ++h) {
