@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import socket
 
 import pytest
@@ -288,3 +289,88 @@ def test_the_door_takes_the_token_as_each_route_takes_it(django_user_model, sett
     assert asked(messages, {}) == 401
     issued.revoke()
     assert asked(messages, {"x-api-key": token}) == 401
+
+
+def literal_paths(entries, prefix: str = "") -> list[str]:
+    """Every path of the URLconf, each converter filled in with a value of its kind. Regex patterns (the
+    admin's) are left out: the door guards literal paths only, and refuses to start with a marked view on
+    a pattern (http_door.routes)."""
+    from django.urls import URLResolver
+    from django.urls.resolvers import RoutePattern
+
+    paths = []
+    for entry in entries:
+        if not isinstance(entry.pattern, RoutePattern):
+            continue
+        path = prefix + re.sub(r"<(?:(\w+):)?\w+>", lambda m: "1" if m.group(1) == "int" else "x", str(entry.pattern))
+        paths += literal_paths(entry.url_patterns, path) if isinstance(entry, URLResolver) else ["/" + path]
+    return paths
+
+
+# A large body of each shape the API routes read (a chat's messages, Ollama's chat without max_tokens,
+# a prompt, a Responses input), so that each route's own checks before its input work pass.
+LARGE_BODIES = [{"messages": [{"role": "user", "content": BIG_PROMPT}], "max_tokens": 1},
+                {"messages": [{"role": "user", "content": BIG_PROMPT}]}, {"prompt": BIG_PROMPT}, {"input": BIG_PROMPT}]
+
+
+@pytest.mark.asyncio
+@pytest.mark.django_db(transaction=True)
+async def test_the_door_guards_exactly_the_paths_whose_views_read_on_the_input_thread(django_user_model, monkeypatch):
+    """Every path of the URLconf is sent large bodies by a user whose share of the input thread is spent:
+    a view that answers `rate_limited` naming WORKBENCH_USER_INPUT_SHARE reads its body on that thread,
+    and its path must be one the door guards; and every path the door guards is answered so. A new
+    route to an unmarked view that reads on the thread fails here."""
+    from asgiref.sync import sync_to_async
+    from django.test import AsyncClient
+    from django.urls import get_resolver
+
+    from workbench.api import http_door
+    from workbench.api.models import ApiToken
+    from workbench.serving import input_share
+
+    monkeypatch.setattr(input_share, "SHARES", input_share.InputShares())
+    user = await sync_to_async(django_user_model.objects.create_user)("door-routes")
+    _, token = await sync_to_async(ApiToken.issue)(user, "test")
+    input_share.SHARES.spent("door-routes", 100.0)
+    client, keys = AsyncClient(), {"Authorization": f"Bearer {token}", "x-api-key": token}
+
+    async def reads_on_the_input_thread(path: str) -> bool:
+        for body in LARGE_BODIES:
+            response = await client.post(path, data=json.dumps(body), content_type="application/json", headers=keys)
+            if response.status_code == 429 and b"WORKBENCH_USER_INPUT_SHARE" in response.content:
+                return True
+        return False
+
+    paths = literal_paths(get_resolver().url_patterns)
+    assert "/v1/chat/completions" in paths and any(path.startswith("/admin/") for path in paths)
+    reading = {path for path in paths if await reads_on_the_input_thread(path)}
+    assert reading == set(http_door.routes()), "the door's paths are the input thread's readers"
+    assert len(reading) == 9, "liveness: every API's reader is found by its answer"
+
+
+def test_a_new_path_to_an_input_thread_view_is_guarded_and_a_pattern_refused(settings):
+    """The door's paths come from the URLconf: one more path to the chat view is guarded as it is. A marked
+    view behind a converter is refused at the first question, not left unguarded: the door matches a
+    path's end before Django resolves it."""
+    from django.core.exceptions import ImproperlyConfigured
+    from django.urls import path
+
+    from workbench import urls
+    from workbench.api import http_door
+    from workbench.api.openai import views as openai_views
+
+    assert http_door.route_of("/v2/chat") is None, "the control: not a path of the workbench's URLconf"
+
+    class Rerouted:
+        urlpatterns = [*urls.urlpatterns, path("v2/chat", openai_views.chat_completions)]
+
+    settings.ROOT_URLCONF = Rerouted
+    assert http_door.route_of("/v2/chat") == http_door.Route("openai")
+    assert http_door.route_of("/v1/messages") == http_door.Route("anthropic", api_key_header=True)
+
+    class Patterned:
+        urlpatterns = [path("v2/<str:model>/chat", openai_views.chat_completions)]
+
+    settings.ROOT_URLCONF = Patterned
+    with pytest.raises(ImproperlyConfigured, match="literal paths"):
+        http_door.routes()

@@ -185,6 +185,7 @@ def _drop(data: bytes) -> None:
 def install(http_factory: Any) -> None:
     """Has Daphne's HTTP factory (built inside Server.run) give every connection this request class:
     its buildProtocol sets Daphne's own class on each protocol it builds."""
+    http_door.routes()  # read from the URLconf now: a marked view it cannot guard stops the start
     build = http_factory.buildProtocol
 
     def build_with_door(addr: object) -> Any:

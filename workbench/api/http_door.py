@@ -11,20 +11,28 @@ without reading the rest. The refusals, each answered as the route answers it (b
 - 413: the body is over WORKBENCH_MAX_FRAME_BYTES (by its Content-Length, or counted as a chunked body
   arrives), on every path;
 - 401: a large body (input_work.LARGE_BYTES and up) for a route that reads large bodies on the input
-  thread (ROUTES), without a valid API token;
+  thread, without a valid API token;
 - 429 `rate_limited` with Retry-After: such a body while its user's share of that thread is spent or
   their queue for it full.
 A body that is let in goes to the view, which checks it all again: the door only refuses before
 reading what the view would refuse after reading it.
+
+Which routes read on the input thread is said by their views (`input_route` marks them), and the door
+finds their paths in the URLconf: a new path to such a view is guarded without a word here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpResponse
+from django.urls import URLPattern, URLResolver, get_resolver
+from django.urls.resolvers import RoutePattern
 
 from workbench.api.auth import api_key_token, bearer_token, user_for_token
 from workbench.api.http_api import ApiError, unauthenticated
@@ -37,17 +45,54 @@ class Route:
     api_key_header: bool = False  # takes Anthropic's `x-api-key` as well as the bearer token
 
 
-# The routes that read a large body on the input thread (input_work.prepared), by the end of their path:
-# a root path a proxy puts in front (Daphne's root_path) changes nothing.
-ROUTES = {"/v1/chat/completions": Route("openai"), "/v1/completions": Route("openai"),
-          "/v1/responses": Route("openai"), "/tokenize": Route("openai"), "/detokenize": Route("openai"),
-          "/v1/messages": Route("anthropic", True), "/v1/messages/count_tokens": Route("anthropic", True),
-          "/api/chat": Route("ollama"), "/api/generate": Route("ollama")}
+View = TypeVar("View", bound=Callable)
+MARK = "input_route"  # the attribute that carries a view's Route
+
+
+def input_route(errors: str, api_key_header: bool = False) -> Callable[[View], View]:
+    """Marks a view that reads a large body on the input thread (input_work.prepared): the door guards
+    every path the URLconf routes to it."""
+    route = Route(errors, api_key_header)
+
+    def mark(view: View) -> View:
+        setattr(view, MARK, route)
+        return view
+
+    return mark
+
+
+def routes() -> dict[str, Route]:
+    """The input-thread routes, by path: the URLconf's paths to marked views."""
+    return _routes(get_resolver())
+
+
+@functools.lru_cache(maxsize=4)  # one URLconf in a server; a test may route another
+def _routes(resolver: URLResolver) -> dict[str, Route]:
+    found: dict[str, Route] = {}
+
+    def walk(entries: Iterable[URLPattern | URLResolver], prefix: str, literal: bool) -> None:
+        for entry in entries:
+            path = prefix + str(entry.pattern)
+            fixed = literal and isinstance(entry.pattern, RoutePattern) and "<" not in str(entry.pattern)
+            if isinstance(entry, URLResolver):
+                walk(entry.url_patterns, path, fixed)
+                continue
+            route = getattr(entry.callback, MARK, None)
+            if route is None:
+                continue
+            if not fixed:  # the door matches a path's end, before Django has resolved (or even read) it
+                raise ImproperlyConfigured(f"the input-thread view {entry.lookup_str} is routed by a pattern "
+                                           f"({path!r}); the HTTP door guards literal paths only")
+            found["/" + path] = route
+
+    walk(resolver.url_patterns, "", True)
+    return found
 
 
 def route_of(path: str) -> Route | None:
-    """The input-thread route a request's path (without its query) names, or None."""
-    for end, route in ROUTES.items():
+    """The input-thread route a request's path (without its query) names, or None. By the end of the
+    path: a root path a proxy puts in front (Daphne's root_path) changes nothing."""
+    for end, route in routes().items():
         if path.endswith(end):
             return route
     return None

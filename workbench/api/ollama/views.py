@@ -26,6 +26,7 @@ from typing import Any
 from django.http import HttpRequest, HttpResponseBase, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
+from workbench.api import http_door
 from workbench.api.http_api import ApiError, authenticate, check_model, json_body
 from workbench.api.ollama import translate
 from workbench.api.openai import tool_calls
@@ -141,8 +142,8 @@ class _Reply:
                     yield json.dumps(self.last(event), ensure_ascii=False) + "\n"
 
 
-chat = _view("chat")
-generate = _view("generate")
+chat = http_door.input_route("ollama")(_view("chat"))
+generate = http_door.input_route("ollama")(_view("generate"))
 
 
 async def _served(request: HttpRequest, method: str) -> list[str]:
