@@ -41,6 +41,10 @@ class HttpServer(FakeServer):
     def __init__(self) -> None:
         super().__init__()
         self.scopes: list[dict] = []
+        self.logged: list[dict] = []  # the access log's lines (Daphne's action logger)
+
+    def log_action(self, protocol: str, action: str, details: dict) -> None:
+        self.logged.append({"protocol": protocol, "action": action, **details})
 
     def create_application(self, protocol: object, scope: dict) -> asyncio.Queue:
         self.scopes.append(scope)
@@ -175,6 +179,37 @@ def test_a_client_that_waits_for_100_continue_sends_none_of_a_refused_body(chann
     assert transport.value() == b"HTTP/1.1 100 Continue\r\n\r\n"
     protocol.dataReceived(b"{" * 10)
     assert server.body() == b"{" * 10
+
+
+def settle() -> None:
+    """Lets the door's question (an asyncio task on the test's loop) be answered."""
+    loop = asyncio.get_event_loop()
+    for _ in range(5):
+        loop.run_until_complete(asyncio.sleep(0))
+
+
+LARGE = input_work.LARGE_BYTES
+
+
+@pytest.mark.parametrize("case, path, data, status", [
+    ("over the limit, at the headers", "/v1/chat/completions", head("/v1/chat/completions", LIMIT + 1), 413),
+    ("over the limit, a chunked body as it grows", "/api/chat", head("/api/chat", None) + chunk(b"a" * (LIMIT + 1)), 413),
+    ("no token, asked at the headers", "/tokenize", head("/tokenize", LARGE), 401),
+    ("no token, the body whole before the answer", "/v1/messages", head("/v1/messages", LARGE) + b"{" * LARGE, 401),
+])
+def test_every_refusal_has_its_access_log_line_with_method_path_and_status(channel, settings, case, path, data, status):
+    """Daphne's access log gets a line for each refusal, as for a request the application answered: its
+    method, path and status, whether the door refused at the headers, in the body, or once the whole
+    body had come in while it was asking (when twisted no longer holds the request line)."""
+    protocol, transport, server, _ = channel()
+    settings.WORKBENCH_MAX_FRAME_BYTES = LIMIT if status == 413 else FRAME_LIMIT
+    protocol.dataReceived(data)
+    settle()
+    assert answer(transport)[0] == status, (case, transport.value()[:300])
+    assert server.scopes == [], case
+    [line] = server.logged
+    assert (line["method"], line["path"], line["status"], line["action"]) == ("POST", path, status, "complete"), line
+    assert line["size"] == len(answer(transport)[2]) and line["client"] == "192.168.1.1:54321", line
 
 
 def raw_request(address: str, request: bytes) -> socket.socket:

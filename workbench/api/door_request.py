@@ -46,7 +46,10 @@ class DoorRequest(WebRequest):
     expects_continue = False  # the client waits for `100 Continue`, which the door holds back
     heading = False  # in gotLength: twisted has not answered `Expect: 100-continue` yet
     received = 0  # bytes of the body so far
-    raw_path = b""  # the request line's target, kept from gotLength: the channel lets it go once the body is whole
+    # The request line's method and target, kept from gotLength: the channel lets them go once the body is
+    # whole, and a refusal may come after that (the door still asking when the last byte arrived).
+    raw_method = b""
+    raw_path = b""
     clock: Any = None  # what schedules the close (IReactorTime): the running reactor unless a test gives its own
 
     def gotLength(self, length: int | None) -> None:
@@ -59,7 +62,8 @@ class DoorRequest(WebRequest):
     def _got_length(self, length: int | None) -> None:
         # The request line is the channel's until the body is whole (an HTTP/2 stream has none: its
         # refusals take the pages' shape, and its large bodies go to the view's own checks).
-        raw = getattr(self.channel, "_path", None)
+        method, raw = getattr(self.channel, "_command", None), getattr(self.channel, "_path", None)
+        self.raw_method = method if isinstance(method, bytes) else b""
         self.raw_path = raw if isinstance(raw, bytes) else b""
         refusal = None if length is None else http_door.too_large(length)
         if refusal is not None:
@@ -172,9 +176,9 @@ class DoorRequest(WebRequest):
     def _log(self, status: int, size: int) -> None:
         """Daphne's access log line, as for a request that reached the application."""
         client = self.channel.transport.getPeer()
-        method = getattr(self.channel, "_command", b"").decode("ascii", "replace")
         self.server.log_action("http", "complete", {
-            "path": self.body_path, "status": status, "method": method, "time_taken": 0, "size": size,
+            "path": self.body_path, "status": status, "method": self.raw_method.decode("ascii", "replace"),
+            "time_taken": 0, "size": size,
             "client": f"{client.host}:{client.port}" if hasattr(client, "host") else None})
 
 
