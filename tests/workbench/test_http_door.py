@@ -80,7 +80,7 @@ def channel(settings):
 
 def head(path: str, length: int | None, *extra: str) -> bytes:
     sized = f"Content-Length: {length}" if length is not None else "Transfer-Encoding: chunked"
-    return "\r\n".join([f"POST {path} HTTP/1.1", "Host: test", "Content-Type: application/json", sized, *extra,
+    return "\r\n".join([f"POST {path} HTTP/1.1", "Host: localhost", "Content-Type: application/json", sized, *extra,
                         "", ""]).encode()
 
 
@@ -212,6 +212,33 @@ def test_every_refusal_has_its_access_log_line_with_method_path_and_status(chann
     assert line["size"] == len(answer(transport)[2]) and line["client"] == "192.168.1.1:54321", line
 
 
+SECURITY_HEADERS = {"content-security-policy", "x-content-type-options", "referrer-policy", "x-frame-options",
+                    "cross-origin-opener-policy", "strict-transport-security"}
+
+
+@pytest.mark.django_db(transaction=True)  # the view looks its token up on another thread
+def test_a_refusal_of_the_door_carries_the_headers_of_a_views_refusal(channel, settings, api_user):
+    """The door's 413 passes Django's middleware as the view's own 413 for the same body does: the same
+    headers, the security ones among them, from the same settings (HSTS turned on here, for a request
+    its proxy took over TLS, reaches both)."""
+    from asgiref.sync import async_to_sync
+    from django.test import AsyncClient
+
+    settings.SECURE_HSTS_SECONDS = 3600
+    settings.SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    _, token = api_user
+    protocol, transport, server, _ = channel()
+    protocol.dataReceived(head("/v1/chat/completions", LIMIT + 1, f"Authorization: Bearer {token}",
+                               "X-Forwarded-Proto: https"))
+    status, door_headers, door_body = answer(transport)
+    view = async_to_sync(AsyncClient().post)("/v1/chat/completions", data=b"{" * (LIMIT + 1), content_type="application/json",
+                                             headers={"Authorization": f"Bearer {token}", "X-Forwarded-Proto": "https"})
+    view_headers = {name.lower(): value for name, value in view.headers.items()}
+    assert (status, door_body) == (view.status_code, view.content) == (413, door_body), "the same refusal"
+    assert SECURITY_HEADERS <= view_headers.keys(), f"liveness: the view's answer has them ({view_headers})"
+    assert {name: value for name, value in door_headers.items() if name != "connection"} == view_headers
+
+
 def raw_request(address: str, request: bytes) -> socket.socket:
     host, port = address.split(":")
     conn = socket.create_connection((host, int(port)), timeout=30)
@@ -255,9 +282,12 @@ def test_through_daphne_a_huge_body_is_answered_before_the_client_has_sent_it(li
             status, headers, body = read_answer(conn)
         assert status == 413 and str(FRAME_LIMIT) in error_of(json.loads(body)), (path, body)
     with raw_request(address, api_head(address, "/tokenize", 2, f"Authorization: Bearer {token}") + b"{x") as conn:
-        status, _, body = read_answer(conn)
+        status, view_headers, body = read_answer(conn)
     assert status == 400 and "not valid JSON" in json.loads(body)["error"]["message"], \
         f"the control: a body within the limit is read and answered by the view ({body!r})"
+    security = SECURITY_HEADERS - {"strict-transport-security"}  # off on this Daphne, as by default
+    assert {name: headers[name] for name in security} == {name: view_headers[name] for name in security}, \
+        "the door's answer has the security headers of the view's"
 
 
 @pytest.mark.slow

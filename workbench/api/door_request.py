@@ -158,7 +158,7 @@ class DoorRequest(WebRequest):
         if decoder is not None and isinstance(getattr(decoder, "_buffer", None), bytearray):
             decoder.dataCallback = decoder.finishCallback = _drop
             del decoder._buffer[:]
-        response = http_door.answer(self.body_path, refusal)
+        response = http_door.through_middleware(self._scope(), http_door.answer(self.body_path, refusal))
         response["Content-Length"] = str(len(response.content))
         response["Connection"] = "close"
         transport.write(f"HTTP/1.1 {response.status_code} {response.reason_phrase}\r\n".encode("latin-1")
@@ -172,6 +172,19 @@ class DoorRequest(WebRequest):
 
             self.clock = reactor
         self.clock.callLater(LINGER_S, transport.loseConnection)
+
+    def _scope(self) -> dict[str, Any]:
+        """The request as an ASGI scope, as Daphne would give it to the application (without the body)."""
+        peer, host = self.channel.transport.getPeer(), self.channel.transport.getHost()
+        raw_path, _, query = self.raw_path.partition(b"?")
+        return {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+                "scheme": "https" if self.isSecure() else "http", "method": self.raw_method.decode("ascii", "replace"),
+                "path": self.body_path, "raw_path": raw_path, "query_string": query,
+                "root_path": getattr(self.server, "root_path", ""),
+                "headers": [(name.lower(), value) for name, values in self.requestHeaders.getAllRawHeaders()
+                            for value in values],
+                "client": (peer.host, peer.port) if hasattr(peer, "host") else None,
+                "server": (host.host, host.port) if hasattr(host, "host") else None}
 
     def _log(self, status: int, size: int) -> None:
         """Daphne's access log line, as for a request that reached the application."""

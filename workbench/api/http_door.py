@@ -14,6 +14,9 @@ without reading the rest. The refusals, each answered as the route answers it (b
   thread, without a valid API token;
 - 429 `rate_limited` with Retry-After: such a body while its user's share of that thread is spent or
   their queue for it full.
+Each answer passes Django's middleware (settings.MIDDLEWARE) on its way out, as a view's does, so that it
+carries the same headers (the security middleware's, the content-security policy, X-Frame-Options);
+where the middleware answers a request itself (a Host not allowed: 400), that answer is the door's.
 A body that is let in goes to the view, which checks it all again: the door only refuses before
 reading what the view would refuse after reading it.
 
@@ -24,13 +27,16 @@ finds their paths in the URLconf: a new path to such a view is guarded without a
 from __future__ import annotations
 
 import functools
+import io
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
-from django.http import HttpResponse
+from django.core.handlers.asgi import ASGIRequest
+from django.core.handlers.base import BaseHandler
+from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.urls import URLPattern, URLResolver, get_resolver
 from django.urls.resolvers import RoutePattern
 
@@ -143,3 +149,37 @@ def answer(path: str, refusal: ApiError) -> HttpResponse:
     if errors == "openai":
         return refusal.response()
     return HttpResponse(refusal.message, status=refusal.status, content_type="text/plain; charset=utf-8")
+
+
+class _Refused(ASGIRequest):
+    """A refused request as Django's middleware sees it: no body (the door read none) and the answer the
+    door has for it."""
+
+    def __init__(self, scope: dict[str, Any], answer: HttpResponse) -> None:
+        super().__init__(scope, io.BytesIO())
+        self.answer = answer
+
+
+class _Middleware(BaseHandler):
+    """settings.MIDDLEWARE around the door's answer in place of a view (none is resolved or called)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.load_middleware()  # sync: the door answers on the reactor's thread, within one call
+
+    def _get_response(self, request: HttpRequest) -> HttpResponseBase:
+        assert isinstance(request, _Refused)
+        return request.answer
+
+
+@functools.lru_cache(maxsize=4)  # one MIDDLEWARE in a server; a test may set another
+def _middleware(names: tuple[str, ...]) -> _Middleware:
+    return _Middleware()
+
+
+def through_middleware(scope: dict[str, Any], response: HttpResponse) -> HttpResponse:
+    """`response` to the request of ASGI `scope` as Django's middleware lets it out. A streamed answer
+    of the middleware's own (WhiteNoise's file, for a GET of a static path with a body over the limit) is
+    not sent on a refused connection: the door's own answer goes instead."""
+    answered = _middleware(tuple(settings.MIDDLEWARE)).get_response(_Refused(scope, response))
+    return answered if isinstance(answered, HttpResponse) else response
