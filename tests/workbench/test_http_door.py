@@ -212,6 +212,43 @@ def test_every_refusal_has_its_access_log_line_with_method_path_and_status(chann
     assert line["size"] == len(answer(transport)[2]) and line["client"] == "192.168.1.1:54321", line
 
 
+@pytest.mark.parametrize("path, shape", [("/v1/chat/completions", "openai"), ("/v1/messages", "anthropic"),
+                                         ("/api/generate", "ollama")])
+def test_a_token_the_database_cannot_look_up_is_a_503_to_come_back_and_the_body_stays_out(
+        channel, settings, monkeypatch, caplog, path, shape):
+    """The database is down when the door asks about a large body's token (the lookup raises, as Django
+    does when its database does not answer): a 503 with Retry-After in the route's shape, the error
+    logged, the body not let in unchecked; the connection closes after the linger. A view could not check
+    the token either, and the client is told when to come back."""
+    from django.db import OperationalError
+
+    from workbench.api import http_door
+    from workbench.api.models import ApiToken
+
+    def database_down(token: str) -> None:
+        raise OperationalError("connection to server at 127.0.0.1, port 5432 failed: Connection refused")
+
+    settings.WORKBENCH_MAX_FRAME_BYTES = FRAME_LIMIT
+    monkeypatch.setattr(ApiToken, "user_for", staticmethod(database_down))
+    protocol, transport, server, clock = channel()
+    protocol.dataReceived(head(path, LARGE, "Authorization: Bearer some-token", "x-api-key: some-token") + b"{" * 600)
+    settle()
+    status, headers, body = answer(transport)
+    assert status == 503 and int(headers["retry-after"]) == http_door.UNAVAILABLE_RETRY_S, transport.value()
+    error = json.loads(body)
+    if shape == "openai":
+        assert error["error"]["code"] == "unavailable", error
+    if shape == "anthropic":
+        assert error["error"]["type"] == "overloaded_error", error
+    assert "try again" in (error["error"] if shape == "ollama" else error["error"]["message"]), error
+    assert "could not check a request's token" in caplog.text and "Connection refused" in caplog.text
+    written = transport.value()
+    protocol.dataReceived(b"{" * (LARGE - 600))
+    assert transport.value() == written and server.scopes == [], "the body is not let in"
+    clock.advance(door_request.LINGER_S)
+    assert transport.disconnecting
+
+
 SECURITY_HEADERS = {"content-security-policy", "x-content-type-options", "referrer-policy", "x-frame-options",
                     "cross-origin-opener-policy", "strict-transport-security"}
 

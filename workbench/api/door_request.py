@@ -140,9 +140,10 @@ class DoorRequest(WebRequest):
             super().process()
 
     def _failed(self, failure: Any) -> None:
-        # The database did not answer: the view asks again, and answers as it answers such a failure.
-        logger.error("the HTTP door could not check a request: %s", failure.getErrorMessage())
-        self._answered(None)
+        # The token's lookup failed (the database is down): letting the body in unchecked would read any
+        # stranger's large body for a view that cannot check it either; the client is told to come back.
+        logger.error("the HTTP door could not check a request's token: %s", failure.getTraceback())
+        self._answered(http_door.unavailable())
 
     def _refuse(self, refusal: ApiError) -> None:
         self.refused = True

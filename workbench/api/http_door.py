@@ -13,7 +13,9 @@ without reading the rest. The refusals, each answered as the route answers it (b
 - 401: a large body (input_work.LARGE_BYTES and up) for a route that reads large bodies on the input
   thread, without a valid API token;
 - 429 `rate_limited` with Retry-After: such a body while its user's share of that thread is spent or
-  their queue for it full.
+  their queue for it full;
+- 503 `unavailable` with Retry-After: such a body when its token cannot be looked up (the database
+  is down): it is not let in unchecked, and the client is told to come back, as for any outage.
 Each answer passes Django's middleware (settings.MIDDLEWARE) on its way out, as a view's does, so that it
 carries the same headers (the security middleware's, the content-security policy, X-Frame-Options);
 where the middleware answers a request itself (a Host not allowed: 400), that answer is the door's.
@@ -133,6 +135,16 @@ async def refusal_of_large(route: Route, headers: Mapping[str, str]) -> ApiError
         return unauthenticated(route.api_key_header)
     refused = input_share.SHARES.refusal(user.get_username())
     return None if refused is None else ApiError.limit(refused)
+
+
+UNAVAILABLE_RETRY_S = 5  # a database restarting or failing over is back within seconds
+
+
+def unavailable() -> ApiError:
+    """The refusal of a large body whose token could not be looked up."""
+    return ApiError(503, "the server could not check this request's API token just now (its database did not "
+                         f"answer); try again in {UNAVAILABLE_RETRY_S} s", code="unavailable", kind="server_error",
+                    retry_after=UNAVAILABLE_RETRY_S)
 
 
 def answer(path: str, refusal: ApiError) -> HttpResponse:
