@@ -36,7 +36,7 @@ class HttpServer(FakeServer):
     """What Daphne's HTTP request asks of its server; the scopes it was asked to serve kept."""
 
     request_buffer_size = 8192
-    server_name = b"test"
+    server_name = "test"
 
     def __init__(self) -> None:
         super().__init__()
@@ -62,14 +62,14 @@ def channel(settings):
     asyncio.set_event_loop(loop := asyncio.new_event_loop())
     clock = Clock()
 
-    def make() -> tuple[object, StringTransport, HttpServer, Clock]:
+    def make(transport_class: type[StringTransport] = StringTransport) -> tuple[object, StringTransport, HttpServer, Clock]:
         server = HttpServer()
         factory = HTTPFactory(server)
         factory.timeOut = None  # twisted's idle timeout would be scheduled on the global reactor
         door_request.install(factory)
         protocol = factory.buildProtocol(("127.0.0.1", 1))
         protocol.requestFactory = type("ClockedDoorRequest", (door_request.DoorRequest,), {"clock": clock})
-        transport = StringTransport()
+        transport = transport_class()
         protocol.makeConnection(transport)
         return protocol, transport, server, clock
 
@@ -257,6 +257,69 @@ def test_a_token_the_database_cannot_look_up_is_a_503_to_come_back_and_the_body_
     assert transport.value() == written and server.scopes == [], "the body is not let in"
     clock.advance(door_request.LINGER_S)
     assert transport.disconnecting
+
+
+def reply(request) -> None:
+    """The application's whole answer to `request`, as Daphne hands it over."""
+    request.handle_reply({"type": "http.response.start", "status": 200, "headers": []})
+    request.handle_reply({"type": "http.response.body", "body": b"ok"})
+
+
+class FullBuffer(StringTransport):
+    """A transport whose send buffer is full, its client reading none of its answers: as twisted's TCP
+    transport does then, each write asks its producer (the HTTP channel) to pause."""
+
+    def write(self, data: bytes) -> None:
+        super().write(data)
+        if self.producer is not None:
+            self.producer.pauseProducing()
+
+
+@pytest.mark.django_db(transaction=True)  # the door looks the token up on another thread
+def test_the_door_letting_a_body_in_leaves_twisteds_backpressure_standing(channel, settings, monkeypatch, api_user):
+    """A pipelining client that reads none of its answers: twisted stops reading its socket (the
+    transport told it to pause at the `100 Continue` the door writes on letting a large body in). The
+    door's own resume must not undo that: the body is read once the client reads its answers."""
+    from workbench.serving import input_share
+
+    monkeypatch.setattr(input_share, "SHARES", input_share.InputShares())
+    settings.WORKBENCH_MAX_FRAME_BYTES = FRAME_LIMIT
+    _, token = api_user
+    protocol, transport, server, _ = channel(FullBuffer)
+    protocol.dataReceived(b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\n\r\n"
+                          + head("/tokenize", LARGE, f"Authorization: Bearer {token}", "Expect: 100-continue"))
+    reply(protocol._channel.requests[0])  # an answer the client does not read
+    assert transport.producerState == "paused", "the door asks about the large body"
+    settle_until(lambda: b"100 Continue" in transport.value())
+    assert transport.producerState == "paused", "twisted's hold stands: the client reads none of its answers"
+    transport.producer.resumeProducing()  # the client reads them
+    assert transport.producerState == "producing"
+    protocol.dataReceived(b"{" * LARGE)
+    assert [scope["path"] for scope in server.scopes] == ["/v1/models", "/tokenize"] and server.body() == b"{" * LARGE
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_client_reading_its_answers_does_not_open_the_socket_while_the_door_asks(channel, settings, monkeypatch,
+                                                                                     api_user):
+    """A pipelining client that has not read an earlier answer (the transport's buffer full: twisted was
+    told to pause) catches up while the door asks about a later large body: the transport tells twisted
+    to resume, and twisted must not read that body before the door lets it in."""
+    from workbench.serving import input_share
+
+    monkeypatch.setattr(input_share, "SHARES", input_share.InputShares())
+    settings.WORKBENCH_MAX_FRAME_BYTES = FRAME_LIMIT
+    _, token = api_user
+    protocol, transport, server, _ = channel()
+    protocol.dataReceived(b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\n\r\n"
+                          + head("/tokenize", LARGE, f"Authorization: Bearer {token}"))
+    transport.producer.pauseProducing()  # the first answer fills the transport's buffer
+    reply(protocol._channel.requests[0])
+    assert transport.producerState == "paused", "the door asks about the large body"
+    transport.producer.resumeProducing()  # the client reads the first answer
+    assert transport.producerState == "paused", "the door still asks: the body is not read yet"
+    settle_until(lambda: transport.producerState == "producing")
+    protocol.dataReceived(b"{" * LARGE)
+    assert [scope["path"] for scope in server.scopes] == ["/v1/models", "/tokenize"] and server.body() == b"{" * LARGE
 
 
 SECURITY_HEADERS = {"content-security-policy", "x-content-type-options", "referrer-policy", "x-frame-options",

@@ -12,6 +12,14 @@ While the door asks (a large body on an input-thread route: the token's user and
 socket is not read: the client's sends wait in TCP's buffers. What one read brought in with the headers
 is kept meanwhile; the request reaches the application once the body is let in and whole.
 
+Twisted's HTTPChannel pauses the same socket for its own backpressure, and a transport's pause and
+resume are not counted: one resume undoes every pause. With a pipelining client that reads none of its
+answers, the door's resume on letting a body in undid twisted's pause (the transport, its send buffer
+full, asks for one at the `100 Continue`), and the client catching up made twisted resume the socket
+while the door still asked. So both go through a ReadSwitch, which reads the socket only while neither
+holds it. (Twisted's other pause, for a pipelined request buffered past 16 KB while one is served, takes
+a read to happen, which the door's hold rules out.)
+
 A refused request's answer is written straight away with `Connection: close`. What the client still
 sends is dropped as it comes, not stored or parsed, for at most LINGER_S, so that a client that writes
 its whole body before it reads (Python's http.client, httpx) finds the answer; then the connection
@@ -110,7 +118,7 @@ class DoorRequest(WebRequest):
             return
         self.pending = True
         self._hold_continue()
-        self.channel.transport.pauseProducing()
+        self._reading().hold()
         headers = {name.decode("latin-1").lower(): values[0].decode("latin-1")
                    for name, values in self.requestHeaders.getAllRawHeaders()}
         # The lookup is the database's (an asyncio future, on the loop Daphne's reactor runs on).
@@ -135,7 +143,7 @@ class DoorRequest(WebRequest):
             return
         if self.expects_continue:
             self.channel.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        self.channel.transport.resumeProducing()
+        self._reading().release()
         if self.arrived:
             super().process()
 
@@ -167,12 +175,19 @@ class DoorRequest(WebRequest):
         self._log(response.status_code, len(response.content))
         # Also where the client waits for `100 Continue`: curl sends its body anyway after a second without
         # one, and a close with its bytes unread would reset the connection before it reads the answer.
-        transport.resumeProducing()
+        # Whatever twisted held it for is over: nothing more is parsed or kept.
+        self._reading().open()
         if self.clock is None:
             from twisted.internet import reactor  # the one Daphne installed, running by now
 
             self.clock = reactor
         self.clock.callLater(LINGER_S, transport.loseConnection)
+
+    def _reading(self) -> ReadSwitch:
+        """The switch of the connection's reading; a bare one over the transport where the channel has
+        none (an HTTP/2 stream)."""
+        switch = getattr(self.channel, "_networkProducer", None)
+        return switch if isinstance(switch, ReadSwitch) else ReadSwitch(self.channel.transport)
 
     def _scope(self) -> dict[str, Any]:
         """The request as an ASGI scope, as Daphne would give it to the application (without the body)."""
@@ -196,6 +211,50 @@ class DoorRequest(WebRequest):
             "client": f"{client.host}:{client.port}" if hasattr(client, "host") else None})
 
 
+class ReadSwitch:
+    """Whether a connection's socket is read, in front of its transport as the HTTPChannel's network
+    producer: the channel pauses and resumes it (its backpressure), the door holds and releases it, and
+    the socket is read only while neither does."""
+
+    def __init__(self, transport: Any) -> None:
+        self.transport = transport
+        self.paused = False  # by the channel
+        self.held = False  # by the door
+
+    def pauseProducing(self) -> None:
+        self.paused = True
+        self.transport.pauseProducing()
+
+    def resumeProducing(self) -> None:
+        self.paused = False
+        if not self.held:
+            self.transport.resumeProducing()
+
+    def hold(self) -> None:
+        self.held = True
+        self.transport.pauseProducing()
+
+    def release(self) -> None:
+        self.held = False
+        if not self.paused:
+            self.transport.resumeProducing()
+
+    def open(self) -> None:
+        """Read on, whatever either wanted: a refused request's connection drops all it reads."""
+        self.paused = self.held = False
+        self.transport.resumeProducing()
+
+    # What else the channel (and twisted's HTTP/2 upgrade) asks of its network producer.
+    def stopProducing(self) -> None:
+        self.transport.stopProducing()
+
+    def registerProducer(self, producer: Any, streaming: bool) -> None:
+        self.transport.registerProducer(producer, streaming)
+
+    def unregisterProducer(self) -> None:
+        self.transport.unregisterProducer()
+
+
 def _drop(data: bytes) -> None:
     """What a refused request's connection does with what it still receives."""
 
@@ -209,6 +268,14 @@ def install(http_factory: Any) -> None:
     def build_with_door(addr: object) -> Any:
         protocol = build(addr)
         protocol.requestFactory = DoorRequest
+        channel = getattr(protocol, "_channel", protocol)  # twisted's HTTP/1.1 channel, behind its negotiator
+        made = channel.connectionMade
+
+        def connection_made() -> None:
+            made()  # sets the channel's network producer: the transport
+            channel._networkProducer = ReadSwitch(channel._networkProducer)
+
+        channel.connectionMade = connection_made
         return protocol
 
     http_factory.buildProtocol = build_with_door
