@@ -446,15 +446,15 @@ def test_through_daphne_a_spent_share_refuses_a_large_body_unread_while_another_
 def test_the_door_takes_the_token_as_each_route_takes_it(django_user_model, settings):
     """Anthropic's routes take `x-api-key` as well as the bearer token; the others only the bearer token
     (an `x-api-key` there is no token: 401, as the view answers it). A revoked token is none either."""
-    from workbench.api import http_door
+    from workbench.api import http_door, input_routes
     from workbench.api.models import ApiToken
 
     settings.WORKBENCH_USER_INPUT_SHARE = 0.25
     issued, token = ApiToken.issue(django_user_model.objects.create_user("keyed"), "test")
-    messages, chat = http_door.route_of("/v1/messages"), http_door.route_of("/v1/chat/completions")
+    messages, chat = input_routes.route_of("/v1/messages"), input_routes.route_of("/v1/chat/completions")
     assert messages is not None and chat is not None
 
-    def asked(route: http_door.Route, headers: dict[str, str]) -> int | None:
+    def asked(route: input_routes.Route, headers: dict[str, str]) -> int | None:
         refusal = asyncio.run(http_door.refusal_of_large(route, headers))
         return None if refusal is None else refusal.status
 
@@ -469,7 +469,7 @@ def test_the_door_takes_the_token_as_each_route_takes_it(django_user_model, sett
 def literal_paths(entries, prefix: str = "") -> list[str]:
     """Every path of the URLconf, each converter filled in with a value of its kind. Regex patterns (the
     admin's) are left out: the door guards literal paths only, and refuses to start with a marked view on
-    a pattern (http_door.routes)."""
+    a pattern (input_routes.routes)."""
     from django.urls import URLResolver
     from django.urls.resolvers import RoutePattern
 
@@ -499,7 +499,7 @@ async def test_the_door_guards_exactly_the_paths_whose_views_read_on_the_input_t
     from django.test import AsyncClient
     from django.urls import get_resolver
 
-    from workbench.api import http_door
+    from workbench.api import input_routes
     from workbench.api.models import ApiToken
     from workbench.serving import input_share
 
@@ -519,7 +519,7 @@ async def test_the_door_guards_exactly_the_paths_whose_views_read_on_the_input_t
     paths = literal_paths(get_resolver().url_patterns)
     assert "/v1/chat/completions" in paths and any(path.startswith("/admin/") for path in paths)
     reading = {path for path in paths if await reads_on_the_input_thread(path)}
-    assert reading == set(http_door.routes()), "the door's paths are the input thread's readers"
+    assert reading == set(input_routes.routes()), "the door's paths are the input thread's readers"
     assert len(reading) == 9, "liveness: every API's reader is found by its answer"
 
 
@@ -531,21 +531,21 @@ def test_a_new_path_to_an_input_thread_view_is_guarded_and_a_pattern_refused(set
     from django.urls import path
 
     from workbench import urls
-    from workbench.api import http_door
+    from workbench.api import input_routes
     from workbench.api.openai import views as openai_views
 
-    assert http_door.route_of("/v2/chat") is None, "the control: not a path of the workbench's URLconf"
+    assert input_routes.route_of("/v2/chat") is None, "the control: not a path of the workbench's URLconf"
 
     class Rerouted:
         urlpatterns = [*urls.urlpatterns, path("v2/chat", openai_views.chat_completions)]
 
     settings.ROOT_URLCONF = Rerouted
-    assert http_door.route_of("/v2/chat") == http_door.Route("openai")
-    assert http_door.route_of("/v1/messages") == http_door.Route("anthropic", api_key_header=True)
+    assert input_routes.route_of("/v2/chat") == input_routes.Route("openai")
+    assert input_routes.route_of("/v1/messages") == input_routes.Route("anthropic", api_key_header=True)
 
     class Patterned:
         urlpatterns = [path("v2/<str:model>/chat", openai_views.chat_completions)]
 
     settings.ROOT_URLCONF = Patterned
     with pytest.raises(ImproperlyConfigured, match="literal paths"):
-        http_door.routes()
+        input_routes.routes()

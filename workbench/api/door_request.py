@@ -37,7 +37,7 @@ from urllib.parse import unquote
 from daphne.http_protocol import WebRequest
 from twisted.internet.defer import Deferred
 
-from workbench.api import http_door
+from workbench.api import http_door, input_routes
 from workbench.api.http_api import ApiError
 from workbench.serving import input_work
 
@@ -113,7 +113,7 @@ class DoorRequest(WebRequest):
         if self.asked:
             return
         self.asked = True
-        route = http_door.route_of(self.body_path)
+        route = input_routes.route_of(self.body_path)
         if route is None:
             return
         self.pending = True
@@ -262,7 +262,7 @@ def _drop(data: bytes) -> None:
 def install(http_factory: Any) -> None:
     """Has Daphne's HTTP factory (built inside Server.run) give every connection this request class:
     its buildProtocol sets Daphne's own class on each protocol it builds."""
-    http_door.routes()  # read from the URLconf now: a marked view it cannot guard stops the start
+    input_routes.routes()  # read from the URLconf now: a marked view it cannot guard stops the start
     build = http_factory.buildProtocol
 
     def build_with_door(addr: object) -> Any:
