@@ -12,6 +12,14 @@ While the door asks (a large body on an input-thread route: the token's user and
 socket is not read: the client's sends wait in TCP's buffers. What one read brought in with the headers
 is kept meanwhile; the request reaches the application once the body is let in and whole.
 
+Twisted's HTTPChannel pauses the same socket for its own backpressure, and a transport's pause and
+resume are not counted: one resume undoes every pause. With a pipelining client that reads none of its
+answers, the door's resume on letting a body in undid twisted's pause (the transport, its send buffer
+full, asks for one at the `100 Continue`), and the client catching up made twisted resume the socket
+while the door still asked. So both go through a ReadSwitch, which reads the socket only while neither
+holds it. (Twisted's other pause, for a pipelined request buffered past 16 KB while one is served, takes
+a read to happen, which the door's hold rules out.)
+
 A refused request's answer is written straight away with `Connection: close`. What the client still
 sends is dropped as it comes, not stored or parsed, for at most LINGER_S, so that a client that writes
 its whole body before it reads (Python's http.client, httpx) finds the answer; then the connection
@@ -29,7 +37,7 @@ from urllib.parse import unquote
 from daphne.http_protocol import WebRequest
 from twisted.internet.defer import Deferred
 
-from workbench.api import http_door
+from workbench.api import http_door, input_routes
 from workbench.api.http_api import ApiError
 from workbench.serving import input_work
 
@@ -46,7 +54,10 @@ class DoorRequest(WebRequest):
     expects_continue = False  # the client waits for `100 Continue`, which the door holds back
     heading = False  # in gotLength: twisted has not answered `Expect: 100-continue` yet
     received = 0  # bytes of the body so far
-    raw_path = b""  # the request line's target, kept from gotLength: the channel lets it go once the body is whole
+    # The request line's method and target, kept from gotLength: the channel lets them go once the body is
+    # whole, and a refusal may come after that (the door still asking when the last byte arrived).
+    raw_method = b""
+    raw_path = b""
     clock: Any = None  # what schedules the close (IReactorTime): the running reactor unless a test gives its own
 
     def gotLength(self, length: int | None) -> None:
@@ -59,7 +70,8 @@ class DoorRequest(WebRequest):
     def _got_length(self, length: int | None) -> None:
         # The request line is the channel's until the body is whole (an HTTP/2 stream has none: its
         # refusals take the pages' shape, and its large bodies go to the view's own checks).
-        raw = getattr(self.channel, "_path", None)
+        method, raw = getattr(self.channel, "_command", None), getattr(self.channel, "_path", None)
+        self.raw_method = method if isinstance(method, bytes) else b""
         self.raw_path = raw if isinstance(raw, bytes) else b""
         refusal = None if length is None else http_door.too_large(length)
         if refusal is not None:
@@ -101,12 +113,12 @@ class DoorRequest(WebRequest):
         if self.asked:
             return
         self.asked = True
-        route = http_door.route_of(self.body_path)
+        route = input_routes.route_of(self.body_path)
         if route is None:
             return
         self.pending = True
         self._hold_continue()
-        self.channel.transport.pauseProducing()
+        self._reading().hold()
         headers = {name.decode("latin-1").lower(): values[0].decode("latin-1")
                    for name, values in self.requestHeaders.getAllRawHeaders()}
         # The lookup is the database's (an asyncio future, on the loop Daphne's reactor runs on).
@@ -131,14 +143,15 @@ class DoorRequest(WebRequest):
             return
         if self.expects_continue:
             self.channel.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        self.channel.transport.resumeProducing()
+        self._reading().release()
         if self.arrived:
             super().process()
 
     def _failed(self, failure: Any) -> None:
-        # The database did not answer: the view asks again, and answers as it answers such a failure.
-        logger.error("the HTTP door could not check a request: %s", failure.getErrorMessage())
-        self._answered(None)
+        # The token's lookup failed (the database is down): letting the body in unchecked would read any
+        # stranger's large body for a view that cannot check it either; the client is told to come back.
+        logger.error("the HTTP door could not check a request's token: %s", failure.getTraceback())
+        self._answered(http_door.unavailable())
 
     def _refuse(self, refusal: ApiError) -> None:
         self.refused = True
@@ -154,7 +167,7 @@ class DoorRequest(WebRequest):
         if decoder is not None and isinstance(getattr(decoder, "_buffer", None), bytearray):
             decoder.dataCallback = decoder.finishCallback = _drop
             del decoder._buffer[:]
-        response = http_door.answer(self.body_path, refusal)
+        response = http_door.through_middleware(self._scope(), http_door.answer(self.body_path, refusal))
         response["Content-Length"] = str(len(response.content))
         response["Connection"] = "close"
         transport.write(f"HTTP/1.1 {response.status_code} {response.reason_phrase}\r\n".encode("latin-1")
@@ -162,20 +175,84 @@ class DoorRequest(WebRequest):
         self._log(response.status_code, len(response.content))
         # Also where the client waits for `100 Continue`: curl sends its body anyway after a second without
         # one, and a close with its bytes unread would reset the connection before it reads the answer.
-        transport.resumeProducing()
+        # Whatever twisted held it for is over: nothing more is parsed or kept.
+        self._reading().open()
         if self.clock is None:
             from twisted.internet import reactor  # the one Daphne installed, running by now
 
             self.clock = reactor
         self.clock.callLater(LINGER_S, transport.loseConnection)
 
+    def _reading(self) -> ReadSwitch:
+        """The switch of the connection's reading; a bare one over the transport where the channel has
+        none (an HTTP/2 stream)."""
+        switch = getattr(self.channel, "_networkProducer", None)
+        return switch if isinstance(switch, ReadSwitch) else ReadSwitch(self.channel.transport)
+
+    def _scope(self) -> dict[str, Any]:
+        """The request as an ASGI scope, as Daphne would give it to the application (without the body)."""
+        peer, host = self.channel.transport.getPeer(), self.channel.transport.getHost()
+        raw_path, _, query = self.raw_path.partition(b"?")
+        return {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+                "scheme": "https" if self.isSecure() else "http", "method": self.raw_method.decode("ascii", "replace"),
+                "path": self.body_path, "raw_path": raw_path, "query_string": query,
+                "root_path": getattr(self.server, "root_path", ""),
+                "headers": [(name.lower(), value) for name, values in self.requestHeaders.getAllRawHeaders()
+                            for value in values],
+                "client": (peer.host, peer.port) if hasattr(peer, "host") else None,
+                "server": (host.host, host.port) if hasattr(host, "host") else None}
+
     def _log(self, status: int, size: int) -> None:
         """Daphne's access log line, as for a request that reached the application."""
         client = self.channel.transport.getPeer()
-        method = getattr(self.channel, "_command", b"").decode("ascii", "replace")
         self.server.log_action("http", "complete", {
-            "path": self.body_path, "status": status, "method": method, "time_taken": 0, "size": size,
+            "path": self.body_path, "status": status, "method": self.raw_method.decode("ascii", "replace"),
+            "time_taken": 0, "size": size,
             "client": f"{client.host}:{client.port}" if hasattr(client, "host") else None})
+
+
+class ReadSwitch:
+    """Whether a connection's socket is read, in front of its transport as the HTTPChannel's network
+    producer: the channel pauses and resumes it (its backpressure), the door holds and releases it, and
+    the socket is read only while neither does."""
+
+    def __init__(self, transport: Any) -> None:
+        self.transport = transport
+        self.paused = False  # by the channel
+        self.held = False  # by the door
+
+    def pauseProducing(self) -> None:
+        self.paused = True
+        self.transport.pauseProducing()
+
+    def resumeProducing(self) -> None:
+        self.paused = False
+        if not self.held:
+            self.transport.resumeProducing()
+
+    def hold(self) -> None:
+        self.held = True
+        self.transport.pauseProducing()
+
+    def release(self) -> None:
+        self.held = False
+        if not self.paused:
+            self.transport.resumeProducing()
+
+    def open(self) -> None:
+        """Read on, whatever either wanted: a refused request's connection drops all it reads."""
+        self.paused = self.held = False
+        self.transport.resumeProducing()
+
+    # What else the channel (and twisted's HTTP/2 upgrade) asks of its network producer.
+    def stopProducing(self) -> None:
+        self.transport.stopProducing()
+
+    def registerProducer(self, producer: Any, streaming: bool) -> None:
+        self.transport.registerProducer(producer, streaming)
+
+    def unregisterProducer(self) -> None:
+        self.transport.unregisterProducer()
 
 
 def _drop(data: bytes) -> None:
@@ -185,11 +262,20 @@ def _drop(data: bytes) -> None:
 def install(http_factory: Any) -> None:
     """Has Daphne's HTTP factory (built inside Server.run) give every connection this request class:
     its buildProtocol sets Daphne's own class on each protocol it builds."""
+    input_routes.routes()  # read from the URLconf now: a marked view it cannot guard stops the start
     build = http_factory.buildProtocol
 
     def build_with_door(addr: object) -> Any:
         protocol = build(addr)
         protocol.requestFactory = DoorRequest
+        channel = getattr(protocol, "_channel", protocol)  # twisted's HTTP/1.1 channel, behind its negotiator
+        made = channel.connectionMade
+
+        def connection_made() -> None:
+            made()  # sets the channel's network producer: the transport
+            channel._networkProducer = ReadSwitch(channel._networkProducer)
+
+        channel.connectionMade = connection_made
         return protocol
 
     http_factory.buildProtocol = build_with_door

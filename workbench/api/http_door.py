@@ -11,46 +11,39 @@ without reading the rest. The refusals, each answered as the route answers it (b
 - 413: the body is over WORKBENCH_MAX_FRAME_BYTES (by its Content-Length, or counted as a chunked body
   arrives), on every path;
 - 401: a large body (input_work.LARGE_BYTES and up) for a route that reads large bodies on the input
-  thread (ROUTES), without a valid API token;
+  thread, without a valid API token;
 - 429 `rate_limited` with Retry-After: such a body while its user's share of that thread is spent or
-  their queue for it full.
+  their queue for it full;
+- 503 `unavailable` with Retry-After: such a body when its token cannot be looked up (the database
+  is down): it is not let in unchecked, and the client is told to come back, as for any outage.
+Each answer passes Django's middleware (settings.MIDDLEWARE) on its way out, as a view's does, so that it
+carries the same headers (the security middleware's, the content-security policy, X-Frame-Options);
+where the middleware answers a request itself (a Host not allowed: 400), that answer is the door's.
 A body that is let in goes to the view, which checks it all again: the door only refuses before
 reading what the view would refuse after reading it.
+
+Which routes read on the input thread is said by their views, and the door finds their paths in the
+URLconf (workbench/api/input_routes.py): a new path to such a view is guarded without a word here.
 """
 
 from __future__ import annotations
 
+import functools
+import io
 from collections.abc import Mapping
-from dataclasses import dataclass
+from typing import Any
 
 from django.conf import settings
-from django.http import HttpResponse
+from django.core.handlers.asgi import ASGIRequest
+from django.core.handlers.base import BaseHandler
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+from django.http import HttpRequest, HttpResponse, HttpResponseBase
 
 from workbench.api.auth import api_key_token, bearer_token, user_for_token
 from workbench.api.http_api import ApiError, unauthenticated
+from workbench.api.input_routes import Route, route_of
 from workbench.serving import input_share
-
-
-@dataclass(frozen=True)
-class Route:
-    errors: str  # whose error shape: "openai", "anthropic" or "ollama"
-    api_key_header: bool = False  # takes Anthropic's `x-api-key` as well as the bearer token
-
-
-# The routes that read a large body on the input thread (input_work.prepared), by the end of their path:
-# a root path a proxy puts in front (Daphne's root_path) changes nothing.
-ROUTES = {"/v1/chat/completions": Route("openai"), "/v1/completions": Route("openai"),
-          "/v1/responses": Route("openai"), "/tokenize": Route("openai"), "/detokenize": Route("openai"),
-          "/v1/messages": Route("anthropic", True), "/v1/messages/count_tokens": Route("anthropic", True),
-          "/api/chat": Route("ollama"), "/api/generate": Route("ollama")}
-
-
-def route_of(path: str) -> Route | None:
-    """The input-thread route a request's path (without its query) names, or None."""
-    for end, route in ROUTES.items():
-        if path.endswith(end):
-            return route
-    return None
 
 
 def errors_of(path: str) -> str | None:
@@ -84,6 +77,16 @@ async def refusal_of_large(route: Route, headers: Mapping[str, str]) -> ApiError
     return None if refused is None else ApiError.limit(refused)
 
 
+UNAVAILABLE_RETRY_S = 5  # a database restarting or failing over is back within seconds
+
+
+def unavailable() -> ApiError:
+    """The refusal of a large body whose token could not be looked up."""
+    return ApiError(503, "the server could not check this request's API token just now (its database did not "
+                         f"answer); try again in {UNAVAILABLE_RETRY_S} s", code="unavailable", kind="server_error",
+                    retry_after=UNAVAILABLE_RETRY_S)
+
+
 def answer(path: str, refusal: ApiError) -> HttpResponse:
     """The refusal as the route on `path` answers it."""
     errors = errors_of(path)
@@ -98,3 +101,43 @@ def answer(path: str, refusal: ApiError) -> HttpResponse:
     if errors == "openai":
         return refusal.response()
     return HttpResponse(refusal.message, status=refusal.status, content_type="text/plain; charset=utf-8")
+
+
+class _Refused(ASGIRequest):
+    """A refused request as Django's middleware sees it: no body (the door read none) and the answer the
+    door has for it."""
+
+    def __init__(self, scope: dict[str, Any], answer: HttpResponse) -> None:
+        super().__init__(scope, io.BytesIO())
+        self.answer = answer
+
+
+class _Middleware(BaseHandler):
+    """settings.MIDDLEWARE around the door's answer in place of a view (none is resolved or called)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.load_middleware()  # sync: the door answers on the reactor's thread, within one call
+
+    def _get_response(self, request: HttpRequest) -> HttpResponseBase:
+        assert isinstance(request, _Refused)
+        return request.answer
+
+
+@functools.cache  # built once, as Daphne's application builds its own: 10 ms, a hundred refusals' worth
+def _middleware() -> _Middleware:
+    return _Middleware()
+
+
+@receiver(setting_changed)
+def _forget_middleware(**kwargs: object) -> None:
+    """Middleware read their settings when built: a test that changes one gets a new chain."""
+    _middleware.cache_clear()
+
+
+def through_middleware(scope: dict[str, Any], response: HttpResponse) -> HttpResponse:
+    """`response` to the request of ASGI `scope` as Django's middleware lets it out. A streamed answer
+    of the middleware's own (WhiteNoise's file, for a GET of a static path with a body over the limit) is
+    not sent on a refused connection: the door's own answer goes instead."""
+    answered = _middleware().get_response(_Refused(scope, response))
+    return answered if isinstance(answered, HttpResponse) else response

@@ -27,6 +27,7 @@ from django.views.decorators.csrf import csrf_exempt
 from engine.loading.tokenizer import Tokenizer
 from workbench.api import tokenize_limit
 from workbench.api.http_api import ApiError, authenticate, check_model, json_body, refuse_unless_off, tokenizer_of
+from workbench.api.input_routes import input_route
 from workbench.protocol import request_input
 from workbench.serving import bridge, input_work, limits, served_models
 from workbench.serving.model_facts import model_length
@@ -120,5 +121,5 @@ def _detokenized(tokenizer: Tokenizer, model: str, body: Mapping[str, object]) -
     return {"prompt": detokenize_body(tokenizer, body)}
 
 
-tokenize = _view(_tokenized)
-detokenize = _view(_detokenized)
+tokenize = input_route("openai")(_view(_tokenized))
+detokenize = input_route("openai")(_view(_detokenized))

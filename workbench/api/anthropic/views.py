@@ -26,6 +26,7 @@ from django.views.decorators.csrf import csrf_exempt
 from workbench.api import tokenize_limit
 from workbench.api.anthropic import reply, translate
 from workbench.api.http_api import ApiError, authenticate, json_body
+from workbench.api.input_routes import input_route
 from workbench.api.openai.views import ERROR_STATUS, SERVINGS, Prepared, Started
 
 # Anthropic's error types, by the status we answer with.
@@ -59,6 +60,7 @@ async def _prepared(request: HttpRequest, count_only: bool) -> tuple[AbstractBas
         raise translate.renamed(exc) from None
 
 
+@input_route("anthropic", api_key_header=True)
 @csrf_exempt
 async def messages(request: HttpRequest) -> HttpResponseBase:
     try:
@@ -75,6 +77,7 @@ async def messages(request: HttpRequest) -> HttpResponseBase:
     return await _whole(started, message)
 
 
+@input_route("anthropic", api_key_header=True)
 @csrf_exempt
 async def count_tokens(request: HttpRequest) -> HttpResponseBase:
     """The prompt's tokens as the engine would be given them for the same body (what usage counts)."""

@@ -27,6 +27,7 @@ from django.http import HttpRequest, HttpResponseBase, JsonResponse, StreamingHt
 from django.views.decorators.csrf import csrf_exempt
 
 from workbench.api.http_api import ApiError, authenticate, check_model, json_body
+from workbench.api.input_routes import input_route
 from workbench.api.ollama import translate
 from workbench.api.openai import tool_calls
 from workbench.api.server_views import installed_version
@@ -141,8 +142,8 @@ class _Reply:
                     yield json.dumps(self.last(event), ensure_ascii=False) + "\n"
 
 
-chat = _view("chat")
-generate = _view("generate")
+chat = input_route("ollama")(_view("chat"))
+generate = input_route("ollama")(_view("generate"))
 
 
 async def _served(request: HttpRequest, method: str) -> list[str]:

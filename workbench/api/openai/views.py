@@ -31,6 +31,7 @@ from engine.loading.tokenizer import Tokenizer
 from workbench.api.choice_streams import ChoiceGroup, choice_ids, summed_usage
 from workbench.api.http_api import (ERROR_STATUS, ApiError, authenticate, check_model, json_body, refuse_unless_off,
                                     tokenizer_of, vocabulary_of)
+from workbench.api.input_routes import input_route
 from workbench.api.openai import params as openai_params
 from workbench.api.openai import prompt_report, tool_calls
 from workbench.api.openai.server_timings import llama_timings
@@ -531,5 +532,5 @@ async def models(request: HttpRequest) -> HttpResponse:
                                                      "owned_by": "workbench"} for name in served]})
 
 
-completions = csrf_exempt(SERVINGS["completion"].view)
-chat_completions = csrf_exempt(SERVINGS["chat"].view)
+completions = input_route("openai")(csrf_exempt(SERVINGS["completion"].view))
+chat_completions = input_route("openai")(csrf_exempt(SERVINGS["chat"].view))

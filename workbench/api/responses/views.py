@@ -26,12 +26,14 @@ from django.http import HttpRequest, HttpResponseBase, JsonResponse, StreamingHt
 from django.views.decorators.csrf import csrf_exempt
 
 from workbench.api.http_api import ApiError, authenticate, json_body
+from workbench.api.input_routes import input_route
 from workbench.api.openai.views import ERROR_STATUS, SERVINGS, Started
 from workbench.api.responses import store, translate
 from workbench.api.responses.output import Output
 from workbench.serving.streams import StreamEvent
 
 
+@input_route("openai")
 @csrf_exempt
 async def responses(request: HttpRequest) -> HttpResponseBase:
     try:
