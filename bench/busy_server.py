@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/busy_server.py [--clients 1,8,32] [--prompts-per-client 4]
                                           [--vllm /tmp/vllm-venv/bin/vllm] [--settle 5]
-                                          [--budgets 256[,N...]] [--vllm-serve] [--no-profile]
+                                          [--budgets 256[,N...]] [--vllm-serve] [--engine-alone]
+                                          [--no-profile]
 
 It starts our server as `make run` serves SmolLM2 (workbench/serve.py; quantized weights, bfloat16
 activations, the in-process transport) on a free loopback port over a fresh SQLite database, with an
@@ -23,13 +24,15 @@ counts.
 --budgets runs our server once per prefill budget (WORKBENCH_MAX_PREFILL_BESIDE_DECODES: the prompt
 tokens a step may feed beside running decodes), a fresh server each: the curve of throughput, time to
 first token and inter-token latency the budget trades. --vllm-serve then runs the same client against
-`vllm serve` on the same weights dequantized (the engine bench's HF directory; bf16, its defaults
-otherwise, VLLM_CPU_KVCACHE_SPACE=4: its worker was killed at the first requests with the default
-here), and the closing table gives each of our rows' ratios to it. --engine-alone runs the same
-workload on our Engine in this process first, no web in front (prompts of INPUT_LEN random token ids
+`vllm serve` on the same weights dequantized (the engine bench's HF directory; bf16, seed 0, 2,048
+positions, its defaults otherwise, VLLM_CPU_KVCACHE_SPACE=4 unless set: its worker was killed at the
+first requests with the default on 2 cores), and the closing table gives each of our rows' ratios to it.
+--engine-alone runs the same workload on our Engine in this process first, no web in front (prompts of INPUT_LEN random token ids
 decoded and chat-templated, as the client's random dataset and our chat endpoint make them; temperature
 1, each request its own seed, as the client sends no temperature), at each client count as its
-concurrency: what the server's figures are a share of.
+concurrency and with each budget: what the server's figures are a share of (the client's arrivals
+are spread a little by HTTP and tokenizing, the engine alone's not at all, so the server's can come
+out the higher).
 
 vLLM's CLI lives in a venv of its own (docs/BENCHMARKS.md, "Intel Xeon with AMX"); without it this
 says how to make it and exits 2.
@@ -38,6 +41,7 @@ says how to make it and exits 2.
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import math
 import os
@@ -57,7 +61,6 @@ from bench.stack_profile import Profile, format_table, profile_of  # noqa: E402
 
 INPUT_LEN, OUTPUT_LEN = 256, 128
 VLLM_SERVE = "vllm serve"
-ENGINE_ALONE = "engine alone"
 MODELS = Path.home() / ".cache" / "workbench" / "models"
 # The engine bench's HF directory: SmolLM2's weights dequantized, with the tokenizer saved beside them.
 HF_DIR = MODELS / "bench-hf" / "SmolLM2-135M-Instruct.Q4_1"
@@ -83,27 +86,54 @@ def start_server(workdir: Path, budget: int | None) -> tuple[subprocess.Popen, s
 
 
 def start_vllm_serve(vllm: str, workdir: Path) -> tuple[subprocess.Popen, str]:
-    """`vllm serve` on the engine bench's HF directory (SmolLM2's weights dequantized, bf16) under the
-    served name our client asks for: (process, host:port), once it answers /v1/models."""
+    """`vllm serve` on the engine bench's HF directory (SmolLM2's weights dequantized, bf16, seed 0, 2,048
+    positions) under the served name our client asks for, in a session of its own (its engine core is a
+    child process: `stop` ends both): (process, host:port), once it answers /v1/models."""
     from bench.vllm_cpu_peer import _preloads
     from tests.cluster import free_port
 
     port = free_port()
-    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "4",
-           "LD_PRELOAD": ":".join(_preloads(str(Path(vllm).parent / "python")))}
-    log = (workdir / "vllm-serve.log").open("w")
-    server = subprocess.Popen([vllm, "serve", str(HF_DIR), "--served-model-name", "smollm2", "--host", "127.0.0.1",
-                               "--port", str(port), "--dtype", "bfloat16", "--seed", "0", "--max-model-len", "2048"],
-                              env=env, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline and server.poll() is None:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=5).read()
-            return server, f"127.0.0.1:{port}"
-        except OSError:
-            time.sleep(2)
-    server.kill()
+    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu",
+           "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "4")}
+    preloads = [*_preloads(str(Path(vllm).parent / "python")), *filter(None, [os.environ.get("LD_PRELOAD")])]
+    if preloads:
+        env["LD_PRELOAD"] = ":".join(preloads)
+    with (workdir / "vllm-serve.log").open("w") as log:  # the child keeps its own handle
+        server = subprocess.Popen([vllm, "serve", str(HF_DIR), "--served-model-name", "smollm2", "--host",
+                                   "127.0.0.1", "--port", str(port), "--dtype", "bfloat16", "--seed", "0",
+                                   "--max-model-len", "2048"],
+                                  env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and server.poll() is None:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=5).read()
+                return server, f"127.0.0.1:{port}"
+            except (OSError, http.client.HTTPException):
+                time.sleep(2)
+    except BaseException:
+        stop(server, group=True)
+        raise
+    stop(server, group=True)
     raise SystemExit(f"vllm serve did not come up: {(workdir / 'vllm-serve.log').read_text()[-3000:]}")
+
+
+def stop(server: subprocess.Popen, group: bool = False) -> None:
+    """Ends a server, and with `group` the rest of its process group (vllm serve's, its own session):
+    SIGTERM, then SIGKILL after 60 s."""
+    for sig, wait in ((signal.SIGTERM, 60), (signal.SIGKILL, None)):
+        try:
+            if group:
+                os.killpg(server.pid, sig)
+            else:
+                server.send_signal(sig)
+        except ProcessLookupError:
+            pass
+        try:
+            server.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def warm_up(address: str, token: str) -> None:
@@ -206,14 +236,19 @@ def run_server(args: argparse.Namespace, label: str, counts: list[int], workdir:
                 profiles[clients] = profile
             print(f"{label:>12} " + client_line(clients, results[clients]), flush=True)
     finally:
-        server.terminate()
-        server.wait(timeout=60)
+        stop(server, group=not ours)
     return results, profiles
 
 
+def label_of(kind: str, budget: int | None) -> str:
+    """A run's name: "ours" or "engine", with the prefill budget where one was given."""
+    return kind if budget is None else f"{kind} b={budget}"
+
+
 def engine_alone(counts: list[int], prompts_per_client: int, budget: int | None) -> dict[int, dict]:
-    """Our Engine on the client's workload, in this process: output tok/s per client count (as its
-    concurrency), in the client's result keys the comparison reads (latencies are the server's only)."""
+    """Our Engine on the client's workload, in this process, after one short request (the first step's
+    costs, as the servers' warm-up): output tok/s per client count (as its concurrency), in the client's
+    result keys the comparison reads (latencies are the server's only)."""
     import random
 
     from engine.engine import Engine
@@ -222,6 +257,9 @@ def engine_alone(counts: list[int], prompts_per_client: int, budget: int | None)
 
     engine = Engine(EngineConfig(model="smollm2", weights="quantized", dtype="bfloat16", device="cpu",
                                  max_prefill_beside_decodes=budget))
+    engine.add_request("warm-up", engine.tokenizer.encode("Hello"), SamplingParams(max_tokens=1))
+    while engine.has_unfinished_requests():
+        engine.step()
     draw = random.Random(0)
     results = {}
     for clients in counts:
@@ -241,7 +279,8 @@ def engine_alone(counts: list[int], prompts_per_client: int, budget: int | None)
         seconds = time.perf_counter() - start
         results[clients] = {"output_throughput": len(prompts) * OUTPUT_LEN / seconds, "median_ttft_ms": math.nan,
                             "p99_ttft_ms": math.nan, "median_itl_ms": math.nan, "p99_itl_ms": math.nan}
-        print(f"{ENGINE_ALONE:>12} {clients:>3} clients: {results[clients]['output_throughput']:7.1f} output tok/s  "
+        print(f"{label_of('engine', budget):>12} {clients:>3} clients: "
+              f"{results[clients]['output_throughput']:7.1f} output tok/s  "
               f"({len(prompts)} requests in {seconds:.1f} s, load {os.getloadavg()[0]:.1f})", flush=True)
     return results
 
@@ -251,7 +290,7 @@ def comparison(runs: dict[str, dict[int, dict]]) -> str:
     engine alone's at that count, where those ran."""
     def ratio(r: dict, to: str, clients: int) -> str:
         base = runs.get(to, {}).get(clients)
-        return f"{r['output_throughput'] / base['output_throughput']:7.2f}x" if base else " " * 8
+        return f"{r['output_throughput'] / base['output_throughput']:7.2f}x" if base and base["output_throughput"] else " " * 8
 
     def ms(value: float) -> str:  # the engine alone has no latencies of the client's
         return "-" if math.isnan(value) else f"{value:.0f} ms"
@@ -260,9 +299,10 @@ def comparison(runs: dict[str, dict[int, dict]]) -> str:
              "  p99/median"]
     for label, results in runs.items():
         for clients, r in results.items():
-            spread = r["p99_itl_ms"] / r["median_itl_ms"]
+            spread = r["p99_itl_ms"] / r["median_itl_ms"] if r["median_itl_ms"] else math.nan
+            engine = label.replace("ours", "engine", 1)  # ours against the engine alone at the same budget
             lines.append(f"{label:<14} {clients:>7}  {r['output_throughput']:12.1f}  {ratio(r, VLLM_SERVE, clients)}  "
-                         f"{ratio(r, ENGINE_ALONE, clients)}  {ms(r['median_ttft_ms']):>11}  {ms(r['p99_ttft_ms']):>8}  "
+                         f"{ratio(r, engine, clients)}  {ms(r['median_ttft_ms']):>11}  {ms(r['p99_ttft_ms']):>8}  "
                          f"{ms(r['median_itl_ms']):>10}  {ms(r['p99_itl_ms']):>7}  "
                          f"{'-' if math.isnan(spread) else f'{spread:.1f}x':>10}")
     return "\n".join(lines)
@@ -299,11 +339,12 @@ def main() -> int:
         return 2
     runs: dict[str, dict[int, dict]] = {}
     if args.engine_alone:
-        runs[ENGINE_ALONE] = engine_alone(counts, args.prompts_per_client, budgets[0])
+        for budget in budgets:
+            runs[label_of("engine", budget)] = engine_alone(counts, args.prompts_per_client, budget)
     with tempfile.TemporaryDirectory(prefix="busy-server-") as scratch:
         workdir = args.keep or Path(scratch)
         for budget in budgets:
-            label = "ours" if budget is None else f"ours b={budget}"
+            label = label_of("ours", budget)
             (workdir / label.replace(" ", "-")).mkdir(parents=True, exist_ok=True)
             runs[label], profiles = run_server(args, label, counts, workdir, budget)
             if profiles:

@@ -195,8 +195,11 @@ def test_a_row_is_the_same_bits_alone_or_in_any_batch(qtype: Q, path: str, out_d
 @pytest.mark.parametrize("qtype", QTYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("path", SIMD)
 @pytest.mark.parametrize("m", [1, 3, 4, 7, 8, 13, 16, 35, 64])  # AMX: 16-row tiles and the rows after
-def test_simd_path_is_the_same_bits_as_the_scalar_path(qtype: Q, path: str, m: int) -> None:
-    n, k = 100, 320  # 100 columns: the last group has 4
+# The last group has 4 columns: after an even number of groups (100 columns), and as the second of a pair
+# of groups (108: AVX-512 takes two groups a vector from 12 rows, at any thread count).
+@pytest.mark.parametrize("n", [100, 108])
+def test_simd_path_is_the_same_bits_as_the_scalar_path(qtype: Q, path: str, m: int, n: int) -> None:
+    k = 320
     packed = cpu.pack(random_blocks(qtype, n, k, seed=m), qtype, k)
     x = activations(m, k, seed=m)
     qs = cpu.quantize_q8_1(x, path="scalar")

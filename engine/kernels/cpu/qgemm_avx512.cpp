@@ -1,7 +1,8 @@
 // The AVX-512 VNNI path: the integer products for qgemm_tile.inc's micro-kernel with vpdpbusd (u8 x s8,
 // four products summed into int32 without saturation), EVEX-encoded at 256 bits so it shares the packed
-// layout and the epilogue with the AVX2 path. Compiled everywhere, run only where the CPU
-// reports AVX512F/BW/VL and VNNI (ops.cpp checks).
+// layout and the epilogue with the AVX2 path; from 12 rows on, every type but Q6_K runs two packed groups
+// a 512-bit vector with the same operations lane by lane (below). Compiled everywhere, run only where the
+// CPU reports AVX512F/BW/VL and VNNI (ops.cpp checks).
 //
 // Q8_0 weights are signed, and AVX-512 has no byte sign instruction: w + 128 (w ^ 0x80) is the unsigned
 // operand, and the block's sum is corrected by 128 * s_a, the activations' sum. Exact in int32. Q6_K, whose
@@ -139,8 +140,8 @@ void groups16(const GemmArgs& a, int64_t g0, int64_t g1) {
 
 void gemm_avx512(const GemmArgs& a, int64_t g0, int64_t g1) {
   // Fewer rows than a 16-column tile holds go on the 256-bit kernel: on an AMD EPYC (Zen 4) the pairs
-  // took the head's Q8_0 weight (30 MB) 2.3x as long at one row and 1.2-1.5x at eight (bench/qgemm_paths.py;
-  // not explained: not the prefetch), while from 12 rows on they are 2-15% faster on every shape.
+  // took the head's Q8_0 weight (30 MB) 2.3x as long at one row and 1.2-1.5x at eight, while from 12 rows
+  // on they are 2-15% faster on every shape (bench/qgemm_paths.py).
   if (a.M < ROWS16) {
     gemm(a, g0, g1);
     _mm256_zeroupper();
