@@ -5,6 +5,8 @@ the batch receive reads what either sends."""
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 
 from tests.cluster import RedisServer
@@ -144,8 +146,11 @@ async def test_the_one_trip_send_is_read_by_channels_redis_and_refuses_when_full
 
     from workbench.serving.celery.redis_layer import OneTripChannelLayer
 
-    sender = OneTripChannelLayer(hosts=["redis://127.0.0.1:6379/0"], capacity=2, prefix="wbtest-onetrip")
-    receiver = RedisChannelLayer(hosts=["redis://127.0.0.1:6379/0"], capacity=2, prefix="wbtest-onetrip")
+    # A prefix of this run's own: the machine's Redis is shared by test runs side by side (flush() below
+    # deletes everything under it).
+    prefix = f"wbtest-onetrip-{uuid.uuid4().hex[:8]}"
+    sender = OneTripChannelLayer(hosts=["redis://127.0.0.1:6379/0"], capacity=2, prefix=prefix)
+    receiver = RedisChannelLayer(hosts=["redis://127.0.0.1:6379/0"], capacity=2, prefix=prefix)
     try:
         for channel in (await receiver.new_channel(), "wbtest-general"):
             await sender.send(channel, {"type": "t", "n": 1})
@@ -175,8 +180,9 @@ async def test_the_batch_receive_takes_what_waits_in_order_and_reads_channels_re
     from workbench.serving.celery.redis_layer import OneTripChannelLayer
 
     url = "redis://127.0.0.1:6379/0" if redis_7 else request.getfixturevalue("redis_without_bzmpop")
-    receiver = OneTripChannelLayer(hosts=[url], prefix="wbtest-batch")
-    plain = RedisChannelLayer(hosts=[url], prefix="wbtest-batch")
+    prefix = f"wbtest-batch-{uuid.uuid4().hex[:8]}"  # this run's own, as above
+    receiver = OneTripChannelLayer(hosts=[url], prefix=prefix)
+    plain = RedisChannelLayer(hosts=[url], prefix=prefix)
     receiver.brpop_timeout = 1
     try:
         channel = await receiver.new_channel()
