@@ -14,7 +14,10 @@ The limits in play: WORKBENCH_USER_TOKENIZE_PER_MINUTE, WORKBENCH_USER_SOCKETS,
 WORKBENCH_SOCKET_FRAMES_PER_S. Prints, per setting, the quiet user's median and p90 TTFT quiet and flooded
 and their ratio (goal: the flooded median within 1.5x of the quiet one), and what the flood got through.
 Loopback only, bounded: every flood stops when the quiet user's last request ends, every call has a
-30 s limit.
+30 s limit. The flood runs in a process of its own: in the quiet user's event loop, its own sending
+(the JSON of a 100 KB frame, as fast as the loop turns) would delay the quiet user's reads and count
+in their times as the server's. It still shares the machine's cores with the server, as a neighbour on
+the same host would.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import os
 import secrets
 import statistics
@@ -30,6 +34,7 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -116,17 +121,37 @@ async def flood_socket(address: str, token: str, stop: asyncio.Event, seen: Coun
         await ws.close()
 
 
+async def flood(address: str, token: str, tokenizers: int, sockets: int, stop: Any) -> Counter:
+    """The noisy user's clients until `stop` (a multiprocessing Event) is set; what they saw."""
+    seen: Counter = Counter()
+    done = asyncio.Event()
+    floods = [asyncio.create_task(flood_tokenize(address, token, done, seen)) for _ in range(tokenizers)]
+    floods += [asyncio.create_task(flood_socket(address, token, done, seen)) for _ in range(sockets)]
+    while not stop.is_set():
+        await asyncio.sleep(0.05)
+    done.set()
+    await asyncio.wait(floods, timeout=TIMEOUT_S)
+    return seen
+
+
+def flood_process(address: str, token: str, tokenizers: int, sockets: int, stop: Any, results: Any) -> None:
+    results.put(dict(asyncio.run(flood(address, token, tokenizers, sockets, stop))))
+
+
 async def measure(address: str, tokens: dict[str, str], args: argparse.Namespace) -> tuple[list, list, Counter]:
     quiet = await quiet_user(address, tokens["quiet"], args.requests)
-    stop, seen = asyncio.Event(), Counter()
-    floods = [asyncio.create_task(flood_tokenize(address, tokens["noisy"], stop, seen)) for _ in range(args.tokenizers)]
-    floods += [asyncio.create_task(flood_socket(address, tokens["noisy"], stop, seen)) for _ in range(args.sockets)]
+    processes = multiprocessing.get_context("spawn")
+    stop, results = processes.Event(), processes.Queue()
+    noisy = processes.Process(target=flood_process, args=(address, tokens["noisy"], args.tokenizers, args.sockets,
+                                                          stop, results))
+    noisy.start()
     await asyncio.sleep(args.settle)
     try:
         flooded = await asyncio.wait_for(quiet_user(address, tokens["quiet"], args.requests), TIMEOUT_S * args.requests)
     finally:
         stop.set()
-        await asyncio.wait(floods, timeout=TIMEOUT_S)
+        seen = Counter(results.get(timeout=2 * TIMEOUT_S))
+        noisy.join(TIMEOUT_S)
     return quiet, flooded, seen
 
 
