@@ -223,26 +223,31 @@ class ReadSwitch:
 
     def pauseProducing(self) -> None:
         self.paused = True
-        self.transport.pauseProducing()
+        self._apply()
 
     def resumeProducing(self) -> None:
         self.paused = False
-        if not self.held:
-            self.transport.resumeProducing()
+        self._apply()
 
     def hold(self) -> None:
         self.held = True
-        self.transport.pauseProducing()
+        self._apply()
 
     def release(self) -> None:
         self.held = False
-        if not self.paused:
-            self.transport.resumeProducing()
+        self._apply()
 
     def open(self) -> None:
         """Read on, whatever either wanted: a refused request's connection drops all it reads."""
         self.paused = self.held = False
-        self.transport.resumeProducing()
+        self._apply()
+
+    def _apply(self) -> None:
+        """The transport reads while neither side stops it (pausing twice, or resuming twice, is harmless)."""
+        if self.paused or self.held:
+            self.transport.pauseProducing()
+        else:
+            self.transport.resumeProducing()
 
     # What else the channel (and twisted's HTTP/2 upgrade) asks of its network producer.
     def stopProducing(self) -> None:

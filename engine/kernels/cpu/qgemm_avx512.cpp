@@ -141,19 +141,17 @@ void groups16(const GemmArgs& a, int64_t g0, int64_t g1) {
 void gemm_avx512(const GemmArgs& a, int64_t g0, int64_t g1) {
   // Fewer rows than a 16-column tile holds go on the 256-bit kernel: on an AMD EPYC (Zen 4) the pairs
   // took the head's Q8_0 weight (30 MB) 2.3x as long at one row and 1.2-1.5x at eight, while from 12 rows
-  // on they are 2-15% faster on every shape (bench/qgemm_paths.py).
-  if (a.M < ROWS16) {
+  // on they are 2-15% faster on every shape (bench/qgemm_paths.py). Q6_K has no 512-bit sign trick.
+  if (a.M < ROWS16 || a.qtype == Q6_K) {
     gemm(a, g0, g1);
-    _mm256_zeroupper();
-    return;
-  }
-  switch (a.qtype) {
-    case Q4_0: groups16<Q4_0>(a, g0, g1); break;
-    case Q4_1: groups16<Q4_1>(a, g0, g1); break;
-    case Q8_0: groups16<Q8_0>(a, g0, g1); break;
-    case Q4_K: groups16<Q4_K>(a, g0, g1); break;
-    case Q5_K: groups16<Q5_K>(a, g0, g1); break;
-    default: gemm(a, g0, g1); break;
+  } else {
+    switch (a.qtype) {
+      case Q4_0: groups16<Q4_0>(a, g0, g1); break;
+      case Q4_1: groups16<Q4_1>(a, g0, g1); break;
+      case Q8_0: groups16<Q8_0>(a, g0, g1); break;
+      case Q4_K: groups16<Q4_K>(a, g0, g1); break;
+      default: groups16<Q5_K>(a, g0, g1); break;
+    }
   }
   _mm256_zeroupper();  // as qgemm_amx.cpp says: the scalar code after would pay a transition at every instruction
 }
