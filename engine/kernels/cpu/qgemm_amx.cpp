@@ -41,12 +41,13 @@ struct Isa {  // the VNNI micro-kernel, for the rows after the last full tile
 
 constexpr int64_t TILE_ROWS = AMX_TILE_ROWS, PAIR_COLUMNS = 2 * GROUP, WEIGHT_TILE_BYTES = 8 * 64;
 
-// Tile registers: 0 activations (16 rows x 32 k), 1 weights (8 quads x 16 columns x 4), 2 sums (16 x 16
-// int32); for Q6_K's halves: 3 activations (16 x 16 k), 4 weights (4 quads), 5 the second half's sums.
+// Tile registers: 0 activations (16 rows x 32 k), 1 weights (8 quads x 16 columns x 4), 2 and 6 sums (16 x
+// 16 int32: two slots, so one block's sums are computed while the previous block's epilogue runs); for
+// Q6_K's halves: 3 activations (16 x 16 k), 4 weights (4 quads), 5 and 7 the second half's sums.
 struct alignas(64) TileConfig {
   uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {32, 64, 64, 16, 64, 64};
-  uint8_t rows[16] = {16, 8, 16, 16, 4, 16};
+  uint16_t colsb[16] = {32, 64, 64, 16, 64, 64, 64, 64};
+  uint8_t rows[16] = {16, 8, 16, 16, 4, 16, 16, 16};
 };
 
 // Both groups' block b as one weight tile (row j: group g's quad j, then group g + 1's), at out. A pair
@@ -89,28 +90,35 @@ inline __m512i pair_subscales(const uint8_t* first, const uint8_t* second, int h
   return _mm512_cvtepi8_epi32(_mm_set_epi64x(hi, lo));
 }
 
-// The sums of block b for rows i0 .. i0 + 15 into sums (and, for Q6_K, second), 16 int32 a row.
-template <int QT>
-inline void tile_sums(const GemmArgs& a, const uint8_t* weights, int64_t i0, int64_t b, int32_t* sums, int32_t* second) {
-  const int8_t* rows = a.q + i0 * a.K + b * QK;
-  _tile_zero(2);
-  if constexpr (QT == Q6_K) {
-    _tile_zero(5);
-    _tile_loadd(3, rows, a.K);
-    _tile_loadd(4, weights, 64);
-    _tile_dpbssd(2, 3, 4);
-    _tile_loadd(3, rows + 16, a.K);
-    _tile_loadd(4, weights + 4 * 64, 64);
-    _tile_dpbssd(5, 3, 4);
-    _tile_stored(5, second, 64);
-  } else {
-    _tile_loadd(0, rows, a.K);
-    _tile_loadd(1, weights, 64);
-    if constexpr (QT == Q8_0) _tile_dpbssd(2, 0, 1);
-    else _tile_dpbsud(2, 0, 1);
+// The sums of block b for rows i0 .. i0 + 15 into sums (and, for Q6_K, second), 16 int32 a row, in tile
+// slot 0 (registers 2 and 5) or slot 1 (6 and 7). GCC's tile intrinsics paste their register numbers into
+// the assembly text, so a slot's registers must be literals: a macro writes one function per slot.
+#define WORKBENCH_TILE_SUMS(NAME, SUMS, SECOND)                                                                 \
+  template <int QT>                                                                                           \
+  inline void NAME(const GemmArgs& a, const uint8_t* weights, int64_t i0, int64_t b, int32_t* sums,         \
+                   int32_t* second) {                                                                         \
+    const int8_t* rows = a.q + i0 * a.K + b * QK;                                                             \
+    _tile_zero(SUMS);                                                                                         \
+    if constexpr (QT == Q6_K) {                                                                               \
+      _tile_zero(SECOND);                                                                                     \
+      _tile_loadd(3, rows, a.K);                                                                              \
+      _tile_loadd(4, weights, 64);                                                                            \
+      _tile_dpbssd(SUMS, 3, 4);                                                                               \
+      _tile_loadd(3, rows + 16, a.K);                                                                         \
+      _tile_loadd(4, weights + 4 * 64, 64);                                                                   \
+      _tile_dpbssd(SECOND, 3, 4);                                                                             \
+      _tile_stored(SECOND, second, 64);                                                                       \
+    } else {                                                                                                  \
+      _tile_loadd(0, rows, a.K);                                                                              \
+      _tile_loadd(1, weights, 64);                                                                            \
+      if constexpr (QT == Q8_0) _tile_dpbssd(SUMS, 0, 1);                                                     \
+      else _tile_dpbsud(SUMS, 0, 1);                                                                          \
+    }                                                                                                         \
+    _tile_stored(SUMS, sums, 64);                                                                             \
   }
-  _tile_stored(2, sums, 64);
-}
+WORKBENCH_TILE_SUMS(tile_sums_slot0, 2, 5)
+WORKBENCH_TILE_SUMS(tile_sums_slot1, 6, 7)
+#undef WORKBENCH_TILE_SUMS
 
 // acc[r] += block b's contribution for row i0 + r: qgemm_tile.inc's block_step epilogue at 16 lanes.
 template <int QT>
@@ -149,7 +157,7 @@ void vnni_rows(const GemmArgs& a, int64_t g, int64_t i) {
 
 // Output groups g and g + 1 (when g + 1 < g_end) for all rows (at least one full tile of them: ops.cpp).
 template <int QT>
-void pair(const GemmArgs& a, int64_t g, int64_t g_end, std::vector<uint8_t>& unpacked, const float* block_sums) {
+void pair(const GemmArgs& a, int64_t g, int64_t g_end, uint8_t* unpacked, const float* block_sums) {
   const int64_t nb = a.K / QK, gb = group_bytes(QT);
   const uint8_t* first = a.w + g * nb * gb;
   const uint8_t* second = g + 1 < g_end ? first + nb * gb : nullptr;
@@ -159,16 +167,24 @@ void pair(const GemmArgs& a, int64_t g, int64_t g_end, std::vector<uint8_t>& unp
   const uint8_t* next = g + 2 < g_end ? first + 2 * nb * gb : nullptr;
   const int64_t next_groups = g + 3 < g_end ? 2 : 1;
   for (int64_t b = 0; b < nb; ++b)
-    unpack_block<QT>(first + b * gb, second ? second + b * gb : nullptr, unpacked.data() + b * WEIGHT_TILE_BYTES);
-  alignas(64) int32_t sums[TILE_ROWS * PAIR_COLUMNS], second_sums[TILE_ROWS * PAIR_COLUMNS];
+    unpack_block<QT>(first + b * gb, second ? second + b * gb : nullptr, unpacked + b * WEIGHT_TILE_BYTES);
+  // Two slots of sums: block b + 1's tile work is issued before block b's epilogue, which reads the other
+  // slot, so the tile unit's latency hides behind the vector work instead of stalling it every block.
+  alignas(64) int32_t sums[2][TILE_ROWS * PAIR_COLUMNS], second_sums[2][TILE_ROWS * PAIR_COLUMNS];
+  const auto issue = [&](int64_t i0, int64_t b) {
+    if (b & 1) tile_sums_slot1<QT>(a, unpacked + b * WEIGHT_TILE_BYTES, i0, b, sums[1], second_sums[1]);
+    else tile_sums_slot0<QT>(a, unpacked + b * WEIGHT_TILE_BYTES, i0, b, sums[0], second_sums[0]);
+  };
   for (int64_t i0 = 0; i0 < full_rows; i0 += TILE_ROWS) {
     __m512 acc[TILE_ROWS];
 #pragma GCC unroll 16
     for (int r = 0; r < TILE_ROWS; ++r) acc[r] = _mm512_setzero_ps();
+    issue(i0, 0);
     for (int64_t b = 0; b < nb; ++b) {
       if (i0 == 0 && next) prefetch(next + next_groups * b * gb, next_groups * gb);  // a block's share of them
-      tile_sums<QT>(a, unpacked.data() + b * WEIGHT_TILE_BYTES, i0, b, sums, second_sums);
-      epilogue<QT>(a, first + b * gb, second ? second + b * gb : nullptr, i0, b, sums, second_sums, block_sums, acc);
+      if (b + 1 < nb) issue(i0, b + 1);
+      epilogue<QT>(a, first + b * gb, second ? second + b * gb : nullptr, i0, b, sums[b & 1], second_sums[b & 1],
+                   block_sums, acc);
     }
 #pragma GCC unroll 16
     for (int r = 0; r < TILE_ROWS; ++r) {
@@ -191,7 +207,11 @@ void pairs(const GemmArgs& a, int64_t g0, int64_t g1) {
   }
   const TileConfig config;
   _tile_loadconfig(&config);
-  for (int64_t g = g0; g < g1; g += 2) pair<QT>(a, g, g1, unpacked, block_sums.data());
+  // Plain pointers from here on: reaching a thread_local inside the loops is a call (__tls_get_addr), and
+  // around a call every vector register is spilled, the row tile's accumulators included.
+  uint8_t* const tiles = unpacked.data();
+  const float* const sums_as_float = block_sums.data();
+  for (int64_t g = g0; g < g1; g += 2) pair<QT>(a, g, g1, tiles, sums_as_float);
   _tile_release();
 }
 
