@@ -4,8 +4,8 @@
 // Why it gives the same bits: a block's isum is an exact int32 sum whatever computes it (a tile's dot
 // product, vpdpbusd, a scalar loop), and the epilogue is the same elementwise fp32 operations, in block
 // order, as qgemm_tile.inc's, at 16 lanes instead of 8. So rows may go through the tiles or through the
-// VNNI micro-kernel without a bit changing: full 16-row tiles take the tile unit, the rows after the last
-// full tile the VNNI code (a call with fewer than 16 rows, as a small decode batch, never comes here:
+// VNNI code without a bit changing: full 16-row tiles take the tile unit, the rows after the last full
+// tile the AVX-512 path (a call with fewer than 16 rows, as a small decode batch, never comes here:
 // ops.cpp sends it to the AVX-512 path).
 //
 // Layout: a weight tile is 8 rows of 64 bytes, row j holding quad j (k = 4j .. 4j + 3) of 16 columns,
@@ -31,7 +31,7 @@
 namespace workbench_cpu {
 namespace {
 
-struct Isa {  // the VNNI micro-kernel, for the rows after the last full tile
+struct Isa {  // qgemm_tile.inc asks for one; only its scale loads and stores are used here
   static constexpr int MAX_ROWS = 8;
   static constexpr bool BIAS_Q8 = true;
   static __m256i dot(__m256i acc, __m256i w, __m256i a) { return _mm256_dpbusd_epi32(acc, w, a); }
@@ -148,11 +148,16 @@ inline void prefetch(const uint8_t* bytes, int64_t count) {
   for (int64_t at = 0; at < count; at += 64) _mm_prefetch(reinterpret_cast<const char*>(bytes + at), _MM_HINT_T0);
 }
 
-// Rows i .. M - 1 of group g on the VNNI micro-kernel.
-template <int QT>
-void vnni_rows(const GemmArgs& a, int64_t g, int64_t i) {
-  for (; i + MAX_ROWS <= a.M; i += MAX_ROWS) tile<QT, MAX_ROWS>(a, g, i);
-  if (i < a.M) rest<QT>(a, g, i, a.M - i);
+// Rows i .. M - 1 of groups g .. g_end - 1 on the AVX-512 VNNI path, right after the tiles read the same
+// weights (so they come from the cache).
+inline void vnni_rows(const GemmArgs& a, int64_t i, int64_t g, int64_t g_end) {
+  if (i == a.M) return;
+  const int64_t nb = a.K / QK;
+  GemmArgs rest = a;
+  rest.q += i * a.K, rest.d += i * nb, rest.s += i * nb, rest.M = a.M - i;
+  if (a.out_f32) rest.out_f32 += i * a.N;
+  else rest.out_bf16 += i * a.N;
+  gemm_avx512(rest, g, g_end);
 }
 
 // Output groups g and g + 1 (when g + 1 < g_end) for all rows (at least one full tile of them: ops.cpp).
@@ -192,8 +197,7 @@ void pair(const GemmArgs& a, int64_t g, int64_t g_end, uint8_t* unpacked, const 
       if (second) store(a, i0 + r, g + 1, _mm512_extractf32x8_ps(acc[r], 1));
     }
   }
-  vnni_rows<QT>(a, g, full_rows);
-  if (second) vnni_rows<QT>(a, g + 1, full_rows);
+  vnni_rows(a, full_rows, g, second ? g + 2 : g + 1);
 }
 
 template <int QT>

@@ -139,10 +139,13 @@ void groups16(const GemmArgs& a, int64_t g0, int64_t g1) {
 }  // namespace
 
 void gemm_avx512(const GemmArgs& a, int64_t g0, int64_t g1) {
-  // Fewer rows than a 16-column tile holds go on the 256-bit kernel: on an AMD EPYC (Zen 4) the pairs
-  // took the head's Q8_0 weight (30 MB) 2.3x as long at one row and 1.2-1.5x at eight, while from 12 rows
-  // on they are 2-15% faster on every shape (bench/qgemm_paths.py). Q6_K has no 512-bit sign trick.
-  if (a.M < ROWS16 || a.qtype == Q6_K) {
+  // Where the pairs start. On an AMD EPYC (Zen 4: 512-bit operations in two halves) they took the head's
+  // Q8_0 weight (30 MB) 2.3x as long at one row and 1.2-1.5x at eight, while from 12 rows on they are 2-15%
+  // faster on every shape; so there fewer rows go on the 256-bit kernel. On Intel's AVX-512 Xeons (full
+  // 512-bit units) the pairs are faster at every row count: 15-25% at 1-8 rows for the Q4_1 shapes, equal
+  // to 20% for the head (bench/qgemm_paths.py). Q6_K has no 512-bit sign trick. The bits are the same.
+  static const int64_t pairs_from = __builtin_cpu_is("amd") ? ROWS16 : 1;
+  if (a.M < pairs_from || a.qtype == Q6_K) {
     gemm(a, g0, g1);
   } else {
     switch (a.qtype) {
