@@ -25,13 +25,13 @@
 //                  ((l4 + l5) + (l6 + l7)) over lanes l[k % 8] = l[k % 8] + x_k * x_k, k in order
 //   rope (HF's half rotation), i < hd/2:  v_i' = v_i * c_i - v_(i+hd/2) * s_i,
 //                                         v_(i+hd/2)' = v_(i+hd/2) * c_i + v_i * s_i
-//   silu(g) = g / (1 + expf(-g))          (the C library's expf)
+//   silu(g) * u as swiglu.h defines it      (exp_f32 of paged_attention.h, vectorized with the same bits)
 //   gelu(g) = (0.5f * g) * (1 + tanhf(c * (g + 0.044715f * ((g * g) * g)))), c = sqrt(2 / pi) in fp32
 //   rope_tables: c_i = cos(p * f_i), s_i = sin(p * f_i), p * f_i an fp32 product, cos and sin in double,
 //                rounded to fp32 once
 // every fp32 operation rounded once (no contraction: build.py compiles with -ffp-contract=off). This file
-// has one code path for every CPU; only qgemm's and attention's instructions change with `path`, never
-// their arithmetic. So a row's result depends on its own inputs and its sequence's cache alone: not on N,
+// has one code path for every CPU; only qgemm's, attention's and SwiGLU's instructions change with `path`,
+// never their arithmetic. So a row's result depends on its own inputs and its sequence's cache alone: not on N,
 // the rows beside it, the thread count or the path.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -45,6 +45,7 @@
 
 #include "dispatch.h"
 #include "drivers.h"
+#include "swiglu.h"
 
 namespace workbench_cpu {
 namespace {
@@ -71,9 +72,19 @@ void norm_row(const float* x, const float* w, int64_t n, float eps, float* out) 
   for (int64_t k = 0; k < n; ++k) out[k] = (x[k] * r) * w[k];
 }
 
-float activate(float g, int64_t activation) {
-  if (activation == GELU_TANH) return (0.5f * g) * (1.0f + std::tanh(GELU_C * (g + 0.044715f * ((g * g) * g))));
-  return g / (1.0f + std::exp(-g));
+float gelu(float g) { return (0.5f * g) * (1.0f + std::tanh(GELU_C * (g + 0.044715f * ((g * g) * g)))); }
+
+// out_k = act(g_k) * u_k for one row.
+void gated(const float* g, const float* u, float* out, int64_t n, int64_t activation, int64_t path) {
+  if (activation == GELU_TANH) {
+    for (int64_t k = 0; k < n; ++k) out[k] = gelu(g[k]) * u[k];
+  } else if (path == SCALAR) {
+    swiglu_scalar(g, u, out, n);
+  } else if (path == AVX2) {
+    swiglu_avx2(g, u, out, n);
+  } else {
+    swiglu_avx512(g, u, out, n);
+  }
 }
 
 void rope_head(float* v, const float* c, const float* s, int64_t half) {
@@ -283,7 +294,7 @@ void decoder_layer(const at::Tensor& x, at::TensorList weights, at::IntArrayRef 
     std::vector<float> a(I);
     for (int64_t t = r0; t < r1; ++t) {
       const float* g = gu + t * 2 * I;
-      for (int64_t k = 0; k < I; ++k) a[k] = activate(g[k], activation) * g[I + k];
+      gated(g, g + I, a.data(), I, activation, path);
       run_quantize(act.row(a.data(), t), path);
     }
   });

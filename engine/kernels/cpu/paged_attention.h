@@ -24,7 +24,9 @@
 //   y = fma(p, r * r, r) + 1; result = y * 2^n (2^n built from its exponent bits, n >= -126).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "qgemm.h"  // bf16_bits, bf16_to_float
 
@@ -38,6 +40,21 @@ constexpr float LN2_HI = 0.693359375f;
 constexpr float LN2_LO = -2.12194440e-4f;
 constexpr float EXP_P[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
                             4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+
+// exp_f32 above, one value at a time (the scalar paths' and the reference for the lanes in exp_lanes.inc).
+inline float exp_f32(float x) {
+  if (x < EXP_LOW) return 0.0f;
+  const float n = std::nearbyint(x * LOG2E);
+  float r = std::fma(n, -LN2_HI, x);
+  r = std::fma(n, -LN2_LO, r);
+  float p = EXP_P[0];
+  for (int c = 1; c < 6; ++c) p = std::fma(p, r, EXP_P[c]);
+  const float y = std::fma(p, r * r, r) + 1.0f;
+  const uint32_t bits = uint32_t(int32_t(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, 4);
+  return y * scale;
+}
 
 struct AttnArgs {
   const void* q;              // [N, H, D] float32 or bfloat16 (bits as uint16), contiguous

@@ -20,6 +20,7 @@
 namespace workbench_cpu {
 namespace {
 
+#define WORKBENCH_EXP16
 #include "paged_attention_lanes.inc"
 
 constexpr int64_t KEYS = 16;        // keys a vector in the blocks layout
@@ -52,19 +53,6 @@ inline __m512 tree16(const __m512 a[8], __m512 scale) {
   const __m512 lo = _mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3]));
   const __m512 hi = _mm512_add_ps(_mm512_add_ps(a[4], a[5]), _mm512_add_ps(a[6], a[7]));
   return _mm512_mul_ps(_mm512_add_ps(lo, hi), scale);
-}
-
-// exp_f32 lane by lane (exp8's operations at 16 lanes).
-inline __m512 exp16(__m512 x) {
-  const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(EXP_LOW), _CMP_GE_OQ);
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-LN2_HI), x);
-  r = _mm512_fmadd_ps(n, _mm512_set1_ps(-LN2_LO), r);
-  __m512 p = _mm512_set1_ps(EXP_P[0]);
-  for (int c = 1; c < 6; ++c) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P[c]));
-  const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
-  const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-  return _mm512_maskz_mov_ps(keep, _mm512_mul_ps(y, _mm512_castsi512_ps(bits)));
 }
 
 // weights8 at 16 lanes for the max and the exponentials; the sum still adds keys i = l mod 8 in lane l,

@@ -9,20 +9,6 @@
 namespace workbench_cpu {
 namespace {
 
-float exp_f32(float x) {
-  if (x < EXP_LOW) return 0.0f;
-  const float n = std::nearbyint(x * LOG2E);
-  float r = std::fma(n, -LN2_HI, x);
-  r = std::fma(n, -LN2_LO, r);
-  float p = EXP_P[0];
-  for (int c = 1; c < 6; ++c) p = std::fma(p, r, EXP_P[c]);
-  const float y = std::fma(p, r * r, r) + 1.0f;
-  const uint32_t bits = uint32_t(int32_t(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, 4);
-  return y * scale;
-}
-
 float tree(const float l[ATTN_LANES]) {
   return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
 }
