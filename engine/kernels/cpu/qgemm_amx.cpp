@@ -173,23 +173,27 @@ void pair(const GemmArgs& a, int64_t g, int64_t g_end, uint8_t* unpacked, const 
   const int64_t next_groups = g + 3 < g_end ? 2 : 1;
   for (int64_t b = 0; b < nb; ++b)
     unpack_block<QT>(first + b * gb, second ? second + b * gb : nullptr, unpacked + b * WEIGHT_TILE_BYTES);
-  // Two slots of sums: block b + 1's tile work is issued before block b's epilogue, which reads the other
-  // slot, so the tile unit's latency hides behind the vector work instead of stalling it every block.
+  // Two slots of sums: the next block's tile work (in this row tile, or the next tile's first block) is
+  // issued before this block's epilogue, which reads the other slot, so the tile unit's latency hides
+  // behind the vector work instead of stalling it every block. `step` counts blocks over all row tiles:
+  // its parity is the slot.
   alignas(64) int32_t sums[2][TILE_ROWS * PAIR_COLUMNS], second_sums[2][TILE_ROWS * PAIR_COLUMNS];
-  const auto issue = [&](int64_t i0, int64_t b) {
-    if (b & 1) tile_sums_slot1<QT>(a, unpacked + b * WEIGHT_TILE_BYTES, i0, b, sums[1], second_sums[1]);
+  const auto issue = [&](int64_t i0, int64_t b, int64_t step) {
+    if (step & 1) tile_sums_slot1<QT>(a, unpacked + b * WEIGHT_TILE_BYTES, i0, b, sums[1], second_sums[1]);
     else tile_sums_slot0<QT>(a, unpacked + b * WEIGHT_TILE_BYTES, i0, b, sums[0], second_sums[0]);
   };
+  int64_t step = 0;
+  if (full_rows) issue(0, 0, 0);
   for (int64_t i0 = 0; i0 < full_rows; i0 += TILE_ROWS) {
     __m512 acc[TILE_ROWS];
 #pragma GCC unroll 16
     for (int r = 0; r < TILE_ROWS; ++r) acc[r] = _mm512_setzero_ps();
-    issue(i0, 0);
-    for (int64_t b = 0; b < nb; ++b) {
+    for (int64_t b = 0; b < nb; ++b, ++step) {
       if (i0 == 0 && next) prefetch(next + next_groups * b * gb, next_groups * gb);  // a block's share of them
-      if (b + 1 < nb) issue(i0, b + 1);
-      epilogue<QT>(a, first + b * gb, second ? second + b * gb : nullptr, i0, b, sums[b & 1], second_sums[b & 1],
-                   block_sums, acc);
+      if (b + 1 < nb) issue(i0, b + 1, step + 1);
+      else if (i0 + TILE_ROWS < full_rows) issue(i0 + TILE_ROWS, 0, step + 1);
+      epilogue<QT>(a, first + b * gb, second ? second + b * gb : nullptr, i0, b, sums[step & 1],
+                   second_sums[step & 1], block_sums, acc);
     }
 #pragma GCC unroll 16
     for (int r = 0; r < TILE_ROWS; ++r) {
