@@ -2,7 +2,7 @@
 compared with the same request run alone; and, with --soak, a soak that checks nothing grows.
 
     .venv/bin/python bench/load.py [--transport inprocess|celery] [--workers 2] [--clients 64]
-        [--requests-per-client 2] [--users 16] [--seed 0] [--max-tokens 48] [--greedy-share 0.5]
+        [--model demo] [--requests-per-client 2] [--users 16] [--seed 0] [--max-tokens 48] [--greedy-share 0.5]
         [--device-loop/--no-device-loop] [--graphs/--no-graphs] [--near-tie-eps 0.001]
         [--soak SECONDS [--interval SECONDS]] [--address HOST:PORT --tokens FILE [--session COOKIE]]
 
@@ -47,13 +47,15 @@ from bench import load_oracle, soak  # noqa: E402
 from bench.load_clients import Spec, load, specs  # noqa: E402
 from bench.load_clients import soak as soak_load  # noqa: E402
 from bench.load_stack import Target, engines, runtime_check, start  # noqa: E402
+from engine.engine import Engine  # noqa: E402
+from engine.engine_config import EngineConfig  # noqa: E402
 
 SOAK_PLANS = 2  # a soak repeats this many plans: the oracle's solo runs stay 2 x clients
 
 
 def run_load(target: Target, plan: list[list[Spec]]) -> tuple[list, float]:
     started = time.monotonic()
-    results = asyncio.run(load(target.address, target.tokens, plan))
+    results = asyncio.run(load(target.address, target.tokens, plan, target.model))
     return results, time.monotonic() - started
 
 
@@ -68,7 +70,7 @@ def run_soak(target: Target, plans: list[list[list[Spec]]], seconds: float, inte
 
     async def run() -> list:
         await checkpoint()
-        return await soak_load(target.address, target.tokens, plans, seconds, interval, checkpoint)
+        return await soak_load(target.address, target.tokens, plans, seconds, interval, checkpoint, target.model)
 
     return asyncio.run(run()), points
 
@@ -77,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--transport", choices=("inprocess", "celery"), default="inprocess")
     parser.add_argument("--workers", type=int, default=2, help="Celery GPU workers (--transport celery)")
+    parser.add_argument("--model", default="demo", help="the model served and run alone (smollm2 as `make run` "
+                        "serves it: WORKBENCH_WEIGHTS=quantized WORKBENCH_DTYPE=bfloat16 in the environment)")
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--requests-per-client", type=int, default=2)
     parser.add_argument("--users", type=int, default=16)
@@ -99,9 +103,10 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as workdir:
         if args.address:
             tokens = json.loads(Path(args.tokens).read_text())
-            target, users = Target("given", args.address, tokens, args.session), sorted(tokens)
+            target, users = Target("given", args.address, tokens, args.session, model=args.model), sorted(tokens)
         else:
-            target = start(args.transport, Path(workdir), users, args.device_loop, args.graphs, args.workers)
+            target = start(args.transport, Path(workdir), users, args.device_loop, args.graphs, args.workers,
+                           args.model)
         try:
             before = asyncio.run(engines(target)) if target.session else {}
             if args.soak:
@@ -118,8 +123,10 @@ def main(argv: list[str] | None = None) -> int:
             audit = audit_counts(target.address)
         finally:
             target.stop()
+    alone = Engine(EngineConfig(model=args.model, dtype=os.environ.get("WORKBENCH_DTYPE") or "float32",
+                                weights=os.environ.get("WORKBENCH_WEIGHTS") or None))  # as the stack's settings read them
     report = load_oracle.judge(results, load_oracle.solo([s for plan in plans for mine in plan for s in mine],
-                                                         args.near_tie_eps))
+                                                         args.near_tie_eps, alone))
     report.update(transport=target.transport, near_tie_eps=args.near_tie_eps, wall_s=round(wall, 1),
                   tokens_per_s=round(report["tokens"] / wall, 1), replay_audit=audit)
     failed = bool(report["mismatches"] or report["offset_gaps"] or report["unanswered"]

@@ -134,7 +134,7 @@ async def run_ws(address: str, token: str, spec: Spec) -> Result:
                 return result
 
 
-async def run_openai(address: str, token: str, spec: Spec) -> Result:
+async def run_openai(address: str, token: str, spec: Spec, model: str = "demo") -> Result:
     result = Result(spec)
     client = openai.AsyncOpenAI(base_url=f"http://{address}/v1", api_key=token, max_retries=0, timeout=RECEIVE_S)
     extra = {"ignore_eos": True}
@@ -142,7 +142,7 @@ async def run_openai(address: str, token: str, spec: Spec) -> Result:
     started = time.monotonic()
     last, chunks = started, 0
     try:
-        stream = await client.completions.create(model="demo", prompt=spec.prompt, stream=True, extra_body=extra, **kwargs)
+        stream = await client.completions.create(model=model, prompt=spec.prompt, stream=True, extra_body=extra, **kwargs)
         async for chunk in stream:
             text = chunk.choices[0].text if chunk.choices else ""
             if not text:
@@ -172,23 +172,25 @@ async def run_openai(address: str, token: str, spec: Spec) -> Result:
     return result
 
 
-async def run_one(address: str, tokens: dict[str, str], spec: Spec) -> Result:
-    run = run_ws if spec.api == "ws" else run_openai
+async def run_one(address: str, tokens: dict[str, str], spec: Spec, model: str = "demo") -> Result:
+    """`model`: the served model's name, which the OpenAI API checks (the websocket API takes none)."""
     try:
-        return await run(address, tokens[spec.user], spec)
+        if spec.api == "ws":
+            return await run_ws(address, tokens[spec.user], spec)
+        return await run_openai(address, tokens[spec.user], spec, model)
     except Exception as exc:  # a client that got no answer is counted, not fatal to the run
         return Result(spec, ending=f"unanswered:{spec.api}:{type(exc).__name__}", message=str(exc)[:200])
 
 
-async def load(address: str, tokens: dict[str, str], plan: list[list[Spec]]) -> list[Result]:
+async def load(address: str, tokens: dict[str, str], plan: list[list[Spec]], model: str = "demo") -> list[Result]:
     async def client(mine: list[Spec]) -> list[Result]:
-        return [await run_one(address, tokens, spec) for spec in mine]
+        return [await run_one(address, tokens, spec, model) for spec in mine]
 
     return [r for rs in await asyncio.gather(*(client(m) for m in plan)) for r in rs]
 
 
 async def soak(address: str, tokens: dict[str, str], plans: list[list[list[Spec]]], seconds: float,
-               interval: float, checkpoint: Callable[[], Awaitable[None]]) -> list[Result]:
+               interval: float, checkpoint: Callable[[], Awaitable[None]], model: str = "demo") -> list[Result]:
     """Every client runs its requests of plans[0], then of plans[1], ... round and round until `seconds`
     have passed. Every `interval` s (and at the end) the clients pause before their next request and,
     once none has a request under way, `checkpoint()` runs; then they go on. Bounded: a client's request
@@ -211,7 +213,7 @@ async def soak(address: str, tokens: dict[str, str], plans: list[list[list[Spec]
                 under_way += 1
                 idle.clear()
                 try:
-                    results.append(await run_one(address, tokens, spec))
+                    results.append(await run_one(address, tokens, spec, model))
                 finally:
                     under_way -= 1
                     if under_way == 0:

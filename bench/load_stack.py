@@ -54,15 +54,17 @@ class Target:
     db_path: Path | None = None
     cluster: Any = None
     redis_server: Any = None
+    model: str = "demo"  # the served model's name (WORKBENCH_MODEL), which the OpenAI clients ask for
 
 
 def start(transport: str, workdir: Path, users: list[str], device_loop: bool, graphs: bool,
-          workers: int = 2) -> Target:
-    """A fresh stack of `transport` (see the module docstring); call its stop() at the end."""
+          workers: int = 2, model: str = "demo") -> Target:
+    """A fresh stack of `transport` (see the module docstring) serving `model`, in the dtype and weights
+    WORKBENCH_DTYPE and WORKBENCH_WEIGHTS of this environment give; call its stop() at the end."""
     from tests.cluster import Cluster, RedisServer, issue_tokens, operator_session, start_daphne
 
     settings = {DEVICE_LOOP: "1" if device_loop else "0", GRAPHS: "1" if graphs else "0",
-                "WORKBENCH_USER_CONCURRENT_REQUESTS": "0", "WORKBENCH_USER_REQUESTS_PER_MINUTE": "0",
+                "WORKBENCH_MODEL": model, "WORKBENCH_USER_CONCURRENT_REQUESTS": "0", "WORKBENCH_USER_REQUESTS_PER_MINUTE": "0",
                 "WORKBENCH_SECRET_KEY": os.environ.get("WORKBENCH_SECRET_KEY") or "bench-load-only-" + "x" * 40}
     db_path = workdir / "db.sqlite3"
     if transport == "inprocess":
@@ -89,6 +91,7 @@ def start(transport: str, workdir: Path, users: list[str], device_loop: bool, gr
         env = cluster.env
         target = Target(transport, address, {}, None, redis_server.url, cluster.prefix, True, stop, db_path, cluster,
                         redis_server)
+    target.model = model
     try:
         target.tokens = issue_tokens(env, db_path, users)
         target.session = operator_session(env, db_path, username=OPERATOR)[0]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -53,6 +54,13 @@ def test_stack_starts_serves_and_stops_everything(tmp_path):
         assert frame["type"] == "done" and frame["usage"]["completion_tokens"] == 8
         workers = redis.Redis.from_url(redis_url).keys("workbench:worker:*")
         assert len(workers) == 2
+        # Each worker gets its share of the cores: two torch thread teams of every core would fight.
+        pids = subprocess.run(["pgrep", "-P", str(stack.pid), "-f", "celery"], capture_output=True,
+                              text=True).stdout.split()
+        assert len(pids) == 2, pids
+        for pid in pids:
+            environ = dict(item.split("=", 1) for item in open(f"/proc/{pid}/environ").read().split("\0") if "=" in item)
+            assert environ.get("OMP_NUM_THREADS") == str(max(1, (os.cpu_count() or 1) // 2)), pid
     finally:
         stack.send_signal(signal.SIGINT)
         stack.wait(timeout=60)
