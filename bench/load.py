@@ -75,6 +75,17 @@ def run_soak(target: Target, plans: list[list[list[Spec]]], seconds: float, inte
     return asyncio.run(run()), points
 
 
+def engine_alone(model: str) -> Engine:
+    """The oracle's reference: `model` as the stack's engine is configured from this environment
+    (workbench/serving/engine_settings.py: WORKBENCH_DEVICE, WORKBENCH_DTYPE and WORKBENCH_WEIGHTS, read as
+    workbench/settings.py reads them, stripped and empty as unset), device loop and graphs off. With
+    --address the server's own environment is not known: this one stands for it."""
+    def setting(name: str) -> str | None:
+        return os.environ.get(name, "").strip() or None
+    return Engine(EngineConfig(model=model, device=setting("WORKBENCH_DEVICE") or "cpu",
+                               dtype=setting("WORKBENCH_DTYPE") or "float32", weights=setting("WORKBENCH_WEIGHTS")))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--transport", choices=("inprocess", "celery"), default="inprocess")
@@ -123,10 +134,8 @@ def main(argv: list[str] | None = None) -> int:
             audit = audit_counts(target.address)
         finally:
             target.stop()
-    alone = Engine(EngineConfig(model=args.model, dtype=os.environ.get("WORKBENCH_DTYPE") or "float32",
-                                weights=os.environ.get("WORKBENCH_WEIGHTS") or None))  # as the stack's settings read them
     report = load_oracle.judge(results, load_oracle.solo([s for plan in plans for mine in plan for s in mine],
-                                                         args.near_tie_eps, alone))
+                                                         args.near_tie_eps, engine_alone(args.model)))
     report.update(transport=target.transport, near_tie_eps=args.near_tie_eps, wall_s=round(wall, 1),
                   tokens_per_s=round(report["tokens"] / wall, 1), replay_audit=audit)
     failed = bool(report["mismatches"] or report["offset_gaps"] or report["unanswered"]

@@ -61,6 +61,7 @@ def start(transport: str, workdir: Path, users: list[str], device_loop: bool, gr
           workers: int = 2, model: str = "demo") -> Target:
     """A fresh stack of `transport` (see the module docstring) serving `model`, in the dtype and weights
     WORKBENCH_DTYPE and WORKBENCH_WEIGHTS of this environment give; call its stop() at the end."""
+    from scripts.stack import threads_each
     from tests.cluster import Cluster, RedisServer, issue_tokens, operator_session, start_daphne
 
     settings = {DEVICE_LOOP: "1" if device_loop else "0", GRAPHS: "1" if graphs else "0",
@@ -77,7 +78,9 @@ def start(transport: str, workdir: Path, users: list[str], device_loop: bool, gr
         target = Target(transport, address, {}, None, stop=stop, db_path=db_path)
     else:
         redis_server = RedisServer().start()
-        cluster = Cluster(redis_server.url, workdir, **settings)
+        # Each worker its share of the cores, as `make stack` gives it (scripts/stack.py says why).
+        cluster = Cluster(redis_server.url, workdir, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS") or threads_each(workers),
+                          **settings)
 
         def stop() -> None:
             cluster.stop()

@@ -56,7 +56,7 @@ def threads_each(workers: int) -> str:
     torch, every worker takes every core: two workers on two cores then ask four threads of them, and the
     kernels' parallel regions wait at each barrier for a thread that is not running (on a 2-core Xeon the
     load bench's two SmolLM2 workers did 13.7 tok/s so, and 173 with a core each)."""
-    return str(max(1, (os.cpu_count() or 1) // workers))
+    return str(max(1, len(os.sched_getaffinity(0)) // workers))  # the cores this process may use
 
 
 def main() -> None:

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import redis
 
-from scripts.stack import threads_each
 from tests.waiting import wait_until
 from workbench.serving.celery.presence import WORKER_KEY
 
@@ -143,9 +142,8 @@ class Cluster:
         """`env`: settings of these workers alone; `each`: the i-th worker's own, on top of those (a worker
         of another model: {"WORKBENCH_MODEL": ...}). They start side by side."""
         started = []
-        shared = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS") or threads_each(count)}  # as make stack
         for n in range(count):
-            env_n = {**shared, **env, **(each[n] if each else {})}
+            env_n = {**env, **(each[n] if each else {})}
             log = open(self.log_dir / f"worker-{len(self.workers)}.log", "w")
             process = subprocess.Popen([sys.executable, "-m", "celery", "-A", self.app, "worker", "--pool", "solo",
                                         "--without-mingle", "--without-gossip", "--loglevel", "INFO"],

@@ -60,7 +60,7 @@ def test_stack_starts_serves_and_stops_everything(tmp_path):
         assert len(pids) == 2, pids
         for pid in pids:
             environ = dict(item.split("=", 1) for item in open(f"/proc/{pid}/environ").read().split("\0") if "=" in item)
-            assert environ.get("OMP_NUM_THREADS") == str(max(1, (os.cpu_count() or 1) // 2)), pid
+            assert environ.get("OMP_NUM_THREADS") == str(max(1, len(os.sched_getaffinity(0)) // 2)), pid
     finally:
         stack.send_signal(signal.SIGINT)
         stack.wait(timeout=60)

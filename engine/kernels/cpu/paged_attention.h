@@ -43,7 +43,7 @@ constexpr float EXP_P[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f
 
 // exp_f32 above, one value at a time (the scalar paths' and the reference for the lanes in exp_lanes.inc).
 inline float exp_f32(float x) {
-  if (x < EXP_LOW) return 0.0f;
+  if (!(x >= EXP_LOW)) return 0.0f;  // NaN too, as the lanes' mask gives it
   const float n = std::nearbyint(x * LOG2E);
   float r = std::fma(n, -LN2_HI, x);
   r = std::fma(n, -LN2_LO, r);

@@ -1,7 +1,7 @@
 // The AVX-512 VNNI path: the integer products for qgemm_tile.inc's micro-kernel with vpdpbusd (u8 x s8,
 // four products summed into int32 without saturation), EVEX-encoded at 256 bits so it shares the packed
-// layout and the epilogue with the AVX2 path; from 12 rows on, every type but Q6_K runs two packed groups
-// a 512-bit vector with the same operations lane by lane (below). Compiled everywhere, run only where the
+// layout and the epilogue with the AVX2 path; every type but Q6_K runs two packed groups a 512-bit vector
+// with the same operations lane by lane (below), from one row on Intel and from 12 on AMD (gemm_avx512). Compiled everywhere, run only where the
 // CPU reports AVX512F/BW/VL and VNNI (ops.cpp checks).
 //
 // Q8_0 weights are signed, and AVX-512 has no byte sign instruction: w + 128 (w ^ 0x80) is the unsigned
@@ -142,7 +142,7 @@ void gemm_avx512(const GemmArgs& a, int64_t g0, int64_t g1) {
   // Where the pairs start. On an AMD EPYC (Zen 4: 512-bit operations in two halves) they took the head's
   // Q8_0 weight (30 MB) 2.3x as long at one row and 1.2-1.5x at eight, while from 12 rows on they are 2-15%
   // faster on every shape; so there fewer rows go on the 256-bit kernel. On Intel's AVX-512 Xeons (full
-  // 512-bit units) the pairs are faster at every row count: 15-25% at 1-8 rows for the Q4_1 shapes, equal
+  // 512-bit units) the pairs are faster at every row count: 15-27% at 1-8 rows for the Q4_1 shapes, equal
   // to 20% for the head (bench/qgemm_paths.py). Q6_K has no 512-bit sign trick. The bits are the same.
   static const int64_t pairs_from = __builtin_cpu_is("amd") ? ROWS16 : 1;
   if (a.M < pairs_from || a.qtype == Q6_K) {

@@ -19,9 +19,11 @@ void swiglu_scalar(const float* g, const float* u, float* out, int64_t n) {
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
+namespace {
 namespace lanes8 {
 #include "exp_lanes.inc"
 }  // namespace lanes8
+}  // namespace
 
 void swiglu_avx2(const float* g, const float* u, float* out, int64_t n) {
   const __m256 sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
@@ -38,11 +40,13 @@ void swiglu_avx2(const float* g, const float* u, float* out, int64_t n) {
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,avx512f,avx512dq")
+namespace {
 namespace lanes16 {
 #define WORKBENCH_EXP16
 #include "exp_lanes.inc"
 #undef WORKBENCH_EXP16
 }  // namespace lanes16
+}  // namespace
 
 void swiglu_avx512(const float* g, const float* u, float* out, int64_t n) {
   const __m512 sign = _mm512_set1_ps(-0.0f), one = _mm512_set1_ps(1.0f), zero = _mm512_setzero_ps();
