@@ -149,8 +149,8 @@ inline void prefetch(const uint8_t* bytes, int64_t count) {
 }
 
 // Rows i .. M - 1 of groups g .. g_end - 1 on the AVX-512 VNNI path, right after the tiles read the same
-// weights (so they come from the cache).
-inline void vnni_rows(const GemmArgs& a, int64_t i, int64_t g, int64_t g_end) {
+// packed weights the unpacking just read (so they come from the cache).
+inline void avx512_rows(const GemmArgs& a, int64_t i, int64_t g, int64_t g_end) {
   if (i == a.M) return;
   const int64_t nb = a.K / QK;
   GemmArgs rest = a;
@@ -201,7 +201,7 @@ void pair(const GemmArgs& a, int64_t g, int64_t g_end, uint8_t* unpacked, const 
       if (second) store(a, i0 + r, g + 1, _mm512_extractf32x8_ps(acc[r], 1));
     }
   }
-  vnni_rows(a, full_rows, g, second ? g + 2 : g + 1);
+  avx512_rows(a, full_rows, g, second ? g + 2 : g + 1);
 }
 
 template <int QT>
