@@ -148,8 +148,8 @@ inline void prefetch(const uint8_t* bytes, int64_t count) {
   for (int64_t at = 0; at < count; at += 64) _mm_prefetch(reinterpret_cast<const char*>(bytes + at), _MM_HINT_T0);
 }
 
-// Rows i .. M - 1 of groups g .. g_end - 1 on the AVX-512 VNNI path, right after the tiles read the same
-// packed weights the unpacking just read (so they come from the cache).
+// Rows i .. M - 1 of groups g .. g_end - 1 on the AVX-512 VNNI path, right after the unpacking read the
+// same packed weights (so they come from the cache).
 inline void avx512_rows(const GemmArgs& a, int64_t i, int64_t g, int64_t g_end) {
   if (i == a.M) return;
   const int64_t nb = a.K / QK;
