@@ -75,11 +75,11 @@ def start(transport: str, workdir: Path, users: list[str], device_loop: bool, gr
         def stop() -> None:
             server.terminate()
             server.wait(timeout=15)
-        target = Target(transport, address, {}, None, stop=stop, db_path=db_path)
+        target = Target(transport, address, {}, None, stop=stop, db_path=db_path, model=model)
     else:
         redis_server = RedisServer().start()
         # Each worker its share of the cores, as `make stack` gives it (scripts/stack.py says why).
-        cluster = Cluster(redis_server.url, workdir, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS") or threads_each(workers),
+        cluster = Cluster(redis_server.url, workdir, OMP_NUM_THREADS=threads_each(workers, dict(os.environ)),
                           **settings)
 
         def stop() -> None:
@@ -93,8 +93,7 @@ def start(transport: str, workdir: Path, users: list[str], device_loop: bool, gr
             raise
         env = cluster.env
         target = Target(transport, address, {}, None, redis_server.url, cluster.prefix, True, stop, db_path, cluster,
-                        redis_server)
-    target.model = model
+                        redis_server, model)
     try:
         target.tokens = issue_tokens(env, db_path, users)
         target.session = operator_session(env, db_path, username=OPERATOR)[0]

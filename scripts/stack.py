@@ -51,12 +51,13 @@ def start_redis(url: str) -> subprocess.Popen:
     return process
 
 
-def threads_each(workers: int) -> str:
-    """Each worker's share of the cores, as OMP_NUM_THREADS (torch's thread count follows it). Left to
-    torch, every worker takes every core: two workers on two cores then ask four threads of them, and the
-    kernels' parallel regions wait at each barrier for a thread that is not running (on a 2-core Xeon the
-    load bench's two SmolLM2 workers did 13.7 tok/s so, and 173 with a core each)."""
-    return str(max(1, len(os.sched_getaffinity(0)) // workers))  # the cores this process may use
+def threads_each(workers: int, env: dict[str, str]) -> str:
+    """Each worker's OMP_NUM_THREADS (torch's thread count follows it): `env`'s own if it sets one, else
+    its share of the cores this process may use. Left to torch, every worker takes every core: two
+    workers on two cores then ask four threads of them, and the kernels' parallel regions wait at each
+    barrier for a thread that is not running (on a 2-core Xeon the load bench's two SmolLM2 workers did
+    13.7 tok/s so, and 173 with a core each)."""
+    return env.get("OMP_NUM_THREADS") or str(max(1, len(os.sched_getaffinity(0)) // workers))
 
 
 def main() -> None:
@@ -77,11 +78,10 @@ def main() -> None:
     subprocess.run([python, "manage.py", "migrate", "--noinput", "-v0"], env=env, cwd=ROOT, check=True)
     subprocess.run([python, "manage.py", "ensureadmin"], env=env, cwd=ROOT, check=True)
 
+    worker_env = {**env, "OMP_NUM_THREADS": threads_each(args.workers, env)}
     workers = [subprocess.Popen([python, "-m", "celery", "-A", "workbench", "worker", "--pool", "solo",
                                  "--without-mingle", "--without-gossip", "--loglevel", "INFO",
-                                 "--hostname", f"worker{i}@%h"],
-                                env={**env, "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS") or threads_each(args.workers)},
-                                cwd=ROOT, start_new_session=True)
+                                 "--hostname", f"worker{i}@%h"], env=worker_env, cwd=ROOT, start_new_session=True)
                for i in range(args.workers)]
     # Own sessions: a terminal's Ctrl-C reaches only this script, which stops the children in order.
     web = subprocess.Popen([python, "-m", "workbench.serve", "-b", args.host, "-p", str(args.port)],

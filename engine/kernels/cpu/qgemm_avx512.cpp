@@ -1,8 +1,8 @@
 // The AVX-512 VNNI path: the integer products for qgemm_tile.inc's micro-kernel with vpdpbusd (u8 x s8,
 // four products summed into int32 without saturation), EVEX-encoded at 256 bits so it shares the packed
 // layout and the epilogue with the AVX2 path; every type but Q6_K runs two packed groups a 512-bit vector
-// with the same operations lane by lane (below), from one row on Intel and from 12 on AMD (gemm_avx512). Compiled everywhere, run only where the
-// CPU reports AVX512F/BW/VL and VNNI (ops.cpp checks).
+// with the same operations lane by lane (below), from one row on Intel and from 12 on AMD (gemm_avx512).
+// Compiled everywhere, run only where the CPU reports AVX512F/BW/VL and VNNI (ops.cpp checks).
 //
 // Q8_0 weights are signed, and AVX-512 has no byte sign instruction: w + 128 (w ^ 0x80) is the unsigned
 // operand, and the block's sum is corrected by 128 * s_a, the activations' sum. Exact in int32. Q6_K, whose
