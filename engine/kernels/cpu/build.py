@@ -30,7 +30,7 @@ HERE = Path(__file__).resolve().parent
 SOURCES = ["ops.cpp", "qgemm_scalar.cpp", "qgemm_avx2.cpp", "qgemm_avx512.cpp", "qgemm_amx.cpp",
            "paged_attention.cpp", "paged_attention_scalar.cpp", "paged_attention_avx2.cpp",
            "paged_attention_avx512.cpp", "decoder_layer.cpp", "dense_ops.cpp", "dense_gemm_scalar.cpp",
-           "dense_gemm_avx2.cpp", "dense_gemm_avx512.cpp", "swiglu.cpp"]
+           "dense_gemm_avx2.cpp", "dense_gemm_avx512.cpp", "swiglu.cpp", "sampling_draws.cpp"]
 HEADERS = ["dispatch.h", "drivers.h", "qgemm.h", "qgemm_tile.inc", "paged_attention.h", "dense_gemm.h",
            "dense_gemm_tile.inc", "paged_attention_lanes.inc", "exp_lanes.inc", "swiglu.h"]
 # No -march: the scalar path must run on any x86-64, the SIMD files raise their own target. No fp
