@@ -31,6 +31,7 @@ import numpy
 import torch
 
 from engine.kernels.cpu import native_available
+from engine.kernels.cpu.sampling import multinomial_draws as native_draws
 
 MANTISSA_BITS = (1 << 53) - 1
 # A score's approximate value is within one float32 ulp (2^-23 relative) of its exact one: candidates are
@@ -44,10 +45,8 @@ _pool_lock = threading.Lock()
 def multinomial_draws(probs_rows: list[torch.Tensor], generators: list[torch.Generator]) -> list[int]:
     """Per row (a float32 CPU tensor [V] of probabilities), the token torch.multinomial(probs, 1,
     generator=g) draws. Rows sharing a generator are drawn one after the other in row order."""
-    if not probs_rows:
-        return []
     if native_available():
-        return list(torch.ops.workbench.multinomial_draws([p.contiguous() for p in probs_rows], generators))
+        return native_draws(probs_rows, generators)
     return numpy_draws(probs_rows, generators)
 
 
