@@ -23,7 +23,9 @@ PREFIX_CACHE_SCOPES = ("user", "deployment")
 # The defaults of the step's token budgets; docs/OPERATIONS.md, "Chunked prefill", says why these numbers.
 DEFAULT_TOKEN_BUDGET = 2048        # max_num_batched_tokens unset, either device
 CPU_PREFILL_BESIDE_DECODES = 256   # max_prefill_beside_decodes unset, on a CPU; a GPU has no such limit
-CPU_KV_CACHE_MB = 256             # kv_cache_mb unset, on a CPU; a GPU sizes its pool by its free memory
+# kv_cache_mb unset, on a CPU (a GPU sizes its pool by its free memory): room for a busy server's streams
+# (SmolLM2: 91K tokens, 32 streams of 2,800), taken from memory only as blocks are first written.
+CPU_KV_CACHE_MB = 2048
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 WORKBENCH_SECRET_KEY, WORKBENCH_DEBUG (off unless set), WORKBENCH_ALLOWED_HOSTS (comma-separated),
 DATABASE_URL (any database dj-database-url reads, e.g. postgres://...; unset: SQLite at WORKBENCH_DB_PATH),
 WORKBENCH_MODEL ("demo" or a model directory), WORKBENCH_DEVICE, WORKBENCH_DTYPE, WORKBENCH_PREFIX_CACHE_SCOPE,
-WORKBENCH_MAX_NUM_BATCHED_TOKENS, WORKBENCH_MAX_PREFILL_BESIDE_DECODES, WORKBENCH_MAX_FRAME_BYTES,
+WORKBENCH_MAX_NUM_BATCHED_TOKENS, WORKBENCH_MAX_PREFILL_BESIDE_DECODES, WORKBENCH_KV_CACHE_MB, WORKBENCH_MAX_FRAME_BYTES,
 WORKBENCH_STATIC_ROOT; the transport: WORKBENCH_TRANSPORT ("inprocess" or "celery"), REDIS_URL,
 WORKBENCH_QUEUE_PREFIX, WORKBENCH_WORKER_CAPACITY, WORKBENCH_HEARTBEAT_S, WORKBENCH_WORKER_LOST_S,
 WORKBENCH_DRAIN_S; the limits: WORKBENCH_SOCKET_MESSAGE_BYTES, WORKBENCH_USER_CONCURRENT_REQUESTS,
@@ -194,6 +194,9 @@ WORKBENCH_PREFIX_CACHE_SCOPE = env_str("WORKBENCH_PREFIX_CACHE_SCOPE", "user", c
 # Days a stored /v1/responses reply is kept (OpenAI keeps them 30): an older one reads as not found
 # and is deleted at the next store (workbench/api/responses/store.py). 0 keeps them until deleted.
 WORKBENCH_RESPONSES_RETENTION_DAYS = env_int("WORKBENCH_RESPONSES_RETENTION_DAYS", 30, minimum=0, unit="days")
+# The engine's KV pool in MB (EngineConfig.kv_cache_mb). Unset: the engine's default (2048 on a CPU, taken
+# as blocks are first written; on a GPU 80% of the memory free once the weights are loaded).
+WORKBENCH_KV_CACHE_MB = env_int("WORKBENCH_KV_CACHE_MB", 0, minimum=1, unit="MB") or None
 # The tokens one engine step may feed (EngineConfig.max_num_batched_tokens): a longer prompt is
 # prefilled in chunks. Unset: the engine's default (2048).
 WORKBENCH_MAX_NUM_BATCHED_TOKENS = env_int("WORKBENCH_MAX_NUM_BATCHED_TOKENS", 0, minimum=1, unit="tokens") or None

@@ -10,9 +10,12 @@ reference counts, and full blocks kept cached for reuse by a later prompt with t
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy
 import torch
 
 from engine.scheduler.block_pool import BlockPool, OutOfBlocks
@@ -75,6 +78,21 @@ def blocks_needed(num_tokens: int, block_size: int) -> int:
     return -(-num_tokens // block_size)
 
 
+ALIGNMENT = 64  # a cache line, as torch aligns its own CPU tensors
+
+
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zeroed pool. On the CPU its pages are the kernel's zero pages until a block is first written
+    (numpy's zeros is calloc, which maps fresh memory rather than filling it; torch.zeros writes every
+    byte): a pool costs memory only as far as sequences have used it, and a large one starts at once."""
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    size = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    raw = numpy.zeros(size + ALIGNMENT, dtype=numpy.uint8)
+    start = -raw.ctypes.data % ALIGNMENT  # calloc's block starts 16 bytes into its page: rows then straddle lines
+    return torch.from_numpy(raw[start:start + size]).view(dtype).view(shape)
+
+
 class PagedKVCache:
     """Preallocated key and value slots for every layer: [layers, (num_blocks + 1) * block_size, kv_heads,
     head_dim]. The extra block, `pad_block`, is never allocated: padding rows of a captured decode
@@ -88,8 +106,8 @@ class PagedKVCache:
         self.num_blocks = num_blocks
         self.pad_block = num_blocks
         slots = (shape.layers, (num_blocks + 1) * block_size, shape.kv_heads, shape.head_dim)
-        self.keys = torch.zeros(slots, dtype=dtype, device=device)
-        self.values = torch.zeros(slots, dtype=dtype, device=device)
+        self.keys = _zeros(slots, dtype, torch.device(device))
+        self.values = _zeros(slots, dtype, torch.device(device))
         self.pool = BlockPool(num_blocks)
 
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -131,7 +131,7 @@ def test_the_kv_pool_takes_its_fraction_of_free_gpu_memory_or_what_is_set():
     assert gpu.kv_pool_bytes(free) == int(0.8 * free)
     assert gpu.kv_blocks_for(model, 8192, free) == int(0.8 * free) // per_block == 233_016
     assert EngineConfig(dtype="bfloat16", kv_memory_fraction=0.5).kv_blocks_for(model, 8192, free) == 145_635
-    assert gpu.kv_blocks_for(model, 8192) == 256 * 2**20 // per_block, "no free figure: the CPU default"
+    assert gpu.kv_blocks_for(model, 8192) == 2048 * 2**20 // per_block, "no free figure: the CPU default"
     assert EngineConfig(dtype="bfloat16", kv_cache_mb=1024).kv_blocks_for(model, 8192, free) == 1024 * 2**20 // per_block
     tiny = EngineConfig(dtype="bfloat16", kv_memory_fraction=0.01).kv_blocks_for(model, 8192, 2**20)
     assert tiny == 8192 // 16, "never less than one full-length sequence"

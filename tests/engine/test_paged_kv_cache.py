@@ -7,6 +7,8 @@ get alone.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -28,6 +30,27 @@ def test_allocation_is_all_or_nothing_and_frees_return_blocks():
     assert allocator.num_free == 4
     with pytest.raises(ValueError, match="freed but not allocated"):
         allocator.free([first[0]])
+
+
+def _resident_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="reads Linux's /proc")
+def test_a_cpu_pool_reads_zeros_and_takes_memory_only_as_blocks_are_written():
+    shape = KVShape(layers=30, kv_heads=3, head_dim=64)  # SmolLM2's: 1 GiB is 45,000 tokens in bfloat16
+    before = _resident_bytes()
+    cache = PagedKVCache(shape, num_blocks=2912, block_size=16, dtype=torch.bfloat16, device="cpu")
+    assert cache.keys.nbytes + cache.values.nbytes > 2**30
+    assert cache.keys.data_ptr() % 64 == cache.values.data_ptr() % 64 == 0, "rows straddling cache lines"
+    assert _resident_bytes() - before < 64 * 2**20, "the pool's pages were written at start"
+    keys, values = cache.layer(29)
+    assert keys.shape == (2913 * 16, 3, 64) and keys.dtype == torch.bfloat16
+    assert not keys[-16:].any() and not values[:16].any(), "an unwritten block must read as zeros"
+    keys[:16] = 1.5  # a block written: its pages, not the pool's
+    assert keys[:16].eq(1.5).all() and not cache.keys[28, :16].any()
+    assert _resident_bytes() - before < 64 * 2**20
 
 
 def test_blocks_needed_rounds_up():

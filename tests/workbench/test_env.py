@@ -11,7 +11,7 @@ import sys
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from engine.engine_config import CPU_PREFILL_BESIDE_DECODES, DEFAULT_TOKEN_BUDGET
+from engine.engine_config import CPU_KV_CACHE_MB, CPU_PREFILL_BESIDE_DECODES, DEFAULT_TOKEN_BUDGET
 from tests.cluster import ROOT
 from workbench.env import env_bool, env_float, env_int, env_list, env_str
 from workbench.secret_key import DEVELOPMENT_KEY, local_key
@@ -118,6 +118,7 @@ def start(code: str, **env: str) -> subprocess.CompletedProcess:
                                         ("WORKBENCH_WEIGHTS", "int4"), ("WORKBENCH_QUEUE_PREFIX", "a b"),
                                         ("WORKBENCH_MAX_NUM_BATCHED_TOKENS", "0"),
                                         ("WORKBENCH_MAX_PREFILL_BESIDE_DECODES", "-1"), ("WORKBENCH_SIGNUP", "maybe"),
+                                        ("WORKBENCH_KV_CACHE_MB", "lots"),
                                         ("WORKBENCH_HSTS_SECONDS", "1y"), ("WORKBENCH_PROXY_SSL_HEADER", "X: y")])
 def test_a_bad_setting_stops_the_start_naming_variable_and_value(name, value):
     result = start("import workbench.settings", **{name: value})
@@ -126,14 +127,15 @@ def test_a_bad_setting_stops_the_start_naming_variable_and_value(name, value):
     assert f"not {value!r}" in result.stderr
 
 
-def test_the_served_engine_takes_its_step_token_budgets_from_the_settings():
+def test_the_served_engine_takes_its_step_token_budgets_and_kv_pool_from_the_settings():
     """Both transports build their engine's config in one place (workbench/serving/engine_settings.py)."""
     read = ("import django; django.setup(); from workbench.serving.engine_settings import served_engine_config; "
-            "config = served_engine_config(); print(config.token_budget, config.prefill_budget_beside_decodes)")
-    unset = [str(DEFAULT_TOKEN_BUDGET), str(CPU_PREFILL_BESIDE_DECODES)]
+            "config = served_engine_config(); print(config.token_budget, config.prefill_budget_beside_decodes, "
+            "config.kv_pool_bytes(None) // 2**20)")
+    unset = [str(DEFAULT_TOKEN_BUDGET), str(CPU_PREFILL_BESIDE_DECODES), str(CPU_KV_CACHE_MB)]
     assert start(read).stdout.split() == unset, "unset: the engine's defaults for the CPU"
-    assert start(read, WORKBENCH_MAX_NUM_BATCHED_TOKENS="96", WORKBENCH_MAX_PREFILL_BESIDE_DECODES="12"
-                 ).stdout.split() == ["96", "12"]
+    assert start(read, WORKBENCH_MAX_NUM_BATCHED_TOKENS="96", WORKBENCH_MAX_PREFILL_BESIDE_DECODES="12",
+                 WORKBENCH_KV_CACHE_MB="640").stdout.split() == ["96", "12", "640"]
 
 
 def test_the_tls_settings_come_from_the_environment():

@@ -17,4 +17,5 @@ def served_engine_config() -> EngineConfig:
                                  dtype=settings.WORKBENCH_DTYPE, weights=settings.WORKBENCH_WEIGHTS,
                                  prefix_cache_scope=settings.WORKBENCH_PREFIX_CACHE_SCOPE,
                                  max_num_batched_tokens=settings.WORKBENCH_MAX_NUM_BATCHED_TOKENS,
-                                 max_prefill_beside_decodes=settings.WORKBENCH_MAX_PREFILL_BESIDE_DECODES)
+                                 max_prefill_beside_decodes=settings.WORKBENCH_MAX_PREFILL_BESIDE_DECODES,
+                                 kv_cache_mb=settings.WORKBENCH_KV_CACHE_MB)
