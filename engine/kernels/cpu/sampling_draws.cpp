@@ -10,7 +10,7 @@
 // - the 2V 32-bit words its V random64 draws take come from a copy of the generator's mt19937 state,
 //   twisted and tempered in bulk (the same recurrence as at::mt19937), and the copy is put back after;
 // - every score p/q is bracketed without a logarithm, u <= -log1p(-u) <= u / (1 - u), so the best lower
-//   bound is a floor under the best score, and only rows' elements whose upper bound reaches that floor
+//   bound is a floor under the best score, and only the elements whose upper bound reaches that floor
 //   (usually one) get the exact score, as torch computes it: float(-log1p(-u)) in double with libm's log1p,
 //   then float32 division. A NaN probability, a u of 0 (q = 0) or a row without a positive bound takes the
 //   exact score everywhere instead, as the argmax sees it (the first NaN wins, else the first largest).
@@ -19,8 +19,8 @@
 #include <ATen/core/Tensor.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <mutex>
 #include <unordered_set>
 #include <vector>
