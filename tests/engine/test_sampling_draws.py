@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from engine import sampling_draws
-from engine.kernels.cpu import native_available
 
-needs_native = pytest.mark.skipif(not native_available(), reason="native CPU kernels unavailable")
+# The native tests ask for the kernels through the fixture, never at import: collecting builds nothing.
+needs_native = pytest.mark.usefixtures("native_cpu_kernels")
 
 
 @pytest.fixture
@@ -24,8 +24,13 @@ def _native_draw(probs: torch.Tensor, generator: torch.Generator) -> int:
     return torch.ops.workbench.multinomial_draws([probs], [generator])[0]
 
 
-DRAWS = {"numpy": sampling_draws.draw,
-         "native": pytest.param(_native_draw, marks=needs_native)}
+@pytest.fixture(params=["numpy", "native"])
+def way(request):
+    """One row's draw, each way: the numpy path, and the native op (where the kernels build)."""
+    if request.param == "numpy":
+        return sampling_draws.draw
+    request.getfixturevalue("native_cpu_kernels")
+    return _native_draw
 
 
 def _generator(seed: int) -> torch.Generator:
@@ -55,7 +60,6 @@ def _rows() -> dict[str, torch.Tensor]:
             "one token": torch.nn.functional.one_hot(torch.tensor(17), vocab).float()}
 
 
-@pytest.mark.parametrize("way", DRAWS.values(), ids=DRAWS.keys())
 @pytest.mark.parametrize("kind", list(_rows()))
 def test_each_row_draws_multinomials_token_and_leaves_its_generator_as_multinomial_does(kind, way):
     probs = _rows()[kind]
@@ -66,7 +70,6 @@ def test_each_row_draws_multinomials_token_and_leaves_its_generator_as_multinomi
         assert torch.equal(state, expected_state), (kind, seed)
 
 
-@pytest.mark.parametrize("way", DRAWS.values(), ids=DRAWS.keys())
 def test_scores_tied_to_the_last_bits_are_settled_as_the_exact_argmax_settles_them(way):
     # Probabilities proportional to the very noise the seed will draw: every score is the same number up
     # to rounding, so many are candidates and only the exact recomputation can pick multinomial's token.
@@ -82,14 +85,12 @@ def test_scores_tied_to_the_last_bits_are_settled_as_the_exact_argmax_settles_th
     assert len(picks) > 1  # the ties were settled by their last bits, not always to the first token
 
 
-@pytest.mark.parametrize("way", DRAWS.values(), ids=DRAWS.keys())
 def test_a_nan_score_wins_as_in_the_argmax(way):
     probs = torch.full((300,), 1.0 / 300)
     probs[123] = float("nan")
     assert _ours(way, probs, 5)[0] == 123
 
 
-@pytest.mark.parametrize("way", DRAWS.values(), ids=DRAWS.keys())
 def test_rows_without_a_positive_probability_draw_as_multinomials_argmax_does(way):
     # Not a distribution (the sampler then draws again in float64), but the draw must still be torch's.
     for probs in (torch.zeros(500), -torch.rand(500), torch.tensor([0.0, float("inf"), 1.0, float("inf")])):
