@@ -87,7 +87,7 @@ def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
     byte): a pool costs memory only as far as sequences have used it, and a large one starts at once."""
     if device.type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
-    size = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    size = math.prod(shape) * dtype.itemsize
     raw = numpy.zeros(size + ALIGNMENT, dtype=numpy.uint8)
     start = -raw.ctypes.data % ALIGNMENT  # calloc's block starts 16 bytes into its page: rows then straddle lines
     return torch.from_numpy(raw[start:start + size]).view(dtype).view(shape)
@@ -107,7 +107,7 @@ class PagedKVCache:
         self.pad_block = num_blocks
         slots = (shape.layers, (num_blocks + 1) * block_size, shape.kv_heads, shape.head_dim)
         self.keys = _zeros(slots, dtype, torch.device(device))
-        self.values = _zeros(slots, dtype, torch.device(device))
+        self.values = _zeros(slots, dtype, self.keys.device)
         self.pool = BlockPool(num_blocks)
 
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -108,15 +108,18 @@ Bounds lower_bounds(const float* p, const uint32_t* words, double* upper, int64_
   return {floor, special != 0};
 }
 
-int64_t first_best(const float* p, const uint32_t* words, int64_t V) {
-  int64_t best = 0;
-  float best_score = -INFINITY;
+// The first best exact score (the argmax's: the first NaN, else the first largest) over the elements whose
+// upper bound reaches `reach`, or over all of them without `upper`.
+int64_t first_best(const float* p, const uint32_t* words, int64_t V, const double* upper, double reach) {
+  int64_t best = -1;
+  float best_score = 0.0f;
   for (int64_t j = 0; j < V; ++j) {
+    if (upper && !(upper[j] >= reach)) continue;
     const float score = exact_score(p[j], uniform(words[2 * j], words[2 * j + 1]));
-    if (score != score) return j;  // a NaN is the argmax's largest
-    if (score > best_score || j == 0) best = j, best_score = score;
+    if (score != score) return j;
+    if (best < 0 || score > best_score) best = j, best_score = score;
   }
-  return best;
+  return best;  // never -1: V > 0, and the element that set the floor reaches it
 }
 
 int64_t draw_row(const float* p, int64_t V, at::Generator& generator, std::vector<uint32_t>& words,
@@ -133,16 +136,8 @@ int64_t draw_row(const float* p, int64_t V, at::Generator& generator, std::vecto
     impl->set_engine(engine);
   }
   const Bounds bounds = lower_bounds(p, words.data(), upper.data(), V);
-  if (bounds.exact_everywhere || !(bounds.floor > 0.0)) return first_best(p, words.data(), V);
-  const double reach = bounds.floor * MARGIN;
-  int64_t best = -1;
-  float best_score = 0.0f;
-  for (int64_t j = 0; j < V; ++j) {
-    if (!(upper[j] >= reach)) continue;
-    const float score = exact_score(p[j], uniform(words[2 * j], words[2 * j + 1]));
-    if (best < 0 || score > best_score) best = j, best_score = score;
-  }
-  return best;
+  if (bounds.exact_everywhere || !(bounds.floor > 0.0)) return first_best(p, words.data(), V, nullptr, 0.0);
+  return first_best(p, words.data(), V, upper.data(), bounds.floor * MARGIN);
 }
 
 std::vector<int64_t> multinomial_draws(const std::vector<at::Tensor>& probs,
