@@ -55,6 +55,7 @@ def main(argv: list[str]) -> None:
     from workbench.debug_guard import refuse_debug_on_reachable_endpoints
     from workbench.protocol import frame_door
     from workbench.protocol.door_protocol import DoorWebSocketProtocol
+    from workbench.serving import heap
 
     class ClosingServer(Server):
         """Daphne whose websockets close with 1009 over the size limit instead of dropping the TCP
@@ -65,6 +66,7 @@ def main(argv: list[str]) -> None:
         def __init__(self, application: object, endpoints: list[str] | None = None, **options: Any) -> None:
             refuse_debug_on_reachable_endpoints(settings.DEBUG, endpoints or [],
                                                 options.get("proxy_forwarded_address_header") is not None)
+            heap.serving_process()  # the application is loaded: Django and everything it imports
             super().__init__(application, endpoints=endpoints, **options)
 
         def run(self) -> None:

@@ -2,7 +2,8 @@
 
 The numbers are kept where the engine runs (workbench/serving/metrics.py) and reach this process as
 snapshots (in-process directly, Celery workers through their heartbeats), so each scrape renders
-what the transport last heard; a worker that is gone drops out of the scrape.
+what the transport last heard; a worker that is gone drops out of the scrape. Beside them, unlabelled,
+the garbage collector's figures of the web process that answers (workbench/serving/heap.py).
 
 With WORKBENCH_METRICS_TOKEN set, a scrape must send it (`Authorization: Bearer <token>`, compared in
 constant time): without it, or with another, the answer is 401 and no numbers. Unset, /metrics is open,
@@ -21,7 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from workbench.api.auth import bearer_token
-from workbench.serving import bridge
+from workbench.serving import bridge, heap
 
 GAUGES = {"running": ("workbench_requests_running", "Requests the engine is running"),
           "waiting": ("workbench_requests_waiting", "Requests waiting for the engine"),
@@ -83,6 +84,19 @@ class WorkersCollector:
             yield histograms
 
 
+class WebProcessCollector:
+    """The collector of the process that answers the scrape (workbench/serving/heap.py): what start-up
+    froze, and the full passes since, which stall whichever thread set them off."""
+
+    def collect(self):
+        yield GaugeMetricFamily("workbench_web_gc_frozen_objects",
+                                "Objects this web process froze out of the garbage collector's passes", value=heap.frozen())
+        passes = heap.passes()
+        yield CounterMetricFamily("workbench_web_gc_full_passes", "Full garbage-collector passes in this web process "
+                                  "since it began serving", value=passes.count)
+        yield CounterMetricFamily("workbench_web_gc_full_pass_seconds", "Seconds those passes took", value=passes.seconds)
+
+
 def _cumulative(histogram: Mapping[str, Any]) -> list[tuple[str, int]]:
     buckets, running = [], 0
     for bound, count in zip([*map(str, histogram["bounds"]), "+Inf"], histogram["counts"]):
@@ -113,4 +127,5 @@ async def metrics(request: HttpRequest) -> HttpResponse:
     transport = bridge.running()
     registry = CollectorRegistry(auto_describe=False)
     registry.register(WorkersCollector(transport.metrics_by_worker() if transport else {}))
+    registry.register(WebProcessCollector())
     return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)

@@ -25,6 +25,7 @@ from engine.host.inspection import engine_state
 from engine.host.replay_audit import ReplayAudit
 from engine.loading.tokenizer import Tokenizer, TokenizerError
 from engine.outputs import RequestOutput
+from workbench.serving import heap
 from workbench.serving.metrics import EngineMetrics, MetricsSnapshot
 from workbench.serving.stream_interval import DeltaHold
 from workbench.serving.streams import Sink, StreamEvent, deliver
@@ -194,6 +195,7 @@ class EngineHost:
             self.startup_error = exc
             self._ready.set()
             return
+        heap.after_load()
         self.audit = ReplayAudit(self.engine.runtime_flags.audit, self.engine.leak_events)
         self._publish_snapshot()
         self._ready.set()

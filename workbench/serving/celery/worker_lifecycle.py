@@ -10,6 +10,7 @@ import os
 
 from celery import signals
 
+from workbench.serving import heap
 from workbench.serving.celery import worker
 
 
@@ -26,6 +27,7 @@ def _worker_identity(sender, instance, **kwargs) -> None:
 
 @signals.worker_ready.connect
 def _worker_engine(sender, **kwargs) -> None:
+    heap.serving_process()  # the engine host freezes the engine's objects too once it has loaded
     try:
         worker.host().start()
     except BaseException:
