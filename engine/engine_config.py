@@ -22,7 +22,7 @@ from engine.scheduler.kv_cache import blocks_needed
 PREFIX_CACHE_SCOPES = ("user", "deployment")
 # The defaults of the step's token budgets; docs/OPERATIONS.md, "Chunked prefill", says why these numbers.
 DEFAULT_TOKEN_BUDGET = 2048        # max_num_batched_tokens unset, either device
-CPU_PREFILL_BESIDE_DECODES = 256   # max_prefill_beside_decodes unset, on a CPU; a GPU has no such limit
+CPU_PREFILL_BESIDE_DECODES = 192   # max_prefill_beside_decodes unset, on a CPU; a GPU has no such limit
 # kv_cache_mb unset, on a CPU (a GPU sizes its pool by its free memory): room for a busy server's streams
 # (SmolLM2: 91K tokens, 32 streams of 2,800), taken from memory only as blocks are first written.
 CPU_KV_CACHE_MB = 2048
@@ -55,7 +55,7 @@ class EngineConfig:
     max_num_batched_tokens: int | None = None
     # While any stream decodes, the prompt tokens a step may feed beside them: what bounds the
     # streams' inter-token latency when a long prompt arrives. None: the device's default
-    # (`prefill_budget_beside_decodes`: 256 on a CPU, where every prompt token lengthens the step;
+    # (`prefill_budget_beside_decodes`: 192 on a CPU, where every prompt token lengthens the step;
     # no limit beyond the step's budget on a GPU).
     max_prefill_beside_decodes: int | None = None
     max_model_len: int | None = None  # at most the model's max_position_embeddings
