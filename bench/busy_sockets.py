@@ -22,14 +22,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import random
-import statistics
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy
 import websockets
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -155,15 +156,9 @@ def figures(timelines: list[Timeline], seconds: float) -> dict:
 
 
 def median(values: list[float]) -> float:
-    return statistics.median(values) if values else float("nan")
+    return float(numpy.median(values)) if values else math.nan
 
 
 def p99(values: list[float]) -> float:
-    """The 99th percentile, interpolated as numpy's default (vLLM's client uses numpy)."""
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    at = 0.99 * (len(ordered) - 1)
-    low = int(at)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (at - low)
+    """The 99th percentile as vLLM's client computes it (numpy's default interpolation)."""
+    return float(numpy.percentile(values, 99)) if values else math.nan
