@@ -24,8 +24,6 @@ import asyncio
 import json
 import math
 import random
-import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +31,6 @@ from pathlib import Path
 import numpy
 import websockets
 
-ROOT = Path(__file__).resolve().parents[1]
 RECEIVE_S = 600.0  # a 32-client wave on a slow machine may keep a request queued for minutes
 
 
@@ -66,10 +63,9 @@ def accounts(env: dict, db_path: Path, users: int, conversations_each: int) -> l
         "    client = Client(); client.force_login(user)\n"
         "    ids = [Conversation.objects.create(owner=user).pk for _ in range(each)]\n"
         "    print(ApiToken.issue(user, 'busy-server bench')[1], client.cookies['sessionid'].value, *ids)")
-    env = {**env, "DJANGO_SETTINGS_MODULE": "workbench.settings", "WORKBENCH_DB_PATH": str(db_path)}
-    out = subprocess.run([sys.executable, "-c", f"import sys, django; django.setup(); exec({script!r})",
-                          str(users), str(conversations_each)],
-                         env=env, check=True, cwd=ROOT, capture_output=True, text=True).stdout
+    from tests.cluster import django_script
+
+    out = django_script(env, db_path, script, str(users), str(conversations_each))
     return [Account(fields[0], fields[1], [int(pk) for pk in fields[2:]])
             for fields in (line.split() for line in out.strip().splitlines())]
 

@@ -66,22 +66,27 @@ def start_daphne(env: dict, db_path: Path) -> tuple[subprocess.Popen, str, str]:
     return server, f"127.0.0.1:{port}", token
 
 
+def django_script(env: dict, db_path: Path, script: str, *args: str) -> str:
+    """`script` run with Django set up over the database Daphne serves at `db_path`, in a process of its
+    own (`sys` imported, `args` in sys.argv[1:]); what it printed. One process for a batch of users,
+    tokens or sessions: a management command each would cost seconds apiece on a loaded machine."""
+    env = {**env, "DJANGO_SETTINGS_MODULE": "workbench.settings", "WORKBENCH_DB_PATH": str(db_path)}
+    return subprocess.run([sys.executable, "-c", f"import sys, django; django.setup(); exec({script!r})", *args],
+                          env=env, check=True, cwd=ROOT, capture_output=True, text=True).stdout
+
+
 def issue_tokens(env: dict, db_path: Path, usernames: list[str]) -> dict[str, str]:
-    """An API token for each of `usernames` (created as needed) in the database at `db_path`, issued in
-    one process: a management command per user would cost seconds each on a loaded machine."""
-    script = ("import sys; from django.contrib.auth import get_user_model; from workbench.api.models import ApiToken\n"
+    """An API token for each of `usernames` (created as needed) in the database at `db_path`."""
+    script = ("from django.contrib.auth import get_user_model; from workbench.api.models import ApiToken\n"
               "for name in sys.argv[1:]:\n"
               "    print(name, ApiToken.issue(get_user_model().objects.get_or_create(username=name)[0], 'test')[1])")
-    env = {**env, "DJANGO_SETTINGS_MODULE": "workbench.settings", "WORKBENCH_DB_PATH": str(db_path)}
-    out = subprocess.run([sys.executable, "-c", f"import django; django.setup(); exec({script!r})", *usernames],
-                         env=env, check=True, cwd=ROOT, capture_output=True, text=True).stdout
+    out = django_script(env, db_path, script, *usernames)
     return dict(line.split() for line in out.strip().splitlines())
 
 
 def operator_session(env: dict, db_path: Path, conversations: int = 0, username: str = "olga") -> tuple[str, list[int]]:
     """A staff user `username` with the flag permission (made if absent), signed in: (the session cookie's
-    value, the ids of `conversations` new conversations it owns); made in one process, in the database
-    Daphne serves at `db_path`."""
+    value, the ids of `conversations` new conversations it owns), in the database Daphne serves at `db_path`."""
     script = (
         "from django.contrib.auth import get_user_model; from django.contrib.auth.models import Permission\n"
         "from django.test import Client; from workbench.chat.models import Conversation\n"
@@ -90,10 +95,7 @@ def operator_session(env: dict, db_path: Path, conversations: int = 0, username:
         "client = Client(); client.force_login(user)\n"
         "ids = [Conversation.objects.create(owner=user).pk for _ in range(int(sys.argv[2]))]\n"
         "print(client.cookies['sessionid'].value, *ids)")
-    env = {**env, "DJANGO_SETTINGS_MODULE": "workbench.settings", "WORKBENCH_DB_PATH": str(db_path)}
-    out = subprocess.run([sys.executable, "-c", f"import sys, django; django.setup(); exec({script!r})",
-                          username, str(conversations)],
-                         env=env, check=True, cwd=ROOT, capture_output=True, text=True).stdout.split()
+    out = django_script(env, db_path, script, username, str(conversations)).split()
     return out[0], [int(pk) for pk in out[1:]]
 
 
