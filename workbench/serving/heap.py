@@ -3,8 +3,8 @@
 CPython's collector walks every object it tracks on a full (generation 2) pass, and the thread whose
 allocation set it off waits for it. A served process tracks about 310,000 objects once Django, torch
 and an engine are loaded, nearly all of them kept until the process ends: one full pass took 90-120 ms
-on an idle server and up to 264 ms in a busy one, eleven of them in a minute at 32 clients, each an
-inter-token gap for every stream (or a stalled engine step). gc.freeze() moves every object alive now
+on an idle server and 157-190 ms in a busy one (one or two a minute at 32 clients), each an inter-token
+gap for every stream or a stalled engine step. gc.freeze() moves every object alive now
 out of the collector's sight for good, as vLLM's engine core does after it starts; later full passes
 walk only what was allocated since.
 
