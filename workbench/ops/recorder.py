@@ -50,9 +50,16 @@ class Recorder:
                 if str(exc) != self._last_error:
                     log.warning("recording engine events: %s: %s", type(exc).__name__, exc)
                 self._last_error = str(exc)
-            finally:
-                close_old_connections()
+            self._close_stale_connection()
             self.stopping.wait(EVERY_S)
+
+    @staticmethod
+    def _close_stale_connection() -> None:
+        # Outside the try above, and guarded on its own: a raise here would end the thread for good.
+        try:
+            close_old_connections()
+        except Exception as exc:
+            log.debug("closing the recorder's database connection: %s: %s", type(exc).__name__, exc)
 
     def record_once(self) -> None:
         from workbench.ops.models import LeakEvent, ReplayCheck  # the app registry is ready by now

@@ -69,6 +69,14 @@ class CeleryTransport:
 
     def _run_loop(self) -> None:
         self._loop.run_forever()
+        # A task stop() could not see end (a Redis call slow to give up, a host too busy for stop's own
+        # wait) is cancelled and run out here: a task left pending at close is destroyed with an error
+        # in the log of whatever runs when it is collected.
+        leftovers = asyncio.all_tasks(self._loop)
+        for task in leftovers:
+            task.cancel()
+        if leftovers:
+            self._loop.run_until_complete(asyncio.wait(leftovers, timeout=5))
         self._loop.close()  # here, where no other loop runs: channels-redis closes its pools on close
 
     async def _open(self) -> None:
