@@ -1,11 +1,12 @@
 """The noisy neighbour: how much one user's flood of expensive input slows another user's short answer.
 
     .venv/bin/python bench/noisy_neighbour.py [--requests 12] [--tokenizers 4] [--sockets 4] [--settle 1.0]
+                                              [--rounds 1] [--setting NAME ...]
 
 For each setting in turn (the per-user limits at their defaults, then all three off) it starts a real
 Daphne on loopback (tests/cluster.py, in-process engine, the demo model, a fresh database) and measures
 user "quiet"'s time to first token: --requests streamed chat completions one after another (greedy, 8
-tokens), first on a quiet server, then while user "noisy" floods it:
+tokens), first on a quiet server, then while user "noisy" floods it (--rounds times in turn):
     --tokenizers clients posting /tokenize with a 250 KB prompt in a loop, and
     --sockets websocket API sockets each sending generate frames as fast as the server takes them, every
     frame carrying 100 KB of messages and a 200-property JSON schema as response_format, a new one each
@@ -138,7 +139,14 @@ def flood_process(address: str, token: str, tokenizers: int, sockets: int, stop:
     results.put(dict(asyncio.run(flood(address, token, tokenizers, sockets, stop))))
 
 
-async def measure(address: str, tokens: dict[str, str], args: argparse.Namespace) -> tuple[list, list, Counter]:
+async def measure(address: str, tokens: dict[str, str], args: argparse.Namespace) -> list[tuple[list, list, Counter]]:
+    """--rounds of (quiet, flooded) on one server: the flood's state moves over seconds (its share of
+    the input thread is counted over 10 s, a socket over its frame budget is paused), so one short
+    flooded phase reads anywhere in a wide range."""
+    return [await measure_round(address, tokens, args) for _ in range(args.rounds)]
+
+
+async def measure_round(address: str, tokens: dict[str, str], args: argparse.Namespace) -> tuple[list, list, Counter]:
     quiet = await quiet_user(address, tokens["quiet"], args.requests)
     processes = multiprocessing.get_context("spawn")
     stop, results = processes.Event(), processes.Queue()
@@ -165,9 +173,14 @@ def main() -> None:
     parser.add_argument("--tokenizers", type=int, default=4)
     parser.add_argument("--sockets", type=int, default=4)
     parser.add_argument("--settle", type=float, default=1.0, help="seconds of flood before the quiet user asks")
+    parser.add_argument("--rounds", type=int, default=1, help="quiet and flooded phases, in turn, on each server")
+    parser.add_argument("--setting", choices=sorted(SETTINGS), action="append",
+                        help="only these settings (repeatable; default: all)")
     args = parser.parse_args()
 
     for name, limits in SETTINGS.items():
+        if args.setting and name not in args.setting:
+            continue
         with tempfile.TemporaryDirectory() as workdir:
             env = {"WORKBENCH_SECRET_KEY": secrets.token_urlsafe(50), **os.environ, "WORKBENCH_TRANSPORT": "inprocess",
                    "WORKBENCH_MODEL": "demo", **limits}
@@ -175,14 +188,20 @@ def main() -> None:
             server, address, _ = start_daphne(env, db)
             try:
                 tokens = issue_tokens(env, db, ["quiet", "noisy"])
-                quiet, flooded, seen = asyncio.run(measure(address, tokens, args))
+                rounds = asyncio.run(measure(address, tokens, args))
             finally:
                 server.terminate()
                 server.wait(timeout=TIMEOUT_S)
+        quiet = [t for round_quiet, _, _ in rounds for t in round_quiet]
+        flooded = [t for _, round_flooded, _ in rounds for t in round_flooded]
+        seen = sum((round_seen for _, _, round_seen in rounds), Counter())
         ratio = statistics.median(flooded) / statistics.median(quiet)
         print(f"{name}: quiet user's TTFT median {statistics.median(quiet) * 1e3:.0f} ms (p90 "
               f"{p90(quiet) * 1e3:.0f}), flooded {statistics.median(flooded) * 1e3:.0f} ms (p90 "
               f"{p90(flooded) * 1e3:.0f}): {ratio:.2f}x")
+        if len(rounds) > 1:
+            each = [statistics.median(f) / statistics.median(q) for q, f, _ in rounds]
+            print(f"  each round: {', '.join(f'{r:.2f}x' for r in each)}")
         print(f"  the flood: {dict(sorted(seen.items()))}")
 
 
