@@ -22,6 +22,7 @@ from engine import Engine, EngineConfig, SamplingParams
 from engine.decode.device_loop import KillSwitch
 from engine.decode.leak_events import FOREIGN_PARKED_DROPPED
 from tests.reference import solo
+from tests.waiting import wait_until
 from tests.workbench.test_chat import as_user
 from tests.workbench.test_websocket_api import connect
 from workbench.ops import recorder
@@ -338,6 +339,29 @@ async def test_a_staged_waitlist_interleave_shows_its_dropped_foreign_tokens_on_
     assert await stored() == expected
     assert recorders() == already, "each stops when told"
     await ws.disconnect()
+
+
+def test_a_recorder_whose_connection_cleanup_fails_keeps_recording(monkeypatch):
+    polls = []
+
+    class NoWorkers:  # nothing to store: only the loop is under test
+        def workers_view(self):
+            polls.append(1)
+            return {}
+
+    def database_away():
+        raise OperationalError("database away")
+
+    monkeypatch.setattr(recorder, "close_old_connections", database_away)
+    monkeypatch.setattr(recorder, "EVERY_S", 0.01)
+    keeper = Recorder(NoWorkers())
+    thread = threading.Thread(target=keeper.run, name="test-recorder")
+    thread.start()
+    try:
+        wait_until(lambda: len(polls) >= 3, 10, "three polls past a failing cleanup")
+    finally:
+        keeper.stopping.set()
+        thread.join(5)
 
 
 def listing(transport) -> tuple[bool, bool]:
