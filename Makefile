@@ -45,6 +45,8 @@ stack: $(STAMP)
 # pytest-randomly's order N, the check that no test depends on another having run first.
 # Then the modules marked `postgres` (conversation storage) again on PostgreSQL, in-process only: they
 # test what the database does, which the Celery halves do not change (docs/TESTING.md, "On PostgreSQL").
+# The native kernels are built first, as for `make run`: otherwise the first test that serves pays the
+# compile (a minute on a fresh checkout) inside its own timeouts.
 test: lint typecheck chromium redis compose
 	@$(PY) -m engine.kernels.cpu
 	$(PY) -m pytest -p no:randomly
@@ -52,6 +54,7 @@ test: lint typecheck chromium redis compose
 
 SEED ?= 1
 test-random: lint typecheck chromium redis compose
+	@$(PY) -m engine.kernels.cpu
 	$(PY) -m pytest -p randomly --randomly-seed=$(SEED)
 
 # ruff over the whole tree ([tool.ruff] in pyproject.toml says which checks, and why no formatter).

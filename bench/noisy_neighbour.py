@@ -1,7 +1,7 @@
 """The noisy neighbour: how much one user's flood of expensive input slows another user's short answer.
 
     .venv/bin/python bench/noisy_neighbour.py [--requests 12] [--tokenizers 4] [--sockets 4] [--settle 1.0]
-                                              [--rounds 1] [--setting NAME ...]
+                                              [--rounds 1] [--setting NAME ...] [--flood-nice 0]
 
 For each setting in turn (the per-user limits at their defaults, then all three off) it starts a real
 Daphne on loopback (tests/cluster.py, in-process engine, the demo model, a fresh database) and measures
@@ -18,7 +18,9 @@ Loopback only, bounded: every flood stops when the quiet user's last request end
 30 s limit. The flood runs in a process of its own: in the quiet user's event loop, its own sending
 (the JSON of a 100 KB frame, as fast as the loop turns) would delay the quiet user's reads and count
 in their times as the server's. It still shares the machine's cores with the server, as a neighbour on
-the same host would.
+the same host would. --flood-nice N runs the flood's process at that niceness: a stand-in for a flood
+from another machine, whose client's own CPU would not be taken from the server's cores (its rate, in
+"the flood" line, shows whether it still floods).
 """
 
 from __future__ import annotations
@@ -135,7 +137,9 @@ async def flood(address: str, token: str, tokenizers: int, sockets: int, stop: A
     return seen
 
 
-def flood_process(address: str, token: str, tokenizers: int, sockets: int, stop: Any, results: Any) -> None:
+def flood_process(address: str, token: str, tokenizers: int, sockets: int, niceness: int, stop: Any,
+                  results: Any) -> None:
+    os.nice(niceness)
     results.put(dict(asyncio.run(flood(address, token, tokenizers, sockets, stop))))
 
 
@@ -151,7 +155,7 @@ async def measure_round(address: str, tokens: dict[str, str], args: argparse.Nam
     processes = multiprocessing.get_context("spawn")
     stop, results = processes.Event(), processes.Queue()
     noisy = processes.Process(target=flood_process, args=(address, tokens["noisy"], args.tokenizers, args.sockets,
-                                                          stop, results))
+                                                          args.flood_nice, stop, results))
     noisy.start()
     await asyncio.sleep(args.settle)
     try:
@@ -174,6 +178,7 @@ def main() -> None:
     parser.add_argument("--sockets", type=int, default=4)
     parser.add_argument("--settle", type=float, default=1.0, help="seconds of flood before the quiet user asks")
     parser.add_argument("--rounds", type=int, default=1, help="quiet and flooded phases, in turn, on each server")
+    parser.add_argument("--flood-nice", type=int, default=0, help="the flood process's niceness (0 to 19)")
     parser.add_argument("--setting", choices=sorted(SETTINGS), action="append",
                         help="only these settings (repeatable; default: all)")
     args = parser.parse_args()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 from engine import Engine, EngineConfig, SamplingParams
 
@@ -52,7 +53,9 @@ def test_bad_input_exits_2_with_one_line_naming_the_problem(tmp_path):
         (("--model", str(tmp_path), "--prompt", "x"), "config.json is missing"),
         (("--prompt", "x", "--max-num-batched-tokens", "0"), "max_num_batched_tokens must be >= 1"),
     ]
-    for args, message in cases:
-        done = run_cli(*args)
+    # Side by side: each is a fresh interpreter that spends its two seconds importing torch.
+    with ThreadPoolExecutor(len(cases)) as pool:
+        runs = list(pool.map(lambda case: run_cli(*case[0]), cases))
+    for (args, message), done in zip(cases, runs):
         assert done.returncode == 2, (args, done.stderr)
         assert message in done.stderr and "Traceback" not in done.stderr, (args, done.stderr)

@@ -125,7 +125,10 @@ def run_tests(preloaded: PreloadedPython, copy: Path, tests: tuple[str, ...], ch
               first_failure: bool = False) -> subprocess.CompletedProcess:
     """`first_failure`: stop at the first failing test (a mutant is caught by one; its named test's other
     variants would only repeat the verdict at several seconds each)."""
-    env = {**os.environ, "PYTHONPATH": str(copy), "WORKBENCH_TEST_CHECKPOINT_CACHE": str(checkpoints)}
+    # Without the outer run's PYTEST_ADDOPTS: its options (a --junitxml report, --durations, -x) are for
+    # the suite, and would make every mutant's run overwrite its report or stop it early.
+    env = {**{k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}, "PYTHONPATH": str(copy),
+           "WORKBENCH_TEST_CHECKPOINT_CACHE": str(checkpoints)}
     # The named tests on the HF checkpoint only: their GGUF variants run the same mechanism on other
     # weights, and would double the time of every mutant for no other mechanism tested.
     done = preloaded.run(copy, ["-q", "-p", "no:cacheprovider", "-p", "no:randomly",
