@@ -206,6 +206,20 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def native_cpu_kernels_built_before_any_server(request) -> None:
+    """Where the session runs web or page tests, the native CPU kernels are built (or found built) before
+    any of its servers starts: otherwise the first engine of a fresh checkout compiles them (a minute)
+    inside the first served request, and the test waiting on it times out. `make test` builds them
+    first anyway; this covers pytest run directly. Nothing is built for a session of engine tests alone
+    (they wait for no timeout), nor while only collecting (no fixture runs)."""
+    web_tests = (Path(__file__).parent / "workbench", Path(__file__).parent / "e2e")
+    if any(Path(item.path).is_relative_to(folder) for item in request.session.items for folder in web_tests):
+        from engine.kernels import cpu
+
+        cpu.native_available()  # False where they cannot be built: the engines then use torch's kernels
+
+
 @pytest.fixture(scope="session")
 def native_cpu_kernels() -> None:
     """Skips where the native CPU kernels cannot be built. Asked for by the tests that need them rather
