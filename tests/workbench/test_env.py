@@ -7,6 +7,7 @@ import os
 import stat
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
@@ -111,6 +112,12 @@ def start(code: str, **env: str) -> subprocess.CompletedProcess:
                           env={**clean, "DJANGO_SETTINGS_MODULE": "workbench.settings", **env})
 
 
+def started(*runs: tuple[str, dict[str, str]]) -> list[subprocess.CompletedProcess]:
+    """Several `start(code, **env)` side by side: each interpreter spends its seconds importing torch and Django."""
+    with ThreadPoolExecutor(len(runs)) as pool:
+        return list(pool.map(lambda run: start(run[0], **run[1]), runs))
+
+
 @pytest.mark.parametrize("name,value", [("WORKBENCH_HEARTBEAT_S", "0"), ("WORKBENCH_WORKER_LOST_S", "-4"),
                                         ("WORKBENCH_DRAIN_S", "soon"), ("WORKBENCH_WORKER_CAPACITY", "2.5"),
                                         ("WORKBENCH_MAX_FRAME_BYTES", "0"), ("WORKBENCH_DEBUG", "maybe"),
@@ -133,9 +140,11 @@ def test_the_served_engine_takes_its_step_token_budgets_and_kv_pool_from_the_set
             "config = served_engine_config(); print(config.token_budget, config.prefill_budget_beside_decodes, "
             "config.kv_pool_bytes(None) // 2**20)")
     unset = [str(DEFAULT_TOKEN_BUDGET), str(CPU_PREFILL_BESIDE_DECODES), str(CPU_KV_CACHE_MB)]
-    assert start(read).stdout.split() == unset, "unset: the engine's defaults for the CPU"
-    assert start(read, WORKBENCH_MAX_NUM_BATCHED_TOKENS="96", WORKBENCH_MAX_PREFILL_BESIDE_DECODES="12",
-                 WORKBENCH_KV_CACHE_MB="640").stdout.split() == ["96", "12", "640"]
+    default, chosen = started((read, {}), (read, {"WORKBENCH_MAX_NUM_BATCHED_TOKENS": "96",
+                                                  "WORKBENCH_MAX_PREFILL_BESIDE_DECODES": "12",
+                                                  "WORKBENCH_KV_CACHE_MB": "640"}))
+    assert default.stdout.split() == unset, "unset: the engine's defaults for the CPU"
+    assert chosen.stdout.split() == ["96", "12", "640"]
 
 
 def test_the_tls_settings_come_from_the_environment():
@@ -146,9 +155,10 @@ def test_the_tls_settings_come_from_the_environment():
             "answer = Client().get('/login', HTTP_X_FORWARDED_PROTO='https'); "
             "print(answer.headers.get('Strict-Transport-Security'), bool(answer.cookies['csrftoken']['secure']), "
             "settings.SESSION_COOKIE_SECURE, settings.CSRF_TRUSTED_ORIGINS)")
-    assert start(read).stdout.split() == ["None", "False", "False", "[]"]
-    behind = start(read, WORKBENCH_SECURE_COOKIES="1", WORKBENCH_PROXY_SSL_HEADER="X-Forwarded-Proto",
-                   WORKBENCH_HSTS_SECONDS="31536000", WORKBENCH_CSRF_TRUSTED_ORIGINS="https://chat.example.org")
+    plain, behind = started((read, {}), (read, {
+        "WORKBENCH_SECURE_COOKIES": "1", "WORKBENCH_PROXY_SSL_HEADER": "X-Forwarded-Proto",
+        "WORKBENCH_HSTS_SECONDS": "31536000", "WORKBENCH_CSRF_TRUSTED_ORIGINS": "https://chat.example.org"}))
+    assert plain.stdout.split() == ["None", "False", "False", "[]"]
     assert behind.stdout.split() == ["max-age=31536000", "True", "True", "['https://chat.example.org']"], behind.stderr
 
 
@@ -158,10 +168,12 @@ def test_the_content_security_policy_comes_from_the_environment():
     read = ("import django; django.setup(); from django.test import Client; "
             "from django.test.utils import setup_test_environment; setup_test_environment(); "
             "print(Client().get('/login').headers.get('Content-Security-Policy'))")
-    assert start(read).stdout.strip().startswith("default-src 'self'; script-src 'self'")
-    assert start(read, WORKBENCH_CSP="default-src 'none'").stdout.strip() == "default-src 'none'"
-    assert start(read, WORKBENCH_CSP="off").stdout.strip() == "None"
-    refused = start(read, WORKBENCH_CSP="default-src 'self'\nX-Injected: 1")
+    default, replaced, off, refused = started((read, {}), (read, {"WORKBENCH_CSP": "default-src 'none'"}),
+                                              (read, {"WORKBENCH_CSP": "off"}),
+                                              (read, {"WORKBENCH_CSP": "default-src 'self'\nX-Injected: 1"}))
+    assert default.stdout.strip().startswith("default-src 'self'; script-src 'self'")
+    assert replaced.stdout.strip() == "default-src 'none'"
+    assert off.stdout.strip() == "None"
     assert refused.returncode != 0 and "WORKBENCH_CSP must be" in refused.stderr
 
 
@@ -187,14 +199,14 @@ def test_the_web_application_starts_with_a_key_of_its_own_or_in_debug(env):
 
 @pytest.mark.parametrize("hosts", ["workbench.example.com", "*", "localhost,10.0.0.5"])
 def test_the_web_application_refuses_debug_where_more_than_this_machine_reaches_it(hosts):
-    result = start("import workbench.asgi", WORKBENCH_DEBUG="1", WORKBENCH_ALLOWED_HOSTS=hosts)
+    load = "import workbench.asgi; print('loaded')"
+    result, loopback, deployed = started(
+        (load, {"WORKBENCH_DEBUG": "1", "WORKBENCH_ALLOWED_HOSTS": hosts}),
+        (load, {"WORKBENCH_DEBUG": "1", "WORKBENCH_ALLOWED_HOSTS": "localhost,127.0.0.1,[::1]"}),
+        (load, {"WORKBENCH_SECRET_KEY": "a-deployment-key", "WORKBENCH_ALLOWED_HOSTS": hosts}))
     assert result.returncode != 0 and "ImproperlyConfigured" in result.stderr, result.stderr[-2000:]
     assert "WORKBENCH_DEBUG is on" in result.stderr and hosts.split(",")[-1] in result.stderr
-    loopback = start("import workbench.asgi; print('loaded')", WORKBENCH_DEBUG="1",
-                     WORKBENCH_ALLOWED_HOSTS="localhost,127.0.0.1,[::1]")
     assert loopback.stdout.strip() == "loaded", loopback.stderr[-2000:]
-    deployed = start("import workbench.asgi; print('loaded')", WORKBENCH_SECRET_KEY="a-deployment-key",
-                     WORKBENCH_ALLOWED_HOSTS=hosts)
     assert deployed.stdout.strip() == "loaded", "DEBUG off answers any host: " + deployed.stderr[-2000:]
 
 
