@@ -277,6 +277,7 @@ def serving_transport(request):
 # The admin's password on the shared Daphnes: `ensureadmin` leaves an existing admin as it is, so every
 # module that logs in as admin on a shared server uses this one.
 ADMIN_PASSWORD = "admin-pass-for-the-shared-daphnes"
+ADMIN_ENSURED: set[Path] = set()  # the shared servers' databases that hold it
 
 
 @dataclass(frozen=True)
@@ -290,11 +291,15 @@ class Served:
     env: dict
 
     def ensure_admin(self) -> None:
-        """The superuser "admin" with ADMIN_PASSWORD (idempotent: a second call finds it)."""
+        """The superuser "admin" with ADMIN_PASSWORD, made once per server: `ensureadmin` leaves an existing
+        admin as it is, so asking again (a fresh interpreter importing torch, about 3 s) would change nothing."""
+        if self.db_path in ADMIN_ENSURED:
+            return
         env = {**self.env, "DJANGO_SETTINGS_MODULE": "workbench.settings", "WORKBENCH_DB_PATH": str(self.db_path),
                "WORKBENCH_ADMIN_PASSWORD": ADMIN_PASSWORD}
         subprocess.run([sys.executable, "manage.py", "ensureadmin"], env=env, check=True, capture_output=True,
                        cwd=Path(__file__).resolve().parents[1])
+        ADMIN_ENSURED.add(self.db_path)
 
 
 def serve(env: dict, db_path: Path):
