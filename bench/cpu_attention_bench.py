@@ -18,7 +18,9 @@ import time
 
 import torch
 
-from engine.model import AttentionMetadata, ModelConfig, attention
+from engine.model import attention
+from engine.model.attention_metadata import AttentionMetadata
+from engine.model.config import ModelConfig
 from engine.kernels import cpu
 
 CONFIG = ModelConfig(model_type="llama", vocab_size=64, hidden_size=576, intermediate_size=64, num_hidden_layers=1,

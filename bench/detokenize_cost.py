@@ -18,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.detokenizer import IncrementalDetokenizer  # noqa: E402
-from engine.loading.loader import load_tokenizer  # noqa: E402
+from engine.loading.model_files import load_tokenizer  # noqa: E402
 
 TEXT = ("The quick brown fox jumps over the lazy dog; café naïve Ünïcödé, 你好世界, 😀🎉 and more text "
         "with numbers 12345 and code `def f(x): return x * 2`.\n")

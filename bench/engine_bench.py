@@ -42,7 +42,7 @@ import torch
 from bench import llama_cpp_peer, vllm_cpu_peer
 from engine.engine import Engine
 from engine.engine_config import EngineConfig
-from engine.loading.loader import is_gguf, resolve_model_path
+from engine.loading.model_files import is_gguf, resolve_model_path
 from engine.sampling_params import SamplingParams
 
 PROMPTS = ["The list type", "A dictionary is", "This module provides", "Return the number of",

@@ -36,8 +36,9 @@ from safetensors.torch import save_file
 
 from bench.decode_launches import launches_per_step
 from engine import Engine, EngineConfig, SamplingParams
-from engine.loading.loader import DEMO_MODEL_DIR
-from engine.model import LlamaForCausalLM, ModelConfig
+from engine.loading.model_files import DEMO_MODEL_DIR
+from engine.model.config import ModelConfig
+from engine.model.llama import LlamaForCausalLM
 
 LLAMA_3_2_1B = dict(model_type="llama", vocab_size=128256, hidden_size=2048, intermediate_size=8192,
                     num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8, head_dim=64,

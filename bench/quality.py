@@ -28,7 +28,8 @@ from bench import llama_cpp_peer
 from bench.engine_bench import PROMPTS
 from engine.engine import Engine
 from engine.engine_config import EngineConfig
-from engine.loading.loader import LoadedModel, load_model, resolve_model_path
+from engine.loading.loader import LoadedModel, load_model
+from engine.loading.model_files import resolve_model_path
 from engine.model.attention_metadata import AttentionMetadata
 from engine.sampling_params import SamplingParams
 from engine.scheduler.kv_cache import KVShape, PagedKVCache, blocks_needed

@@ -37,6 +37,7 @@ from engine.host.runtime_flags import RuntimeFlags
 from engine.host.snapshot import EngineSnapshot, take_snapshot
 from engine.host.stats import EngineStats, stats_of
 from engine.intake import Intake, LiveRequest, RequestError
+from engine.kernels.cpu import native_available
 from engine.kernels.gpu.cupy_support import compile_for
 from engine.kv_pool import sized_kv_pool
 from engine.loading.loader import load_model
@@ -97,8 +98,10 @@ class Engine:
         self.runtime_flags = RuntimeFlags(self.device_loop, self.runner, self.scheduler)
         self.runtime_flags.audit.permille = config.replay_audit_permille
         # The model's name, not a path on this server (records travel to users).
-        self.identity = identity_of(Path(str(config.model)).name, self.loaded.path, config.device, config.weight_format,
-                                    config.dtype)  # what each finished request's record names
+        # The kernels are asked only on the CPU, after the load has built or refused them (never for a GPU).
+        device_type = self.loaded.device.type
+        self.identity = identity_of(Path(str(config.model)).name, self.loaded.path, device_type, config.weight_format,
+                                    config.dtype, device_type == "cpu" and native_available())  # stamped on each record
         self._intake = Intake(config, self.loaded, self.max_model_len)
         self._postprocess = Postprocess(self.scheduler, self._requests, self.loaded.eos_token_ids, self.length_limit,
                                         self.identity)

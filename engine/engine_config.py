@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from engine.host.capabilities import REGISTRY, env_value
-from engine.model import ModelConfig
+from engine.model.config import ModelConfig
 from engine.scheduler import SCHEDULERS
 from engine.scheduler.kv_cache import blocks_needed
 

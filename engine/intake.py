@@ -16,7 +16,8 @@ import torch
 
 from engine.detokenizer import IncrementalDetokenizer
 from engine.engine_config import EngineConfig
-from engine.grammar import Constraint, GrammarTokenizer, ResponseFormatError
+from engine.grammar import Constraint, GrammarTokenizer
+from engine.response_format import ResponseFormatError
 from engine.host.replay_audit import AUDIT_SCOPE
 from engine.loading.loader import LoadedModel
 from engine.reproduce import drawn_seed

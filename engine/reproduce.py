@@ -18,13 +18,12 @@ import secrets
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from engine.kernels.cpu import native_available
-from engine.sampler import TokenLogprob
 from engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:  # annotations only: the web side compares records without torch
+    from engine.sampler import TokenLogprob
 
 # The weight files a model directory's identity hashes (with its config); a GGUF is one file.
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt")
@@ -69,13 +68,11 @@ def _file_sha256(path: str, size: int, mtime_ns: int) -> str:  # size and mtime 
     return digest.hexdigest()
 
 
-def identity_of(model: str, path: Path, device: str, weights: str, dtype: str) -> ModelIdentity:
+def identity_of(model: str, path: Path, device_type: str, weights: str, dtype: str,
+                native_kernels: bool) -> ModelIdentity:
     """The loaded model's identity, for the engine to stamp on every record (`weights`: the config's
-    weight_format; `device`, `dtype`: its names)."""
-    device = torch.device(device).type
-    # Asked only on the CPU, after the load has built or refused them: it never builds kernels for a GPU.
-    native = device == "cpu" and native_available()
-    route, invariant = route_of(device, weights, dtype, native)
+    weight_format; `device_type`: "cpu", "cuda"; `dtype`: its name)."""
+    route, invariant = route_of(device_type, weights, dtype, native_kernels)
     return ModelIdentity(model, weights_sha256(path), route, invariant)
 
 

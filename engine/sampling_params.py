@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
-from engine.grammar import ResponseFormatError, grammar_of
+from engine.response_format import ResponseFormatError, grammar_of
 
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
@@ -59,7 +59,7 @@ class SamplingParams:
     # Ends the request with finish_reason "tool_calls" once the output text contains this marker (the
     # model's end-of-tool-call text, set by the API layer when the request offers tools).
     tool_call_end: str | None = None
-    # Constrains the output to a grammar at sampling time (engine/grammar.py: json_object, json_schema,
+    # Constrains the output to a grammar at sampling time (engine/response_format.py: json_object, json_schema,
     # regex, grammar); None or {"type": "text"}: free text.
     response_format: dict[str, Any] | None = None
 

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from engine.decode.device_loop import KILL_SWITCH, KillSwitch
-from engine.loading.loader import DEMO_MODEL_DIR
+from engine.loading.model_files import DEMO_MODEL_DIR
 
 WEB_STACK = ("django", "channels", "celery", "redis", "daphne", "websockets", "pytest_django", "pytest_asyncio")
 MISSING_WEB_STACK = [name for name in WEB_STACK if importlib.util.find_spec(name) is None]

@@ -35,7 +35,7 @@ import torch
 
 from engine.decode.cuda_capture import capture, root_cause
 from engine.kernels.host_copy import device_tensor
-from engine.model import LlamaForCausalLM
+from engine.model.llama import LlamaForCausalLM
 from engine.model.attention_metadata import decode_metadata
 from engine.scheduler.kv_cache import PagedKVCache, blocks_needed
 

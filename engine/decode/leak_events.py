@@ -16,12 +16,14 @@ from dataclasses import asdict, dataclass
 
 FOREIGN_PARKED_DROPPED = "foreign_parked_dropped"
 ALIASED_LOGITS = "aliased_logits"
+# A finished request re-run alone gave other bits on a bit-invariant route (engine/host/replay_audit.py).
+REPLAY_MISMATCH = "replay_mismatch"
 
 
 @dataclass(frozen=True)
 class LeakEvent:
     number: int  # 1, 2, ... per engine
-    kind: str    # FOREIGN_PARKED_DROPPED or ALIASED_LOGITS
+    kind: str    # FOREIGN_PARKED_DROPPED, ALIASED_LOGITS or REPLAY_MISMATCH
     message: str
     dropped: int  # tokens dropped (foreign parked tokens); 0 for an aliased-logits step error
     at: float     # time.time()

@@ -22,7 +22,7 @@ from engine.decode.device_loop import BurstForward, DeviceLoop
 from engine.decode.graphs import DecodeGraphs
 from engine.kernels.host_copy import device_tensor
 from engine.loading.loader import LoadedModel
-from engine.model import AttentionMetadata
+from engine.model.attention_metadata import AttentionMetadata
 from engine.sampler import SampleRequest, TokenLogprob, sample
 from engine.scheduler.kv_cache import PagedKVCache
 from engine.sequence import Sequence

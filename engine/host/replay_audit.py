@@ -20,12 +20,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from engine.decode.leak_events import LeakEventLog
+from engine.decode.leak_events import REPLAY_MISMATCH, LeakEventLog
 from engine.outputs import RequestOutput
 from engine.reproduce import Comparison, ReproRecord, compare
 from engine.sampling_params import SamplingParams
 
-REPLAY_MISMATCH = "replay_mismatch"
 # The prefix-cache scope of every re-run: no user's name can be it (it starts with a NUL).
 AUDIT_SCOPE = "\x00replay-audit"
 AUDIT_PREFIX = "replay-audit-"

@@ -9,7 +9,7 @@ floats.
 
 from __future__ import annotations
 
-from engine.model import ModelConfig
+from engine.model.config import ModelConfig
 
 
 

@@ -29,7 +29,7 @@ from engine.loading.fused_tensors import split_rows
 from engine.loading.gguf_file import GGUFFile, GGUFFormatError
 from engine.loading.model_errors import ModelLoadError
 from engine.loading.tokenizer import Tokenizer, TokenizerError
-from engine.model import ConfigError, ModelConfig
+from engine.model.config import ConfigError, ModelConfig
 from engine.model.architectures import registry
 
 _REQUIRED = object()

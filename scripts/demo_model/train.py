@@ -21,7 +21,8 @@ import torch
 from safetensors.torch import save_file
 from torch.nn import functional as F
 
-from engine.model import LlamaForCausalLM, ModelConfig
+from engine.model.config import ModelConfig
+from engine.model.llama import LlamaForCausalLM
 from scripts.demo_model.corpus import split
 from scripts.demo_model.tokenizer import END_OF_TEXT, IM_END, train_tokenizer, write_tokenizer_files
 

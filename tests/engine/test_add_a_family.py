@@ -18,7 +18,7 @@ import torch
 
 from engine import Engine, EngineConfig, SamplingParams
 from engine.loading.loader import ModelLoadError, load_model
-from engine.model import ModelConfig
+from engine.model.config import ModelConfig
 from engine.model.architectures import registry
 from engine.model.architectures.family import Family
 from tests.gguf_files import write_gguf

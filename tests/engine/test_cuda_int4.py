@@ -20,7 +20,7 @@ from engine.loading import gguf_weights
 from engine.loading.gguf_model import GGUFCheckpoint
 from engine.loading.loader import load_model
 from engine.loading.model_errors import ModelLoadError
-from engine.model import LlamaForCausalLM
+from engine.model.llama import LlamaForCausalLM
 from engine.kernels.gpu.cuda_int4 import (MAX_ROWS, CudaInt4Linear, dequantize_int4, fuse_cuda_int4, inner_k_tiles,
                                     pack_nibbles, unpack_nibbles)
 from engine.model.layers import fuse_projections

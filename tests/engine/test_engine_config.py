@@ -14,7 +14,7 @@ import torch
 from engine import EngineConfig
 from engine.engine_config import CPU_PREFILL_BESIDE_DECODES, DEFAULT_TOKEN_BUDGET
 from engine.host.capabilities import REGISTRY
-from engine.model import ModelConfig
+from engine.model.config import ModelConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 START_FLAGS = [entry for entry in REGISTRY if entry.config_field]

@@ -27,7 +27,8 @@ import torch
 import transformers
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.loading.loader import load_model, load_tokenizer
+from engine.loading.loader import load_model
+from engine.loading.model_files import load_tokenizer
 from engine.loading.sentencepiece_vocab import SPACE
 from tests.conftest import build_tiny_checkpoint
 from tests.engine.test_tokenizer_parity import TEXTS

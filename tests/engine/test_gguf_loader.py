@@ -13,7 +13,8 @@ import pytest
 import torch
 import transformers
 
-from engine.loading.loader import ModelLoadError, load_model, load_model_config, load_tokenizer
+from engine.loading.loader import ModelLoadError, load_model
+from engine.loading.model_files import load_model_config, load_tokenizer
 from tests.gguf_files import copy_gguf, write_gguf
 
 IDS = torch.tensor([5, 17, 300, 42, 1000, 7, 4095, 0, 63])
@@ -39,14 +40,14 @@ def test_a_loaded_model_leaves_the_files_vocabulary_and_pages_behind_and_loads_a
     """The cached checkpoint drops its parsed vocabulary arrays and the mapped pages once the model is
     loaded (Gemma 3: about 430 MB of RSS); its tokenizer and config stay, and a second load reads the
     tensors again to the same logits."""
-    from engine.loading import loader
+    from engine.loading.model_files import gguf_checkpoint
     from engine.loading.gguf_model import VOCABULARY_FIELDS
 
     path, _ = tiny_gguf("llama", seed=4)
-    checkpoint = loader._gguf(path)
+    checkpoint = gguf_checkpoint(path)
     assert "tokenizer.ggml.tokens" in checkpoint._file.metadata, "liveness: the file has a vocabulary"
     first = load_model(path, weights="dequantized")
-    assert loader._gguf(path) is checkpoint, "the checkpoint stays cached"
+    assert gguf_checkpoint(path) is checkpoint, "the checkpoint stays cached"
     assert not set(VOCABULARY_FIELDS) & set(checkpoint._file.metadata)
     assert load_tokenizer(path) is first.tokenizer and load_model_config(path) == first.config
     assert torch.equal(logits(load_model(path, weights="dequantized")), logits(first))

@@ -23,7 +23,8 @@ from torch.utils._pytree import tree_leaves
 
 from engine import Engine, EngineConfig, SamplingParams
 from engine.decode.graphs import DecodeGraphs, GraphMode
-from engine.model import LlamaForCausalLM, ModelConfig
+from engine.model.config import ModelConfig
+from engine.model.llama import LlamaForCausalLM
 from engine.scheduler.kv_cache import KVShape, PagedKVCache
 from engine.kernels.gpu.commit_token import commit_token
 from engine.kernels.gpu.fault_word import fault_word

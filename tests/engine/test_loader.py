@@ -17,7 +17,8 @@ import torch
 import transformers
 from safetensors.torch import load_file, save_file
 
-from engine.loading.loader import DEMO_MODEL_DIR, ModelLoadError, load_model, resolve_model_path
+from engine.loading.loader import ModelLoadError, load_model
+from engine.loading.model_files import DEMO_MODEL_DIR, resolve_model_path
 
 WEIGHTS = "model.safetensors"
 

@@ -16,7 +16,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.model import AttentionMetadata, LlamaForCausalLM, ModelConfig
+from engine.model.attention_metadata import AttentionMetadata
+from engine.model.config import ModelConfig
+from engine.model.llama import LlamaForCausalLM
 from engine.model import attention
 from engine.model.attention_metadata import decode_metadata
 from engine.scheduler.kv_cache import KVShape, PagedKVCache

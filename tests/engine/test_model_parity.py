@@ -14,7 +14,7 @@ import transformers
 
 from engine import Engine, EngineConfig, SamplingParams
 from engine.loading.loader import load_model
-from engine.model import AttentionMetadata
+from engine.model.attention_metadata import AttentionMetadata
 from engine.scheduler.kv_cache import KVShape, PagedKVCache
 
 RELATIVE_TOLERANCE = 1e-4

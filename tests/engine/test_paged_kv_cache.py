@@ -12,7 +12,9 @@ import os
 import pytest
 import torch
 
-from engine.model import AttentionMetadata, LlamaForCausalLM, ModelConfig
+from engine.model.attention_metadata import AttentionMetadata
+from engine.model.config import ModelConfig
+from engine.model.llama import LlamaForCausalLM
 from engine.scheduler.kv_cache import SwapBlockAllocator, OutOfBlocks, KVShape, PagedKVCache, blocks_needed
 
 CONFIG = ModelConfig(model_type="llama", vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2,

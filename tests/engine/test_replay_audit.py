@@ -16,7 +16,8 @@ import torch
 
 from engine import Engine, EngineConfig, SamplingParams
 from engine.decode import runner
-from engine.host.replay_audit import AUDIT_SCOPE, REPLAY_MISMATCH, AuditSettings, ReplayAudit
+from engine.decode.leak_events import REPLAY_MISMATCH
+from engine.host.replay_audit import AUDIT_SCOPE, AuditSettings, ReplayAudit
 from engine.outputs import RequestOutput
 from engine.reproduce import ModelIdentity, compare, record_of
 

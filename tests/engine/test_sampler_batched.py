@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from engine.grammar import GrammarTokenizer
-from engine.loading.loader import DEMO_MODEL_DIR, load_tokenizer
+from engine.loading.model_files import DEMO_MODEL_DIR, load_tokenizer
 from engine.sampler import SampleRequest, apply_penalties, sample
 from engine.sampling_params import SamplingParams
 from tests.engine.sampler_reference import sample_per_row

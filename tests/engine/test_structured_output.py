@@ -85,11 +85,11 @@ def test_a_bad_response_format_is_refused_by_name(response_format, says):
 def test_a_format_that_fails_to_compile_is_compiled_once_however_often_it_comes(monkeypatch):
     """A client resending a schema that does not compile must not cost a compile each time (the web
     process checks every request's format)."""
-    from engine import grammar
+    from engine import response_format
 
     compiles = []
-    real = grammar._grammar
-    monkeypatch.setattr(grammar, "_grammar", lambda key: compiles.append(key) or real(key))
+    real = response_format._grammar
+    monkeypatch.setattr(response_format, "_grammar", lambda key: compiles.append(key) or real(key))
     bad = {"type": "regex", "regex": "([" + "x" * 17}  # a key no other test compiles
     for _ in range(3):
         with pytest.raises(InvalidSamplingParams, match="does not compile"):

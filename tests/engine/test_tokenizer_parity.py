@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from engine.loading.loader import load_tokenizer
+from engine.loading.model_files import load_tokenizer
 from engine.loading.tokenizer import ChatTemplateError, Tokenizer, TokenizerError
 
 TEXTS = [

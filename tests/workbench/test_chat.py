@@ -304,7 +304,7 @@ async def test_a_socket_opened_before_logging_out_is_closed_by_the_logout(users)
 
 def test_fitting_keeps_the_most_turns_that_fit_starting_at_a_user_message():
     """Against the plain search it replaces: every suffix from a user message, longest first."""
-    from engine.loading.loader import resolve_model_path
+    from engine.loading.model_files import resolve_model_path
     from engine.loading.tokenizer import Tokenizer
     from workbench.chat.fitting import fitted_prompt, model_length
 

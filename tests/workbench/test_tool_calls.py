@@ -13,7 +13,7 @@ import jsonschema
 import pytest
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.loading.loader import DEMO_MODEL_DIR
+from engine.loading.model_files import DEMO_MODEL_DIR
 from engine.loading.tokenizer import Tokenizer
 from workbench.api.openai import tool_calls
 from workbench.protocol import request_input

@@ -15,7 +15,7 @@ from django.test import AsyncClient
 from tokenizers import Tokenizer as BackendTokenizer
 from tokenizers.processors import TemplateProcessing
 
-from engine.loading.loader import DEMO_MODEL_DIR, load_model_config
+from engine.loading.model_files import DEMO_MODEL_DIR, load_model_config
 from engine.loading.tokenizer import Tokenizer
 from tests.cluster import Cluster
 from tests.workbench.test_celery_cluster import served_by

@@ -8,8 +8,7 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
-from engine.decode.leak_events import ALIASED_LOGITS, FOREIGN_PARKED_DROPPED
-from engine.host.replay_audit import REPLAY_MISMATCH
+from engine.decode.leak_events import ALIASED_LOGITS, FOREIGN_PARKED_DROPPED, REPLAY_MISMATCH
 
 
 class FlagChange(models.Model):

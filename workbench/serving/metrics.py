@@ -13,10 +13,11 @@ import time
 from bisect import bisect_left
 from collections import Counter
 from collections.abc import Mapping
-from typing import TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
-from engine.host.stats import EngineStats
-from engine.outputs import RequestOutput
+if TYPE_CHECKING:  # annotations only: the web process that counts requests loads no model code
+    from engine.host.stats import EngineStats
+    from engine.outputs import RequestOutput
 
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)

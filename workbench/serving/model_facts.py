@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from engine.loading.loader import load_model_config
+from engine.loading.model_files import load_model_config
 
 
 @lru_cache(maxsize=None)

@@ -14,7 +14,7 @@ one JSON object between tags:
   own); assistant messages with `tool_calls` are written back in this format and `tool` messages
   become user turns inside `<tool_response>` tags, as Qwen2.5's template renders them.
 - Guaranteed: `tool_choice` "required" or a named function constrains the output with a grammar
-  (engine/grammar.py, a Lark grammar with the call's JSON Schema inline), so even a small model
+  (engine/response_format.py, a Lark grammar with the call's JSON Schema inline), so even a small model
   returns exactly one valid call: an offered function's name and arguments that validate against
   its `parameters`. "auto" lets the model choose; "none" shows no tools.
 - Ended: the engine stops at the first `</tool_call>` (SamplingParams.tool_call_end), with
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine import InvalidSamplingParams, SamplingParams
-from engine.grammar import ResponseFormatError, grammar_of
+from engine.response_format import ResponseFormatError, grammar_of
 from workbench.api.openai import cut_calls
 from workbench.protocol.request_input import BAD_PARAMS, BAD_PROMPT, InvalidInput
 
@@ -44,7 +44,7 @@ OPEN, CLOSE = "<tool_call>", "</tool_call>"
 FIELDS = ("tools", "tool_choice", "parallel_tool_calls")  # the request fields this module reads
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for function names
 _BLOCK = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*" + re.escape(CLOSE), re.DOTALL)
-# Compact JSON inside the call, as for response_format (engine/grammar.py says why).
+# Compact JSON inside the call, as for response_format (engine/response_format.py says why).
 _COMPACT = {"whitespace_flexible": False}
 
 

@@ -23,7 +23,7 @@ from dataclasses import asdict
 from typing import Callable
 
 from engine import SamplingParams
-from engine.loading.loader import load_tokenizer
+from engine.loading.model_files import load_tokenizer
 from engine.loading.tokenizer import Tokenizer
 from workbench.serving.celery import wire
 from workbench.serving.celery.dashboard_watch import DashboardWatch
