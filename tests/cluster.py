@@ -7,6 +7,7 @@ admissions (a request admitted twice anywhere would be a request run twice).
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
 import shutil
@@ -14,8 +15,10 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
+from functools import lru_cache
 from pathlib import Path
 
 import redis
@@ -45,13 +48,26 @@ def wait_for_port(port: int, process: subprocess.Popen, what: str, timeout: floa
     raise RuntimeError(f"{what} did not listen on {port} within {timeout} s")
 
 
+@lru_cache(maxsize=1)
+def migrated_database() -> Path:
+    """A SQLite database migrated once per test process (by `manage.py migrate`, as a deployment's is):
+    each server's database starts as a copy of it, where a migrate per start cost a process of its own."""
+    folder = Path(tempfile.mkdtemp(prefix="workbench-migrated-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    path = folder / "db.sqlite3"
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "workbench.settings", "WORKBENCH_DB_PATH": str(path)}
+    subprocess.run([sys.executable, str(ROOT / "manage.py"), "migrate", "-v0"], env=env, check=True, cwd=ROOT)
+    return path
+
+
 def start_daphne(env: dict, db_path: Path) -> tuple[subprocess.Popen, str, str]:
-    """A real Daphne (started as every deployment starts it, workbench/serve.py) on 127.0.0.1 over a
-    fresh SQLite database at `db_path` (migrated, with an API token
-    for user "bob"), logging beside it; returns (process, address, token)."""
+    """A real Daphne (started as every deployment starts it, workbench/serve.py) on 127.0.0.1 over the
+    SQLite database at `db_path` (a migrated one where it is new; kept where it exists, for a restart), with
+    an API token for user "bob", logging beside it; returns (process, address, token)."""
     env = {**env, "DJANGO_SETTINGS_MODULE": "workbench.settings", "WORKBENCH_DB_PATH": str(db_path)}
     manage = [sys.executable, str(ROOT / "manage.py")]
-    subprocess.run([*manage, "migrate", "-v0"], env=env, check=True, cwd=ROOT)
+    if not db_path.exists():
+        shutil.copyfile(migrated_database(), db_path)
     port, log = free_port(), db_path.with_suffix(".daphne.log")
     server = subprocess.Popen([sys.executable, "-m", "workbench.serve", "-b", "127.0.0.1", "-p", str(port)],
                               env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(log, "w"))

@@ -22,7 +22,7 @@ class Restartable:
 
     def restart(self) -> None:
         self.stop()
-        self.process, self.address, _ = start_daphne(self.env, self.db_path)  # migrate is a no-op now
+        self.process, self.address, _ = start_daphne(self.env, self.db_path)  # over the same database
 
     def stop(self) -> None:
         self.process.terminate()
