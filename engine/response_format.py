@@ -12,7 +12,6 @@ JSON is compact (llguidance's default separators, no free whitespace): a small m
 whitespace can spend its whole token budget on newlines, and its output would then not parse.
 """
 
-
 from __future__ import annotations
 
 import importlib

@@ -1,9 +1,9 @@
 """The web side's processes load no model code. Every `manage.py` command (a deployment's start runs
 migrate; each shared test server's start runs migrate and createapitoken) and the Daphne of the Celery
-transport import neither torch nor the engine's model: that import costs seconds of CPU per process.
-What keeps it so: engine/__init__.py loads its names on first use, requests are validated through
-engine/response_format.py, and the web side reads a model's config and tokenizer through
-engine/loading/model_files.py.
+transport, reading a model's length and tokenizer, import neither torch nor the engine's model: that
+import costs seconds of CPU per process. What keeps it so: engine/__init__.py loads its names on first
+use, requests are validated through engine/response_format.py, and the web side reads a model's config
+and tokenizer through engine/loading/model_files.py.
 """
 
 from __future__ import annotations
@@ -26,6 +26,9 @@ call_command("check")
 call_command("migrate", verbosity=0)
 call_command("createapitoken", "bob")
 import workbench.asgi
+from engine.loading.model_files import load_tokenizer
+from workbench.serving import model_facts
+model_facts.model_length("demo"), load_tokenizer("demo").encode("what a request's checks read")
 web = [name for name in {MODEL_CODE!r} if name in sys.modules]
 from engine import Engine  # the control: the engine's own import does load them
 print(json.dumps({{"web": web, "engine": [name for name in {MODEL_CODE!r} if name in sys.modules]}}))
