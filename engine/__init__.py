@@ -26,9 +26,11 @@ __all__ = ["Engine", "EngineConfig", "GenerationResult", "InvalidSamplingParams"
            "RequestOutput", "SamplingParams", "Usage"]
 
 
-def __getattr__(name: str) -> object:
-    if name not in _HOME:
-        raise AttributeError(f"module 'engine' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_HOME[name]), name)
-    globals()[name] = value  # found directly from now on
-    return value
+if not TYPE_CHECKING:  # hidden from mypy, which reads the imports above: a misspelt name stays an error there
+
+    def __getattr__(name: str) -> object:
+        if name not in _HOME:
+            raise AttributeError(f"module 'engine' has no attribute {name!r}")
+        value = getattr(importlib.import_module(_HOME[name]), name)
+        globals()[name] = value  # found directly from now on
+        return value
