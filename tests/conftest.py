@@ -292,7 +292,7 @@ class Served:
 
     def ensure_admin(self) -> None:
         """The superuser "admin" with ADMIN_PASSWORD, made once per server: `ensureadmin` leaves an existing
-        admin as it is, so asking again (a fresh interpreter importing torch, about 3 s) would change nothing."""
+        admin as it is, so asking again (a fresh interpreter, about a second) would change nothing."""
         if self.db_path in ADMIN_ENSURED:
             return
         env = {**self.env, "DJANGO_SETTINGS_MODULE": "workbench.settings", "WORKBENCH_DB_PATH": str(self.db_path),
@@ -318,7 +318,7 @@ def serve(env: dict, db_path: Path):
 
 
 # One Daphne per transport for the whole session (docs/TESTING.md, "Shared servers"): a start costs 5-10 s
-# (migrate, token, model load). A test on them uses users of its own and leaves no flag changed.
+# (the migrated database copied, a token, the model load). A test on them uses users of its own and leaves no flag changed.
 @pytest.fixture(scope="session")
 def inprocess_daphne(tmp_path_factory):
     """The shared Daphne with the engine on a thread in its own process."""
