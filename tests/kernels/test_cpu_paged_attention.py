@@ -155,19 +155,24 @@ def test_a_prompt_whole_or_in_chunks_gives_the_same_bits(dtype: torch.dtype, win
     assert not whole.isnan().any()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # bfloat16: the prompt's keys widened
 @pytest.mark.parametrize("path", ["auto", "scalar"])
-def test_one_thread_or_two_give_the_same_bits(path: str, threads: None) -> None:
+def test_one_two_or_three_threads_give_the_same_bits(dtype: torch.dtype, path: str, threads: None) -> None:
+    # Decodes of two sequences beside a whole 60-token prompt of a third (the prompt's tokens cost 1 to 60
+    # keys each, the decodes 5 and 33): the threads' runs of items are cut by cost, unevenly in count.
     lengths = [5, 33, 60]
-    cache = make_cache(2, 64, torch.float32, seed=8)
+    cache = make_cache(2, 64, dtype, seed=8)
     tables = shuffled_tables(lengths, seed=9)
-    tokens = [(b, p) for b, n in enumerate(lengths) for p in range(0, n, 3)]
-    q = queries(len(tokens), 6, 64, torch.float32, seed=10)
+    tokens = [(0, 4), (1, 32), *((2, p) for p in range(60))]
+    q = queries(len(tokens), 6, 64, dtype, seed=10)
     out = {}
-    for count in (1, 2):
+    for count in (1, 2, 3):
         torch.set_num_threads(count)
         out[count] = [attend(q, cache, tables, [b for b, _ in tokens], [p for _, p in tokens], path=path),
                       attend(q[:1], cache, tables, [tokens[0][0]], [tokens[0][1]], path=path)]
-    assert torch.equal(out[1][0], out[2][0]) and torch.equal(out[1][1], out[2][1])
+    for count in (2, 3):
+        assert torch.equal(out[1][0], out[count][0]) and torch.equal(out[1][1], out[count][1]), f"{count} threads"
+    assert torch.equal(out[1][0][:1], out[1][1])  # the decode alone as among the prompt's tokens
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -7,9 +7,9 @@
 // Every query token attends its own sequence's keys 0 .. p (the window's last W of them with a sliding
 // window) through its block table, in the order paged_attention.h defines. The work items are (token,
 // KV head) pairs, each computed alone with the same arithmetic whoever shares the call; threads take
-// them in fixed shares, and the path depends on the CPU and head_dim only (head_dim not a multiple of 8
-// runs the scalar code in every path, which is the same arithmetic; AVX-512 runs the AVX2 code for
-// head_dim not a multiple of 16).
+// runs of them of about equal cost (balanced_cuts), and the path depends on the CPU and head_dim only
+// (head_dim not a multiple of 8 runs the scalar code in every path, which is the same arithmetic; AVX-512
+// runs the AVX2 code for head_dim not a multiple of 16).
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -32,10 +32,6 @@ void check_index(const at::Tensor& t, const char* name, int64_t dim, const char*
   TORCH_CHECK_VALUE(t.dim() == dim, "workbench ", where, ": ", name, " must be ", dim, "-D, got shape ", t.sizes());
   TORCH_CHECK_VALUE(t.device().is_cpu(), "workbench ", where, ": ", name, " must be on the CPU, got ", t.device());
 }
-
-// Token t's position in its sequence's processing order: the first, the last, the second, the one before
-// the last, ... so that equal shares of the items hold equal numbers of keys for a causal prompt.
-inline int64_t zigzag(int64_t k, int64_t N) { return k % 2 == 0 ? k / 2 : N - 1 - k / 2; }
 
 at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& key_cache, const at::Tensor& value_cache,
                            const at::Tensor& block_tables_in, const at::Tensor& token_sequence_in,
@@ -172,6 +168,34 @@ struct WideCopies {
   }
 };
 
+// What an item costs, in widened keys' time: the keys it reads (one read through the block table costs
+// about 4/3 of a widened one, measured on decodes beside a prompt chunk) and a fixed part.
+constexpr int64_t ITEM_FIXED_COST = 48, WIDE_KEY_COST = 3, CACHED_KEY_COST = 4;
+
+// The items (token, KV head), in token order, cut into `shares` runs of about equal cost: a step's tokens
+// cost anything from one key (a prompt's first) to thousands (a long decode), so equal counts of items
+// left one thread waiting on the other when decodes and a prompt chunk share a call. Each item is computed
+// alone, so where the cuts fall changes which thread computes it, never a bit.
+std::vector<int64_t> balanced_cuts(const AttnArgs& a, const WideKeys& wide, int64_t shares) {
+  std::vector<int64_t> cost(a.N);
+  int64_t total = 0;
+  for (int64_t t = 0; t < a.N; ++t) {
+    const int64_t p = a.positions[t], keys = a.window > 0 ? std::min(p + 1, a.window) : p + 1;
+    const bool widened = wide.base && wide.base[a.sequence[t]] >= 0;
+    cost[t] = ITEM_FIXED_COST + keys * (widened ? WIDE_KEY_COST : CACHED_KEY_COST);
+    total += cost[t] * a.Hkv;
+  }
+  shares = std::max<int64_t>(1, std::min(shares, a.N * a.Hkv));
+  std::vector<int64_t> cuts{0};
+  int64_t done = 0;
+  for (int64_t i = 0; i < a.N * a.Hkv && int64_t(cuts.size()) < shares; ++i) {
+    done += cost[i / a.Hkv];
+    if (done * shares >= total * int64_t(cuts.size())) cuts.push_back(i + 1);
+  }
+  while (int64_t(cuts.size()) <= shares) cuts.push_back(a.N * a.Hkv);
+  return cuts;
+}
+
 }  // namespace
 
 void run_attention(const AttnArgs& a, int64_t max_keys, int64_t path) {
@@ -180,12 +204,13 @@ void run_attention(const AttnArgs& a, int64_t max_keys, int64_t path) {
   const int64_t group = a.H / a.Hkv, stride = (max_keys + 15) / 16 * 16 + 32;
   WideCopies copies;
   const WideKeys wide = simd && a.bf16 ? copies.build(a, wide16) : WideKeys{};
-  at::parallel_for(0, a.N * a.Hkv, 1, [&](int64_t i0, int64_t i1) {
+  const std::vector<int64_t> cuts = balanced_cuts(a, wide, at::get_num_threads());
+  at::parallel_for(0, int64_t(cuts.size()) - 1, 1, [&](int64_t s0, int64_t s1) {
     std::vector<float> scores(group * stride), query(group * a.D);
     std::vector<int64_t> rows(max_keys);
     const AttnScratch scratch{scores.data(), rows.data(), stride, query.data(), wide};
-    for (int64_t i = i0; i < i1; ++i) {
-      const int64_t t = zigzag(i / a.Hkv, a.N), g = i % a.Hkv;
+    for (int64_t i = cuts[s0]; i < cuts[s1]; ++i) {
+      const int64_t t = i / a.Hkv, g = i % a.Hkv;
       if (wide16) attend_avx512(a, t, g, scratch);
       else if (simd) attend_avx2(a, t, g, scratch);
       else attend_scalar(a, t, g, scratch);
