@@ -6,7 +6,7 @@
 //                   path) -> out [N, H, D]
 // Every query token attends its own sequence's keys 0 .. p (the window's last W of them with a sliding
 // window) through its block table, in the order paged_attention.h defines. The work items are (token,
-// KV head) pairs, each computed alone with the same arithmetic whoever shares the call; threads take
+// KV head) pairs, each computed alone with the same arithmetic whoever shares the call; threads claim
 // runs of them of about equal cost (balanced_cuts), and the path depends on the CPU and head_dim only
 // (head_dim not a multiple of 8 runs the scalar code in every path, which is the same arithmetic; AVX-512
 // runs the AVX2 code for head_dim not a multiple of 16).
@@ -16,6 +16,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <optional>
 #include <vector>
@@ -171,12 +172,15 @@ struct WideCopies {
 // What an item costs, in widened keys' time: the keys it reads (one read through the block table costs
 // about 4/3 of a widened one, measured on decodes beside a prompt chunk) and a fixed part.
 constexpr int64_t ITEM_FIXED_COST = 48, WIDE_KEY_COST = 3, CACHED_KEY_COST = 4;
+// Runs per thread: threads claim runs as they finish the last, so a cost the estimate misjudges (a cache
+// read slower in a large pool than in the measurement) leaves a thread waiting at most one small run.
+constexpr int64_t RUNS_PER_THREAD = 8;
 
-// The items (token, KV head), in token order, cut into `shares` runs of about equal cost: a step's tokens
+// The items (token, KV head), in token order, cut into `runs` runs of about equal cost: a step's tokens
 // cost anything from one key (a prompt's first) to thousands (a long decode), so equal counts of items
 // left one thread waiting on the other when decodes and a prompt chunk share a call. Each item is computed
 // alone, so where the cuts fall changes which thread computes it, never a bit.
-std::vector<int64_t> balanced_cuts(const AttnArgs& a, const WideKeys& wide, int64_t shares) {
+std::vector<int64_t> balanced_cuts(const AttnArgs& a, const WideKeys& wide, int64_t runs) {
   std::vector<int64_t> cost(a.N);
   int64_t total = 0;
   for (int64_t t = 0; t < a.N; ++t) {
@@ -185,14 +189,14 @@ std::vector<int64_t> balanced_cuts(const AttnArgs& a, const WideKeys& wide, int6
     cost[t] = ITEM_FIXED_COST + keys * (widened ? WIDE_KEY_COST : CACHED_KEY_COST);
     total += cost[t] * a.Hkv;
   }
-  shares = std::max<int64_t>(1, std::min(shares, a.N * a.Hkv));
+  runs = std::max<int64_t>(1, std::min(runs, a.N * a.Hkv));
   std::vector<int64_t> cuts{0};
   int64_t done = 0;
-  for (int64_t i = 0; i < a.N * a.Hkv && int64_t(cuts.size()) < shares; ++i) {
+  for (int64_t i = 0; i < a.N * a.Hkv && int64_t(cuts.size()) < runs; ++i) {
     done += cost[i / a.Hkv];
-    if (done * shares >= total * int64_t(cuts.size())) cuts.push_back(i + 1);
+    if (done * runs >= total * int64_t(cuts.size())) cuts.push_back(i + 1);
   }
-  while (int64_t(cuts.size()) <= shares) cuts.push_back(a.N * a.Hkv);
+  cuts.push_back(a.N * a.Hkv);
   return cuts;
 }
 
@@ -204,16 +208,21 @@ void run_attention(const AttnArgs& a, int64_t max_keys, int64_t path) {
   const int64_t group = a.H / a.Hkv, stride = (max_keys + 15) / 16 * 16 + 32;
   WideCopies copies;
   const WideKeys wide = simd && a.bf16 ? copies.build(a, wide16) : WideKeys{};
-  const std::vector<int64_t> cuts = balanced_cuts(a, wide, at::get_num_threads());
-  at::parallel_for(0, int64_t(cuts.size()) - 1, 1, [&](int64_t s0, int64_t s1) {
+  const int64_t threads = at::get_num_threads();
+  const std::vector<int64_t> cuts = balanced_cuts(a, wide, threads * RUNS_PER_THREAD);
+  const int64_t runs = int64_t(cuts.size()) - 1;
+  std::atomic<int64_t> next_run{0};
+  at::parallel_for(0, std::min(threads, runs), 1, [&](int64_t, int64_t) {
     std::vector<float> scores(group * stride), query(group * a.D);
     std::vector<int64_t> rows(max_keys);
     const AttnScratch scratch{scores.data(), rows.data(), stride, query.data(), wide};
-    for (int64_t i = cuts[s0]; i < cuts[s1]; ++i) {
-      const int64_t t = i / a.Hkv, g = i % a.Hkv;
-      if (wide16) attend_avx512(a, t, g, scratch);
-      else if (simd) attend_avx2(a, t, g, scratch);
-      else attend_scalar(a, t, g, scratch);
+    for (int64_t run = next_run++; run < runs; run = next_run++) {
+      for (int64_t i = cuts[run]; i < cuts[run + 1]; ++i) {
+        const int64_t t = i / a.Hkv, g = i % a.Hkv;
+        if (wide16) attend_avx512(a, t, g, scratch);
+        else if (simd) attend_avx2(a, t, g, scratch);
+        else attend_scalar(a, t, g, scratch);
+      }
     }
   });
 }
