@@ -96,12 +96,13 @@ template <bool KV16, int HP>
 void cached_scores(const float* const* queries, const void* k, const int64_t* rows, int64_t L, int64_t D, float scale_f,
                    float* const* e) {
   const __m256 scale = _mm256_set1_ps(scale_f);
+  prefetch_first<KV16>(k, rows, L, SCORE_PREFETCH_KEYS, 0, D);
   int64_t i0 = 0;
   for (; i0 + 8 <= L; i0 += 8) {
     __m256 acc[HP][8];
     for (int h = 0; h < HP; ++h)
       for (int r = 0; r < 8; ++r) acc[h][r] = _mm256_setzero_ps();
-    for (int64_t r = i0 + 8; r < i0 + 16 && r < L; ++r) prefetch_row<KV16>(k, rows[r], D);
+    for (int64_t r = i0 + SCORE_PREFETCH_KEYS; r < i0 + SCORE_PREFETCH_KEYS + 8 && r < L; ++r) prefetch_row<KV16>(k, rows[r], D);
     for (int64_t c = 0; c < D; c += 8) {
       __m256 qv[HP];
       for (int h = 0; h < HP; ++h) qv[h] = _mm256_loadu_ps(queries[h] + c);
@@ -138,8 +139,9 @@ void outputs(const AttnArgs& a, const void* v, const int64_t* rows, int64_t L, f
   __m512 acc[HP][NV];
   for (int h = 0; h < HP; ++h)
     for (int u = 0; u < NV; ++u) acc[h][u] = _mm512_setzero_ps();
+  prefetch_first<KV16>(v, rows, L, OUTPUT_PREFETCH_KEYS, d0, 16 * NV);
   for (int64_t i = 0; i < L; ++i) {
-    if (i + 8 < L) prefetch_row<KV16>(v, rows[i + 8] + d0, 16 * NV);
+    if (i + OUTPUT_PREFETCH_KEYS < L) prefetch_row<KV16>(v, rows[i + OUTPUT_PREFETCH_KEYS] + d0, 16 * NV);
     __m512 value[NV];
     for (int u = 0; u < NV; ++u) value[u] = load16<KV16>(v, rows[i] + d0 + 16 * u);
     for (int h = 0; h < HP; ++h) {
