@@ -168,6 +168,29 @@ def test_temperature_shapes_the_distribution():
     assert (freq - target).abs().max() < 0.03, (freq, target)
 
 
+@pytest.mark.parametrize("vocab", [7, 4096, 49152])
+@pytest.mark.parametrize("count", [1, 2, 5, 33])
+def test_rows_with_only_a_temperature_share_a_softmax_with_each_rows_own_bits(vocab, count):
+    # On the CPU such rows are drawn from one batched division and softmax: each must be the bits of the
+    # row's own `_probabilities`, or a seeded request would draw another token beside other rows.
+    temperatures = [0.05, 0.3, 0.7, 1.0, 1.3, 1.9, 2.0][:count] * (count // 7 + 1)
+    rows = [row(SamplingParams(temperature=t)) for t in temperatures[:count]]
+    logits = random_logits(count * vocab, (count + 2, vocab), scale=4.0)
+    indexes = list(range(1, count + 1))  # not the first row: the rows are gathered by index
+    batched = sampler._temperature_probabilities(logits, indexes, [row(SamplingParams())] + rows)
+    for k, index in enumerate(indexes):
+        alone = sampler._probabilities(logits[index], rows[k].params)
+        assert torch.equal(batched[k], alone), f"row {k} at temperature {rows[k].params.temperature}"
+
+
+def test_only_rows_without_penalties_or_cut_offs_share_the_softmax():
+    shared = [SamplingParams(), SamplingParams(temperature=0.4), SamplingParams(temperature=1.5, top_p=1.0)]
+    own = [SamplingParams(temperature=0), SamplingParams(top_k=5), SamplingParams(top_p=0.9),
+           SamplingParams(min_p=0.1), SamplingParams(repetition_penalty=1.1), SamplingParams(presence_penalty=0.2)]
+    assert all(sampler._temperature_only(p) for p in shared)
+    assert not any(sampler._temperature_only(p) for p in own)
+
+
 # --- penalties ---------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("penalty", [1.3, 0.7])
