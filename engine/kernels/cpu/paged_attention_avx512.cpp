@@ -103,6 +103,7 @@ void cached_scores(const float* const* queries, const void* k, const int64_t* ro
     for (int h = 0; h < HP; ++h)
       for (int r = 0; r < 8; ++r) acc[h][r] = _mm256_setzero_ps();
     for (int64_t r = i0 + SCORE_PREFETCH_KEYS; r < i0 + SCORE_PREFETCH_KEYS + 8 && r < L; ++r) prefetch_row<KV16>(k, rows[r], D);
+    for (int64_t r = i0 + SCORE_L2_KEYS; r < i0 + SCORE_L2_KEYS + 8 && r < L; ++r) prefetch_row<KV16, _MM_HINT_T1>(k, rows[r], D);
     for (int64_t c = 0; c < D; c += 8) {
       __m256 qv[HP];
       for (int h = 0; h < HP; ++h) qv[h] = _mm256_loadu_ps(queries[h] + c);
@@ -142,6 +143,7 @@ void outputs(const AttnArgs& a, const void* v, const int64_t* rows, int64_t L, f
   prefetch_first<KV16>(v, rows, L, OUTPUT_PREFETCH_KEYS, d0, 16 * NV);
   for (int64_t i = 0; i < L; ++i) {
     if (i + OUTPUT_PREFETCH_KEYS < L) prefetch_row<KV16>(v, rows[i + OUTPUT_PREFETCH_KEYS] + d0, 16 * NV);
+    if (i + OUTPUT_L2_KEYS < L) prefetch_row<KV16, _MM_HINT_T1>(v, rows[i + OUTPUT_L2_KEYS] + d0, 16 * NV);
     __m512 value[NV];
     for (int u = 0; u < NV; ++u) value[u] = load16<KV16>(v, rows[i] + d0 + 16 * u);
     for (int h = 0; h < HP; ++h) {
