@@ -173,8 +173,8 @@ def test_temperature_shapes_the_distribution():
 def test_rows_with_only_a_temperature_share_a_softmax_with_each_rows_own_bits(vocab, count):
     # On the CPU such rows are drawn from one batched division and softmax: each must be the bits of the
     # row's own `_probabilities`, or a seeded request would draw another token beside other rows.
-    temperatures = [0.05, 0.3, 0.7, 1.0, 1.3, 1.9, 2.0][:count] * (count // 7 + 1)
-    rows = [row(SamplingParams(temperature=t)) for t in temperatures[:count]]
+    temperatures = [0.05, 0.3, 0.7, 1.0, 1.3, 1.9, 2.0]
+    rows = [row(SamplingParams(temperature=temperatures[k % len(temperatures)])) for k in range(count)]
     logits = random_logits(count * vocab, (count + 2, vocab), scale=4.0)
     indexes = list(range(1, count + 1))  # not the first row: the rows are gathered by index
     batched = sampler._temperature_probabilities(logits, indexes, [row(SamplingParams())] + rows)

@@ -33,8 +33,10 @@ void attend(const AttnArgs& a, int64_t t, int64_t g, const AttnScratch& s, const
       if (nv == OUT_VECTORS) {
         prefetch_first<KV16>(v, s.rows, L, OUTPUT_PREFETCH_KEYS, 8 * c0, 8 * OUT_VECTORS);
         for (int64_t i = 0; i < L; ++i) {
-          if (i + OUTPUT_PREFETCH_KEYS < L) prefetch_row<KV16>(v, s.rows[i + OUTPUT_PREFETCH_KEYS] + 8 * c0, 8 * OUT_VECTORS);
-          if (i + OUTPUT_L2_KEYS < L) prefetch_row<KV16, _MM_HINT_T1>(v, s.rows[i + OUTPUT_L2_KEYS] + 8 * c0, 8 * OUT_VECTORS);
+          if (i + OUTPUT_PREFETCH_KEYS < L)
+            prefetch_row<KV16>(v, s.rows[i + OUTPUT_PREFETCH_KEYS] + 8 * c0, 8 * OUT_VECTORS);
+          if (i + OUTPUT_L2_KEYS < L)
+            prefetch_row<KV16, _MM_HINT_T1>(v, s.rows[i + OUTPUT_L2_KEYS] + 8 * c0, 8 * OUT_VECTORS);
           const __m256 w = _mm256_broadcast_ss(e + i);
           const int64_t row = s.rows[i] + 8 * c0;
 #pragma GCC unroll 8

@@ -102,8 +102,10 @@ void cached_scores(const float* const* queries, const void* k, const int64_t* ro
     __m256 acc[HP][8];
     for (int h = 0; h < HP; ++h)
       for (int r = 0; r < 8; ++r) acc[h][r] = _mm256_setzero_ps();
-    for (int64_t r = i0 + SCORE_PREFETCH_KEYS; r < i0 + SCORE_PREFETCH_KEYS + 8 && r < L; ++r) prefetch_row<KV16>(k, rows[r], D);
-    for (int64_t r = i0 + SCORE_L2_KEYS; r < i0 + SCORE_L2_KEYS + 8 && r < L; ++r) prefetch_row<KV16, _MM_HINT_T1>(k, rows[r], D);
+    for (int64_t r = i0 + SCORE_PREFETCH_KEYS; r < i0 + SCORE_PREFETCH_KEYS + 8 && r < L; ++r)
+      prefetch_row<KV16>(k, rows[r], D);
+    for (int64_t r = i0 + SCORE_L2_KEYS; r < i0 + SCORE_L2_KEYS + 8 && r < L; ++r)
+      prefetch_row<KV16, _MM_HINT_T1>(k, rows[r], D);
     for (int64_t c = 0; c < D; c += 8) {
       __m256 qv[HP];
       for (int h = 0; h < HP; ++h) qv[h] = _mm256_loadu_ps(queries[h] + c);
