@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 from typing import Literal
 
 from django.conf import settings
-from django.db import models, transaction
+from django.db import connection, models, transaction
 from django.utils import timezone
 
 from workbench.chat import branches
@@ -151,10 +151,17 @@ class Conversation(models.Model):
         return reply
 
     def lock(self) -> None:
-        """Within a transaction: hold this conversation's row until it commits, so that the branch read
-        and the messages written are one step against any other writer of the conversation (a reply
-        whose claim went stale and a new turn; PostgreSQL's row lock; SQLite locks the whole database
-        for a write anyway). Conversation.DoesNotExist if it is gone."""
+        """Within a transaction, as its first statement: hold this conversation's row until it commits, so
+        that the branch read and the messages written are one step against any other writer of the
+        conversation (a reply whose claim went stale and a new turn). PostgreSQL: the row's lock.
+        SQLite, which locks the whole database for a write: its write lock, taken now by a write that
+        changes nothing. A transaction that reads first cannot wait for another writer when it then
+        writes (SQLite fails it at once with "database is locked"); one whose first statement writes
+        waits its turn. Conversation.DoesNotExist if it is gone."""
+        if connection.vendor == "sqlite":
+            if not Conversation.objects.filter(pk=self.pk).update(replying_since=models.F("replying_since")):
+                raise Conversation.DoesNotExist
+            return
         Conversation.objects.select_for_update().only("pk").get(pk=self.pk)
 
     def history(self) -> list[dict[str, str]]:
