@@ -86,30 +86,7 @@ def _draw(logits: torch.Tensor, rows: list[SampleRequest]) -> list[int]:
     on_cpu = logits.device.type == "cpu"
     # [B, V]: each greedy row's token is the argmax of its row (on the CPU only greedy rows read it)
     scores = logits.clone() if not on_cpu or any(row.params.greedy for row in rows) else None
-    sampled: list[tuple[int, torch.Tensor]] = []  # (row, its draw distribution)
-    plain: list[int] = []  # CPU rows whose only parameter is a temperature
-    for index, row in enumerate(rows):
-        params = row.params
-        if params.greedy and not params.has_penalties:
-            continue
-        values = logits[index]
-        if params.has_penalties:
-            values = apply_penalties(values, params, row.prompt_ids, row.output_ids)
-        if params.greedy:
-            assert scores is not None
-            scores[index] = values
-            continue
-        if on_cpu and _temperature_only(params):
-            plain.append(index)
-            continue
-        sampled.append((index, _probabilities(values, params)))
-    totals = [probs.sum() for _, probs in sampled]  # a row whose total is not finite and positive is invalid
-    if plain:
-        probs = _temperature_probabilities(logits, plain, rows)
-        sampled += [(index, probs[k]) for k, index in enumerate(plain)]
-        totals += list(probs.sum(dim=-1))
-        order = sorted(range(len(sampled)), key=lambda k: sampled[k][0])  # row order: rows may share a generator
-        sampled, totals = [sampled[k] for k in order], [totals[k] for k in order]
+    sampled, totals = _distributions(logits, rows, scores)
     # Kept so that a row found invalid below draws again as if this draw had never happened.
     states = [rows[index].generator.get_state() for index, _ in sampled]
     try:
@@ -139,6 +116,38 @@ def _draw(logits: torch.Tensor, rows: list[SampleRequest]) -> list[int]:
             rows[index].generator.set_state(state)
         raise
     return tokens
+
+
+def _distributions(logits: torch.Tensor, rows: list[SampleRequest], scores: torch.Tensor | None,
+                   ) -> tuple[list[tuple[int, torch.Tensor]], list[torch.Tensor]]:
+    """The sampled rows' draw distributions in row order (rows may share a generator), each with its
+    total (a row whose total is not finite and positive is invalid). A greedy row with penalties gets
+    its penalised logits in `scores` instead."""
+    on_cpu = logits.device.type == "cpu"
+    sampled: list[tuple[int, torch.Tensor]] = []  # (row, its draw distribution)
+    plain: list[int] = []  # CPU rows whose only parameter is a temperature
+    for index, row in enumerate(rows):
+        params = row.params
+        if params.greedy and not params.has_penalties:
+            continue
+        values = logits[index]
+        if params.has_penalties:
+            values = apply_penalties(values, params, row.prompt_ids, row.output_ids)
+        if params.greedy:
+            assert scores is not None
+            scores[index] = values
+        elif on_cpu and _temperature_only(params):
+            plain.append(index)
+        else:
+            sampled.append((index, _probabilities(values, params)))
+    totals = [probs.sum() for _, probs in sampled]
+    if plain:
+        probs = _temperature_probabilities(logits, plain, rows)
+        sampled += [(index, probs[k]) for k, index in enumerate(plain)]
+        totals += list(probs.sum(dim=-1))
+        order = sorted(range(len(sampled)), key=lambda k: sampled[k][0])
+        sampled, totals = [sampled[k] for k in order], [totals[k] for k in order]
+    return sampled, totals
 
 
 def _temperature_only(params: SamplingParams) -> bool:
