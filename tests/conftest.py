@@ -318,7 +318,8 @@ def serve(env: dict, db_path: Path):
 
 
 # One Daphne per transport for the whole session (docs/TESTING.md, "Shared servers"): a start costs 5-10 s
-# (the migrated database copied, a token, the model load). A test on them uses users of its own and leaves no flag changed.
+# (the migrated database copied, a token, the model load). A test on them uses users of its own and leaves
+# no flag changed.
 @pytest.fixture(scope="session")
 def inprocess_daphne(tmp_path_factory):
     """The shared Daphne with the engine on a thread in its own process."""
