@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/noisy_neighbour.py [--requests 12] [--tokenizers 4] [--sockets 4] [--settle 1.0]
                                               [--rounds 1] [--setting NAME ...] [--flood-nice 0]
+                                              [--flood-client python|lean]
 
 For each setting in turn (the per-user limits at their defaults, then all three off) it starts a real
 Daphne on loopback (tests/cluster.py, in-process engine, the demo model, a fresh database) and measures
@@ -20,7 +21,9 @@ Loopback only, bounded: every flood stops when the quiet user's last request end
 in their times as the server's. It still shares the machine's cores with the server, as a neighbour on
 the same host would. --flood-nice N runs the flood's process at that niceness: a stand-in for a flood
 from another machine, whose client's own CPU would not be taken from the server's cores (its rate, in
-"the flood" line, shows whether it still floods).
+"the flood" line, shows whether it still floods). --flood-client lean sends the same bytes with as
+little client CPU as it can (bench/lean_flood.py): the other stand-in, one that keeps the flood's rate.
+Both print the flooding process's own CPU share.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ import httpx  # noqa: E402
 import openai  # noqa: E402
 import websockets  # noqa: E402
 
+from bench import lean_flood  # noqa: E402
 from tests.cluster import issue_tokens, start_daphne  # noqa: E402
 
 TIMEOUT_S = 30
@@ -56,10 +60,13 @@ BIG_PROMPT = "The list type is a mutable sequence of items. " * 5400  # about 25
 BIG_MESSAGES = [{"role": "user", "content": "Describe a dictionary in detail. " * 3000}]  # about 100 KB
 
 
-def big_schema(variant: int) -> dict:
-    """A 200-property JSON schema, a different one for each variant (the server caches compiled ones)."""
+FIRST_MAX_LENGTH = 40
+
+
+def big_schema(max_length: int) -> dict:
+    """A 200-property JSON schema; each frame's has another `max_length` (the server caches compiled ones)."""
     return {"type": "json_schema", "json_schema": {"name": "wide", "schema": {
-        "type": "object", "properties": {f"field_{i}": {"type": "string", "maxLength": 40 + variant}
+        "type": "object", "properties": {f"field_{i}": {"type": "string", "maxLength": max_length}
                                          for i in range(200)},
         "required": [f"field_{i}" for i in range(200)], "additionalProperties": False}}}
 
@@ -111,8 +118,9 @@ async def flood_socket(address: str, token: str, stop: asyncio.Event, seen: Coun
         sent = 0
         while not stop.is_set() and not reader.done():
             request_id = f"n{sent}"
+            params = {"max_tokens": 1, "temperature": 0, "response_format": big_schema(FIRST_MAX_LENGTH + sent)}
             await ws.send(json.dumps({"type": "generate", "request_id": request_id, "messages": BIG_MESSAGES,
-                                      "params": {"max_tokens": 1, "temperature": 0, "response_format": big_schema(sent)}}))
+                                      "params": params}))
             await ws.send(json.dumps({"type": "cancel", "request_id": request_id}))
             sent += 1
             await asyncio.sleep(0)
@@ -124,23 +132,37 @@ async def flood_socket(address: str, token: str, stop: asyncio.Event, seen: Coun
         await ws.close()
 
 
-async def flood(address: str, token: str, tokenizers: int, sockets: int, stop: Any) -> Counter:
-    """The noisy user's clients until `stop` (a multiprocessing Event) is set; what they saw."""
+async def flood(address: str, token: str, tokenizers: int, sockets: int, lean: bool, started: Any,
+                stop: Any) -> Counter:
+    """The noisy user's clients, `started` set once they are, until `stop` is set (multiprocessing Events);
+    what they saw, and the CPU
+    and wall time this process spent flooding until then (not its start or its clients' closing)."""
     seen: Counter = Counter()
+    wall, cpu = time.perf_counter(), time.process_time()
     done = asyncio.Event()
-    floods = [asyncio.create_task(flood_tokenize(address, token, done, seen)) for _ in range(tokenizers)]
-    floods += [asyncio.create_task(flood_socket(address, token, done, seen)) for _ in range(sockets)]
+    if lean:
+        template = lean_flood.frame_template(BIG_MESSAGES, big_schema)
+        floods = [asyncio.create_task(lean_flood.tokenize_flood(address, token, BIG_PROMPT, done, seen))
+                  for _ in range(tokenizers)]
+        floods += [asyncio.create_task(lean_flood.socket_flood(address, token, template, FIRST_MAX_LENGTH, done, seen))
+                   for _ in range(sockets)]
+    else:
+        floods = [asyncio.create_task(flood_tokenize(address, token, done, seen)) for _ in range(tokenizers)]
+        floods += [asyncio.create_task(flood_socket(address, token, done, seen)) for _ in range(sockets)]
+    started.set()
     while not stop.is_set():
         await asyncio.sleep(0.05)
+    seen["client cpu ms"] = round(1e3 * (time.process_time() - cpu))
+    seen["client wall ms"] = round(1e3 * (time.perf_counter() - wall))
     done.set()
     await asyncio.wait(floods, timeout=TIMEOUT_S)
     return seen
 
 
-def flood_process(address: str, token: str, tokenizers: int, sockets: int, niceness: int, stop: Any,
-                  results: Any) -> None:
+def flood_process(address: str, token: str, tokenizers: int, sockets: int, lean: bool, niceness: int, started: Any,
+                  stop: Any, results: Any) -> None:
     os.nice(niceness)
-    results.put(dict(asyncio.run(flood(address, token, tokenizers, sockets, stop))))
+    results.put(dict(asyncio.run(flood(address, token, tokenizers, sockets, lean, started, stop))))
 
 
 async def measure(address: str, tokens: dict[str, str], args: argparse.Namespace) -> list[tuple[list, list, Counter]]:
@@ -153,10 +175,14 @@ async def measure(address: str, tokens: dict[str, str], args: argparse.Namespace
 async def measure_round(address: str, tokens: dict[str, str], args: argparse.Namespace) -> tuple[list, list, Counter]:
     quiet = await quiet_user(address, tokens["quiet"], args.requests)
     processes = multiprocessing.get_context("spawn")
-    stop, results = processes.Event(), processes.Queue()
+    started, stop, results = processes.Event(), processes.Event(), processes.Queue()
     noisy = processes.Process(target=flood_process, args=(address, tokens["noisy"], args.tokenizers, args.sockets,
-                                                          args.flood_nice, stop, results))
+                                                          args.flood_client == "lean", args.flood_nice, started, stop,
+                                                          results))
     noisy.start()
+    # The process imports for a second or more before it floods: the settling starts when it does.
+    if not await asyncio.to_thread(started.wait, TIMEOUT_S):
+        raise RuntimeError("the flood did not start")
     await asyncio.sleep(args.settle)
     try:
         flooded = await asyncio.wait_for(quiet_user(address, tokens["quiet"], args.requests), TIMEOUT_S * args.requests)
@@ -179,6 +205,8 @@ def main() -> None:
     parser.add_argument("--settle", type=float, default=1.0, help="seconds of flood before the quiet user asks")
     parser.add_argument("--rounds", type=int, default=1, help="quiet and flooded phases, in turn, on each server")
     parser.add_argument("--flood-nice", type=int, default=0, help="the flood process's niceness (0 to 19)")
+    parser.add_argument("--flood-client", choices=("python", "lean"), default="python",
+                        help="python: httpx and websockets; lean: the same bytes at the least client CPU (bench/lean_flood.py)")
     parser.add_argument("--setting", choices=sorted(SETTINGS), action="append",
                         help="only these settings (repeatable; default: all)")
     args = parser.parse_args()
@@ -207,7 +235,10 @@ def main() -> None:
         if len(rounds) > 1:
             each = [statistics.median(f) / statistics.median(q) for q, f, _ in rounds]
             print(f"  each round: {', '.join(f'{r:.2f}x' for r in each)}")
+        client_cpu, client_wall = seen.pop("client cpu ms"), seen.pop("client wall ms")
         print(f"  the flood: {dict(sorted(seen.items()))}")
+        print(f"  the flooding client's CPU: {client_cpu / 1e3:.1f} s over {client_wall / 1e3:.1f} s "
+              f"({100 * client_cpu / client_wall:.0f}% of a core)")
 
 
 if __name__ == "__main__":
