@@ -26,7 +26,7 @@ import redis
 import websockets
 
 from tests.cluster import Cluster, RedisServer, operator_session
-from tests.reference import greedy_solo
+from tests.reference import greedy_solos
 from tests.waiting import async_wait_until
 from workbench.serving.celery.presence import WORKER_KEY, Heartbeat
 
@@ -154,7 +154,7 @@ def serves_again(stack: Stack, tag: str, timeout: float = 30) -> None:
 
 def solo_runs() -> dict[str, list[int]]:
     """Each prompt alone on a fresh engine with the default (large) pool: the oracle."""
-    return {prompt: greedy_solo(prompt, MAX_TOKENS) for prompt in PROMPTS}
+    return dict(zip(PROMPTS, greedy_solos(PROMPTS, MAX_TOKENS)))
 
 
 @pytest.fixture(scope="module")
