@@ -29,6 +29,12 @@ from workbench.serving.celery.presence import WORKER_KEY
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def settings_module() -> str:
+    """The Django settings a started process runs: the test run's own (tests/settings.py) under pytest,
+    the deployment's for a bench script that starts a server."""
+    return os.environ.get("DJANGO_SETTINGS_MODULE", "workbench.settings")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -55,7 +61,7 @@ def migrated_database() -> Path:
     folder = Path(tempfile.mkdtemp(prefix="workbench-migrated-"))
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
     path = folder / "db.sqlite3"
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "workbench.settings", "WORKBENCH_DB_PATH": str(path)}
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": settings_module(), "WORKBENCH_DB_PATH": str(path)}
     subprocess.run([sys.executable, str(ROOT / "manage.py"), "migrate", "-v0"], env=env, check=True, cwd=ROOT)
     return path
 
@@ -64,7 +70,7 @@ def start_daphne(env: dict, db_path: Path) -> tuple[subprocess.Popen, str, str]:
     """A real Daphne (started as every deployment starts it, workbench/serve.py) on 127.0.0.1 over the
     SQLite database at `db_path` (a migrated one where it is new; kept where it exists, for a restart), with
     an API token for user "bob", logging beside it; returns (process, address, token)."""
-    env = {**env, "DJANGO_SETTINGS_MODULE": "workbench.settings", "WORKBENCH_DB_PATH": str(db_path)}
+    env = {**env, "DJANGO_SETTINGS_MODULE": settings_module(), "WORKBENCH_DB_PATH": str(db_path)}
     manage = [sys.executable, str(ROOT / "manage.py")]
     if not db_path.exists():
         shutil.copyfile(migrated_database(), db_path)
@@ -86,7 +92,7 @@ def django_script(env: dict, db_path: Path, script: str, *args: str) -> str:
     """`script` run with Django set up over the database Daphne serves at `db_path`, in a process of its
     own (`sys` imported, `args` in sys.argv[1:]); what it printed. One process for a batch of users,
     tokens or sessions: a management command each would cost seconds apiece on a loaded machine."""
-    env = {**env, "DJANGO_SETTINGS_MODULE": "workbench.settings", "WORKBENCH_DB_PATH": str(db_path)}
+    env = {**env, "DJANGO_SETTINGS_MODULE": settings_module(), "WORKBENCH_DB_PATH": str(db_path)}
     return subprocess.run([sys.executable, "-c", f"import sys, django; django.setup(); exec({script!r})", *args],
                           env=env, check=True, cwd=ROOT, capture_output=True, text=True).stdout
 
@@ -149,7 +155,7 @@ class Cluster:
         self.app = app
         self.prefix = f"wbtest-{uuid.uuid4().hex[:8]}"
         self.log_dir = log_dir
-        self.env = {**os.environ, "DJANGO_SETTINGS_MODULE": "workbench.settings", "REDIS_URL": redis_url,
+        self.env = {**os.environ, "DJANGO_SETTINGS_MODULE": settings_module(), "REDIS_URL": redis_url,
                     "WORKBENCH_TRANSPORT": "celery", "WORKBENCH_QUEUE_PREFIX": self.prefix,
                     "WORKBENCH_DRAIN_S": "2", **{k: str(v) for k, v in env.items()}}
         self.workers: list[subprocess.Popen] = []

@@ -293,9 +293,11 @@ class Served:
     def ensure_admin(self) -> None:
         """The superuser "admin" with ADMIN_PASSWORD, made once per server: `ensureadmin` leaves an existing
         admin as it is, so asking again (a fresh interpreter, about a second) would change nothing."""
+        from tests.cluster import settings_module
+
         if self.db_path in ADMIN_ENSURED:
             return
-        env = {**self.env, "DJANGO_SETTINGS_MODULE": "workbench.settings", "WORKBENCH_DB_PATH": str(self.db_path),
+        env = {**self.env, "DJANGO_SETTINGS_MODULE": settings_module(), "WORKBENCH_DB_PATH": str(self.db_path),
                "WORKBENCH_ADMIN_PASSWORD": ADMIN_PASSWORD}
         subprocess.run([sys.executable, "manage.py", "ensureadmin"], env=env, check=True, capture_output=True,
                        cwd=Path(__file__).resolve().parents[1])

@@ -1,5 +1,6 @@
-"""The settings the test run uses (pyproject.toml's DJANGO_SETTINGS_MODULE): the workbench's own, with
-DEBUG off as in a deployment and a secret key for tests only.
+"""The settings the test run uses (pyproject.toml's DJANGO_SETTINGS_MODULE), and the servers, workers
+and commands it starts (tests/cluster.py): the workbench's own, with DEBUG off as in a deployment, a
+secret key for tests only, and a fast password hasher.
 
 The key (and the sign-up settings below) go into the environment before the settings are read, so
 that the in-process ASGI application and every Daphne, worker and management command the tests start
@@ -21,4 +22,13 @@ os.environ.setdefault("WORKBENCH_SOCKET_FRAMES_PER_S", "0")
 # the share (tests/engine/test_replay_audit.py, tests/workbench/test_reproduce.py).
 os.environ.setdefault("ARC_REPLAY_AUDIT_PERMILLE", "0")
 
+from django.conf import global_settings  # noqa: E402
+
 from workbench.settings import *  # noqa: E402,F403  (the key must be in the environment first)
+
+# New passwords hashed with MD5, as Django's testing docs advise: the default PBKDF2's million rounds take
+# 0.23 s a hash here, and the suite signs up, signs in and fails sign-ins by the hundred, in the shared
+# servers too (they run these settings: tests/cluster.py). Django's own hashers stay after it, so a hash
+# made under the deployment's settings still checks. Those settings keep Django's default
+# (tests/workbench/test_env.py).
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher", *global_settings.PASSWORD_HASHERS]

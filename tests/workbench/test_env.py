@@ -10,6 +10,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
 from engine.engine_config import CPU_KV_CACHE_MB, CPU_PREFILL_BESIDE_DECODES, DEFAULT_TOKEN_BUDGET
@@ -226,3 +227,12 @@ def test_the_local_key_is_made_once_random_and_private(tmp_path):
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert local_key(tmp_path / "another") != key
     assert sorted(p.name for p in tmp_path.iterdir()) == [".secret-key", "another"], "no draft left behind"
+
+
+def test_a_deployment_hashes_passwords_with_djangos_default_and_only_the_tests_speed_it_up():
+    """tests/settings.py puts MD5 first for the suite's hundreds of sign-ups; a deployment's settings must
+    leave Django's list (PBKDF2 first) alone."""
+    import workbench.settings as deployed
+
+    assert "PASSWORD_HASHERS" not in vars(deployed)
+    assert settings.PASSWORD_HASHERS[0] == "django.contrib.auth.hashers.MD5PasswordHasher", "liveness: the tests' own"
