@@ -2,13 +2,14 @@
 another machine, measured on one host.
 
 bench/noisy_neighbour.py's own flood builds every request with httpx and websockets: JSON-encoding a
-100 KB frame, masking it, parsing each 250 KB /tokenize answer. On a 2-core host that client takes 15-20%
-of a core from the server it floods, so the quiet user's slowdown mixes the server's cost with the
-client's. This client sends the same bytes with as little work as a hostile one would do:
+100 KB frame, masking it, parsing each 250 KB /tokenize answer. On a 2-core host that client takes about
+a quarter of a core from the server it floods (23-26% while flooding, docs/BENCHMARKS.md), so the quiet
+user's slowdown mixes the server's cost with the client's. This client sends the same bytes with as
+little work as a hostile one would do (about a tenth of a core):
 - /tokenize: one HTTP/1.1 request built once, written again and again on a kept-alive connection; each
   answer read to its end (Content-Length or chunked) and only its status line looked at;
 - the websocket API: the handshake written by hand, then text frames whose JSON is built once with a
-  placeholder for the request id and the schema's variant (bytes.replace per frame), masked with the
+  placeholder for the request id and the schema's maxLength (bytes.replace per frame), masked with the
   all-zero key (RFC 6455 lets a client choose any key; XOR with zero leaves the payload as it is, so
   nothing is computed per byte); the server's frames are read and counted by their type.
 The server sees what the usual flood sends it (the same JSON text per frame, a new schema each time).

@@ -153,7 +153,7 @@ def serves_again(stack: Stack, tag: str, timeout: float = 30) -> None:
 
 
 def solo_runs() -> dict[str, list[int]]:
-    """Each prompt alone on a fresh engine with the default (large) pool: the oracle."""
+    """Each prompt's solo tokens (tests/reference.py: the demo model with its default, large, pool): the oracle."""
     return dict(zip(PROMPTS, greedy_solos(PROMPTS, MAX_TOKENS)))
 
 
