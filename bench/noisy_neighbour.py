@@ -135,8 +135,8 @@ async def flood_socket(address: str, token: str, stop: asyncio.Event, seen: Coun
 async def flood(address: str, token: str, tokenizers: int, sockets: int, lean: bool, started: Any,
                 stop: Any) -> Counter:
     """The noisy user's clients, `started` set once they are, until `stop` is set (multiprocessing Events);
-    what they saw, and the CPU
-    and wall time this process spent flooding until then (not its start or its clients' closing)."""
+    what they saw, and the CPU and wall time this process spent flooding until then (not its start or its
+    clients' closing)."""
     seen: Counter = Counter()
     wall, cpu = time.perf_counter(), time.process_time()
     done = asyncio.Event()
@@ -182,6 +182,7 @@ async def measure_round(address: str, tokens: dict[str, str], args: argparse.Nam
     noisy.start()
     # The process imports for a second or more before it floods: the settling starts when it does.
     if not await asyncio.to_thread(started.wait, TIMEOUT_S):
+        noisy.terminate()
         raise RuntimeError("the flood did not start")
     await asyncio.sleep(args.settle)
     try:
