@@ -24,6 +24,9 @@ import torch
 from engine.decode.device_loop import KILL_SWITCH, KillSwitch
 from engine.loading.model_files import DEMO_MODEL_DIR
 
+# Watches the native kernels' build while the suite is collected (tests/test_collection_builds_no_kernels.py).
+pytest_plugins = ["tests.collection_watch"]
+
 WEB_STACK = ("django", "channels", "celery", "redis", "daphne", "websockets", "pytest_django", "pytest_asyncio")
 MISSING_WEB_STACK = [name for name in WEB_STACK if importlib.util.find_spec(name) is None]
 # Paths (relative to this folder) whose modules import the web stack at module level.
