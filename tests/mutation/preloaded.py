@@ -142,11 +142,15 @@ def serve() -> None:
 class PreloadedPython:
     """The test side: starts the server, hands it runs, and fails loudly when it cannot answer."""
 
-    def __init__(self, folder: Path, start_timeout: float = 300) -> None:
+    def __init__(self, folder: Path, start_timeout: float = 300, threads: int | None = None) -> None:
+        """`threads`: the OpenMP threads of each run's torch (OMP_NUM_THREADS, read where the server loads
+        torch, so it holds in every child)."""
         self.folder = folder
         self.log = folder / "server.log"
         self.runs = 0
         env = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
+        if threads is not None:
+            env["OMP_NUM_THREADS"] = str(threads)
         with self.log.open("w") as log:
             self.process = subprocess.Popen([sys.executable, "-P", __file__], stdin=subprocess.PIPE,
                                             stdout=subprocess.PIPE, stderr=log, env=env, bufsize=0)

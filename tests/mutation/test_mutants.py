@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import ast
 import os
+import queue
 import re
 import shutil
 import subprocess
 import sys
 import tomllib
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -113,12 +115,48 @@ def checkpoints(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("checkpoints")
 
 
+# Two runs at once, on one thread each: the named tests are small, and two cores serve two such runs in
+# about half the time that they serve them one after another on two threads.
+RUNS_AT_ONCE = 2
+CONTROL = "unmutated"
+
+
 @pytest.fixture(scope="module")
-def preloaded(tmp_path_factory) -> Iterator[PreloadedPython]:
-    """The module's runs fork from one Python that imported torch, Django and pytest once."""
-    server = PreloadedPython(tmp_path_factory.mktemp("preloaded"))
-    yield server
-    server.close()
+def test_runs(request, tmp_path_factory, checkpoints) -> Iterator[dict[str, Future[subprocess.CompletedProcess]]]:
+    """Every run the session selected from this module (the control run, then each mutant's), all started
+    at once and RUNS_AT_ONCE at a time, each forked by one of RUNS_AT_ONCE Pythons that imported torch,
+    Django and pytest once (tests/mutation/preloaded.py). Each test waits for its own run's result."""
+    wanted = [item.callspec.params["mutant"].name if hasattr(item, "callspec") else CONTROL
+              for item in request.session.items if "test_runs" in item.fixturenames]
+    folders = {name: tmp_path_factory.mktemp("copy") for name in wanted}
+    idle: queue.Queue[PreloadedPython] = queue.Queue()
+    with ThreadPoolExecutor(RUNS_AT_ONCE) as starting:
+        servers = list(starting.map(lambda _: PreloadedPython(tmp_path_factory.mktemp("preloaded"), threads=1),
+                                    range(RUNS_AT_ONCE)))
+    for server in servers:
+        idle.put(server)
+
+    def run(name: str) -> subprocess.CompletedProcess:
+        copy = scratch_copy(folders[name])
+        if name == CONTROL:
+            tests, first_failure = tuple(sorted({t for mutant in TEST_MUTANTS for t in mutant.tests})), False
+        else:
+            mutant = next(m for m in TEST_MUTANTS if m.name == name)
+            mutate(copy, mutant)
+            tests, first_failure = mutant.tests, True
+        server = idle.get()
+        try:
+            return run_tests(server, copy, tests, checkpoints, first_failure=first_failure)
+        finally:
+            idle.put(server)
+
+    pool = ThreadPoolExecutor(RUNS_AT_ONCE)
+    try:
+        yield {name: pool.submit(run, name) for name in wanted}
+    finally:
+        pool.shutdown(cancel_futures=True)
+        for server in servers:
+            server.close()
 
 
 def run_tests(preloaded: PreloadedPython, copy: Path, tests: tuple[str, ...], checkpoints: Path, *,
@@ -144,17 +182,14 @@ def run_type_check(copy: Path) -> subprocess.CompletedProcess:
                           timeout=900)
 
 
-def test_unmutated_copy_passes_every_named_test(tmp_path, checkpoints, preloaded):
-    tests = tuple(sorted({t for mutant in TEST_MUTANTS for t in mutant.tests}))
-    done = run_tests(preloaded, scratch_copy(tmp_path), tests, checkpoints)
+def test_unmutated_copy_passes_every_named_test(test_runs):
+    done = test_runs[CONTROL].result()
     assert done.returncode == 0, done.stdout[-3000:]
 
 
 @pytest.mark.parametrize("mutant", TEST_MUTANTS, ids=[m.name for m in TEST_MUTANTS])
-def test_mutant_is_caught_by_its_named_tests(tmp_path, checkpoints, preloaded, mutant: Mutant):
-    copy = scratch_copy(tmp_path)
-    mutate(copy, mutant)
-    done = run_tests(preloaded, copy, mutant.tests, checkpoints, first_failure=True)
+def test_mutant_is_caught_by_its_named_tests(test_runs, mutant: Mutant):
+    done = test_runs[mutant.name].result()
     caught = re.findall(r"^FAILED (\S+)", done.stdout, flags=re.MULTILINE)
     print(f"\nmutant '{mutant.name}' caught by: {', '.join(caught) or 'NOTHING'}")
     assert done.returncode != 0 and caught, f"mutant '{mutant.name}' survived:\n{done.stdout[-3000:]}"
