@@ -126,8 +126,10 @@ def pair(request, demo_dir):
     metadata against transformers' own GGUF reading), and the real SmolLM2 GGUF."""
     if request.param == "demo":
         return Tokenizer.from_dir(demo_dir), AutoTokenizer.from_pretrained(demo_dir)
+    from tests.hf_gguf import hf_tokenizer  # imports gguf, which the GPU machine's python lacks
+
     path = request.getfixturevalue("demo_gguf" if request.param == "demo.gguf" else "smollm2_gguf")
-    return load_tokenizer(path), AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    return load_tokenizer(path), hf_tokenizer(path)
 
 
 @pytest.fixture(scope="module")
