@@ -220,6 +220,9 @@ async def _kill_a_worker(stack: Stack, round_: int) -> None:
         victim = next(p for p in stack.cluster.workers if p.poll() is None and stack.cluster.worker_id(p) == victim_id)
         stack.cluster.kill(victim)
         killed_at = time.monotonic()
+        # The replacement starts at once, as its supervisor would start it, while the clients wait for
+        # the loss to be noticed (the workers' lost-after, seconds).
+        replacement = asyncio.create_task(asyncio.to_thread(stack.cluster.start_workers, 1))
 
         text, done = await chat_until_done(chat)
         assert time.monotonic() - killed_at < ERROR_WITHIN_S, "the chat client waited too long for its error"
@@ -233,7 +236,7 @@ async def _kill_a_worker(stack: Stack, round_: int) -> None:
                 assert got[rid].ended_at - killed_at < ERROR_WITHIN_S, f"{rid} waited too long"
         assert_solo(stack, requests, got, may_fail=on_victim, code="worker_lost")
         assert not any(got[rid].error for rid in set(requests) - on_victim), "the other worker's requests were hurt"
-    await asyncio.to_thread(stack.cluster.start_workers, 1)  # the restart (its supervisor's job)
+        await replacement
 
 
 def _chat_holder(stack: Stack) -> str | None:
