@@ -38,6 +38,10 @@ PROMPTS = ["The list type", "A dictionary is", "This module provides", "Return t
            "If the file does not exist,", "The default value is", "Raise an exception when", "Each thread has",
            "The result is a", "Open the file and"]
 ERROR_WITHIN_S = 10.0
+# Heartbeats twice as often and a worker lost after half the default time (the web side and the workers
+# read both): a fault's clients hear of a lost worker about 2 s sooner, every round. The grace periods at
+# these values are tests/workbench/test_worker_liveness.py's.
+HEARTBEAT_S, LOST_S = 0.5, 2.0
 
 
 @dataclass
@@ -164,7 +168,8 @@ def stack(tmp_path_factory):
         solo = pool.submit(solo_runs)  # while the workers load
         redis_server = RedisServer().start()
         cluster = Cluster(redis_server.url, log_dir, app="tests.fault_worker", FAULT_POISON=POISON,
-                          FAULT_KV_BLOCKS=KV_BLOCKS, FAULT_STEP_S=STEP_S, ARC_GRAPH_DEVICE_LOOP=1)
+                          FAULT_KV_BLOCKS=KV_BLOCKS, FAULT_STEP_S=STEP_S, ARC_GRAPH_DEVICE_LOOP=1,
+                          WORKBENCH_HEARTBEAT_S=HEARTBEAT_S, WORKBENCH_WORKER_LOST_S=LOST_S)
         try:
             cluster.start_workers(2)
             db_path = log_dir / "db.sqlite3"
