@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import pytest
 
 from engine import Engine, EngineConfig, SamplingParams
 
@@ -15,8 +18,36 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120)
 
 
-def test_json_output_matches_the_python_interface():
-    done = run_cli("--model", "demo", "--prompt", "The list type", "--max-tokens", "12", "--temperature", "0", "--json")
+RUNS = {
+    "json": ("--model", "demo", "--prompt", "The list type", "--max-tokens", "12", "--temperature", "0", "--json"),
+    "plain": ("--model", "demo", "--prompt", "A dictionary is", "--max-tokens", "8", "--temperature", "0"),
+    "chat": ("--prompt", "hello", "--chat", "--max-tokens", "4", "--json"),
+}
+# (arguments, what the one line of the error must say)
+BAD_INPUT = [
+    (("--prompt", "x", "--max-tokens", "0"), "max_tokens"),
+    (("--prompt", "x", "--temperature", "-1"), "temperature"),
+    (("--prompt", ""), "prompt is empty"),
+    (("--model", "{tmp}/missing", "--prompt", "x"), "is neither a known name"),
+    (("--model", "{tmp}", "--prompt", "x"), "config.json is missing"),
+    (("--prompt", "x", "--max-num-batched-tokens", "0"), "max_num_batched_tokens must be >= 1"),
+]
+
+
+@pytest.fixture(scope="module")
+def cli(tmp_path_factory) -> Iterator[dict[object, Future[subprocess.CompletedProcess]]]:
+    """Every run of the module started side by side when the first test asks: each is a fresh interpreter
+    that spends about two seconds importing torch. RUNS' by name, BAD_INPUT's by its arguments."""
+    tmp = tmp_path_factory.mktemp("cli")
+    with ThreadPoolExecutor(len(RUNS) + len(BAD_INPUT)) as pool:
+        runs: dict[object, Future[subprocess.CompletedProcess]] = {
+            name: pool.submit(run_cli, *args) for name, args in RUNS.items()}
+        runs.update({args: pool.submit(run_cli, *(arg.format(tmp=tmp) for arg in args)) for args, _ in BAD_INPUT})
+        yield runs
+
+
+def test_json_output_matches_the_python_interface(cli):
+    done = cli["json"].result()
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout)
     assert set(out) == {"text", "token_ids", "finish_reason", "usage"}
@@ -26,15 +57,15 @@ def test_json_output_matches_the_python_interface():
     assert out["usage"] == expected.usage.as_dict()
 
 
-def test_plain_output_is_prompt_then_completion():
-    done = run_cli("--model", "demo", "--prompt", "A dictionary is", "--max-tokens", "8", "--temperature", "0")
+def test_plain_output_is_prompt_then_completion(cli):
+    done = cli["plain"].result()
     assert done.returncode == 0, done.stderr
     [expected] = Engine(EngineConfig(model="demo")).generate(["A dictionary is"], SamplingParams(max_tokens=8, temperature=0))
     assert done.stdout == "A dictionary is" + expected.text + "\n"
 
 
-def test_chat_flag_applies_the_chat_template():
-    done = run_cli("--prompt", "hello", "--chat", "--max-tokens", "4", "--json")
+def test_chat_flag_applies_the_chat_template(cli):
+    done = cli["chat"].result()
     assert done.returncode == 0, done.stderr
     engine = Engine(EngineConfig(model="demo"))
     prompt_ids = engine.tokenizer.encode_chat([{"role": "user", "content": "hello"}])
@@ -44,18 +75,8 @@ def test_chat_flag_applies_the_chat_template():
     assert out["token_ids"] == expected.token_ids
 
 
-def test_bad_input_exits_2_with_one_line_naming_the_problem(tmp_path):
-    cases = [
-        (("--prompt", "x", "--max-tokens", "0"), "max_tokens"),
-        (("--prompt", "x", "--temperature", "-1"), "temperature"),
-        (("--prompt", ""), "prompt is empty"),
-        (("--model", str(tmp_path / "missing"), "--prompt", "x"), "is neither a known name"),
-        (("--model", str(tmp_path), "--prompt", "x"), "config.json is missing"),
-        (("--prompt", "x", "--max-num-batched-tokens", "0"), "max_num_batched_tokens must be >= 1"),
-    ]
-    # Side by side: each is a fresh interpreter that spends its two seconds importing torch.
-    with ThreadPoolExecutor(len(cases)) as pool:
-        runs = list(pool.map(lambda case: run_cli(*case[0]), cases))
-    for (args, message), done in zip(cases, runs):
+def test_bad_input_exits_2_with_one_line_naming_the_problem(cli):
+    for args, message in BAD_INPUT:
+        done = cli[args].result()
         assert done.returncode == 2, (args, done.stderr)
         assert message in done.stderr and "Traceback" not in done.stderr, (args, done.stderr)
