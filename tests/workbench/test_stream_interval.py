@@ -13,6 +13,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import websockets
@@ -266,41 +268,57 @@ def test_a_good_gap_setting_reaches_the_settings_in_seconds():
     assert result.stdout.strip() == "0.0125", result.stderr
 
 
-@pytest.mark.parametrize("setting", [{"WORKBENCH_STREAM_INTERVAL": 4}, {"WORKBENCH_STREAM_GAP_MS": 1000}],
-                         ids=["interval", "gap"])
-def test_a_celery_worker_applies_its_stream_settings(tmp_path, setting):
+STREAM_SETTINGS = {"interval": {"WORKBENCH_STREAM_INTERVAL": 4}, "gap": {"WORKBENCH_STREAM_GAP_MS": 1000}}
+
+
+@pytest.fixture(scope="module")
+def stream_clusters(tmp_path_factory) -> Iterator[dict[str, tuple[str, str]]]:
+    """A worker and a Daphne for each of STREAM_SETTINGS, started side by side: (address, API token)."""
+    from django.conf import settings
+
+    clusters = {name: Cluster(settings.REDIS_URL, tmp_path_factory.mktemp(name), **setting)
+                for name, setting in STREAM_SETTINGS.items()}
+
+    def start(cluster: Cluster) -> tuple[str, str]:
+        cluster.start_workers(1)
+        return cluster.start_daphne(cluster.log_dir / "db.sqlite3")
+
+    try:
+        with ThreadPoolExecutor(len(clusters)) as pool:
+            started = {name: pool.submit(start, cluster) for name, cluster in clusters.items()}
+            yield {name: future.result() for name, future in started.items()}
+    finally:
+        for cluster in clusters.values():
+            cluster.stop()
+
+
+@pytest.mark.parametrize("setting", STREAM_SETTINGS)
+def test_a_celery_worker_applies_its_stream_settings(stream_clusters, setting):
     """The settings are read where the engine runs: a worker started with one sends deltas of several
     tokens (4-token deltas; or, 1 s apart, what the steps made meanwhile) that reach a websocket client
     through Redis and Daphne whole and in order. A second is far longer than a step even on a loaded
     machine, so the gap's deltas hold several tokens whatever the machine's speed."""
-    from django.conf import settings
+    address, token = stream_clusters[setting]
 
-    cluster = Cluster(settings.REDIS_URL, tmp_path, **setting)
-    try:
-        cluster.start_workers(1)
-        address, token = cluster.start_daphne(tmp_path / "db.sqlite3")
+    async def ask() -> list[dict]:
+        async with websockets.connect(f"ws://{address}/ws/v1/generate",
+                                      additional_headers={"Authorization": f"Bearer {token}"}) as ws:
+            await ws.send(json.dumps({"type": "generate", "request_id": "a", "prompt": "The list type",
+                                      "params": {"max_tokens": 24, "temperature": 0, "ignore_eos": True}}))
+            frames = []
+            while not frames or frames[-1]["type"] not in ("done", "error"):
+                frames.append(json.loads(await asyncio.wait_for(ws.recv(), 30)))
+            return frames
 
-        async def ask() -> list[dict]:
-            async with websockets.connect(f"ws://{address}/ws/v1/generate",
-                                          additional_headers={"Authorization": f"Bearer {token}"}) as ws:
-                await ws.send(json.dumps({"type": "generate", "request_id": "a", "prompt": "The list type",
-                                          "params": {"max_tokens": 24, "temperature": 0, "ignore_eos": True}}))
-                frames = []
-                while not frames or frames[-1]["type"] not in ("done", "error"):
-                    frames.append(json.loads(await asyncio.wait_for(ws.recv(), 30)))
-                return frames
-
-        frames = asyncio.run(ask())
-        deltas = [f for f in frames if f["type"] == "delta"]
-        sizes = [len(f["token_ids"]) for f in deltas]
-        assert frames[-1]["type"] == "done" and sum(sizes) == 24
-        if "WORKBENCH_STREAM_INTERVAL" in setting:
-            assert sizes[0] == 1 and all(size >= 4 for size in sizes[1:-1]), sizes
-        else:
-            assert sizes[0] == 1 and len(sizes) < 12 and max(sizes) >= 4, sizes
-        assert [f["index"] for f in deltas] == [sum(sizes[:n]) for n in range(len(sizes))]
-    finally:
-        cluster.stop()
+    frames = asyncio.run(ask())
+    deltas = [f for f in frames if f["type"] == "delta"]
+    sizes = [len(f["token_ids"]) for f in deltas]
+    assert frames[-1]["type"] == "done" and sum(sizes) == 24
+    if setting == "interval":
+        assert sizes[0] == 1 and all(size >= 4 for size in sizes[1:-1]), sizes
+    else:
+        assert sizes[0] == 1 and len(sizes) < 12 and max(sizes) >= 4, sizes
+    assert [f["index"] for f in deltas] == [sum(sizes[:n]) for n in range(len(sizes))]
 
 
 def sse_text_before_a_forward_error(thread: EngineHost) -> tuple[str, list[str]]:
