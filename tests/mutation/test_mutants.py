@@ -127,7 +127,7 @@ def test_runs(request, tmp_path_factory, checkpoints) -> Iterator[dict[str, Futu
     at once and RUNS_AT_ONCE at a time, each forked by one of RUNS_AT_ONCE Pythons that imported torch,
     Django and pytest once (tests/mutation/preloaded.py). Each test waits for its own run's result."""
     wanted = [item.callspec.params["mutant"].name if hasattr(item, "callspec") else CONTROL
-              for item in request.session.items if "test_runs" in item.fixturenames]
+              for item in request.session.items if item.path == request.path and "test_runs" in item.fixturenames]
     folders = {name: tmp_path_factory.mktemp("copy") for name in wanted}
     idle: queue.Queue[PreloadedPython] = queue.Queue()
     with ThreadPoolExecutor(RUNS_AT_ONCE) as starting:
