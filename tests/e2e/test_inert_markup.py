@@ -76,6 +76,7 @@ def test_the_dashboard_shows_a_hostile_request_id_as_text(browser, inprocess_dap
     # Playwright's sync API belongs to this thread: the API client runs on a thread of its own.
     shown = threading.Event()
     running = threading.Event()
+    ended: list[dict] = []
 
     def client() -> None:
         async def run() -> None:
@@ -88,6 +89,11 @@ def test_the_dashboard_shows_a_hostile_request_id_as_text(browser, inprocess_dap
                 running.set()
                 await asyncio.to_thread(shown.wait, 90)
                 await ws.send(json.dumps({"type": "cancel", "request_id": MARKUP}))
+                # Read to the request's end: with 16 deltas unread websockets stops reading, so leaving
+                # here would wait out its 10 s close timeout for a Close frame it no longer reads.
+                while (frame := json.loads(await asyncio.wait_for(ws.recv(), 60)))["type"] == "delta":
+                    pass
+                ended.append(frame)
         asyncio.run(run())
 
     thread = threading.Thread(target=client)
@@ -101,3 +107,4 @@ def test_the_dashboard_shows_a_hostile_request_id_as_text(browser, inprocess_dap
     finally:
         shown.set()
         thread.join(60)
+    assert ended and ended[0].get("finish_reason") == "canceled", ended
