@@ -27,6 +27,10 @@ import websockets
 
 from tests.cluster import Cluster, RedisServer, operator_session
 from tests.reference import greedy_solos
+# Heartbeats twice as often and a worker lost after half the default time (the web side and the workers
+# read both): a fault's clients hear of a lost worker about 2 s sooner, every round. The liveness tests
+# hold the grace periods at these values.
+from tests.workbench.test_worker_liveness import HEARTBEAT_S, LOST_S
 from tests.waiting import async_wait_until
 from workbench.serving.celery.presence import WORKER_KEY, Heartbeat
 
@@ -38,10 +42,6 @@ PROMPTS = ["The list type", "A dictionary is", "This module provides", "Return t
            "If the file does not exist,", "The default value is", "Raise an exception when", "Each thread has",
            "The result is a", "Open the file and"]
 ERROR_WITHIN_S = 10.0
-# Heartbeats twice as often and a worker lost after half the default time (the web side and the workers
-# read both): a fault's clients hear of a lost worker about 2 s sooner, every round. The grace periods at
-# these values are tests/workbench/test_worker_liveness.py's.
-HEARTBEAT_S, LOST_S = 0.5, 2.0
 
 
 @dataclass
