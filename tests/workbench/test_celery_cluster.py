@@ -76,6 +76,17 @@ def tokens_of(frames: list[dict], request_id: str) -> list[int]:
     return [t for f in frames if f.get("request_id") == request_id and f["type"] == "delta" for t in f["token_ids"]]
 
 
+async def both_workers_idle(transport) -> None:
+    """Wait until this web side's roster shows two workers holding nothing: then two requests sent
+    together go one to each (the least loaded is chosen, and the first one sent counts at once). A
+    heartbeat can still list a request the test before just finished, and the two would then share
+    the other worker."""
+    def idle() -> bool:
+        beats = transport.workers().values()
+        return len(beats) == 2 and not any(beat.requests for beat in beats)
+    assert await wait_for(idle), {worker: beat.requests for worker, beat in transport.workers().items()}
+
+
 def holder(transport, engine_id_fragment: str) -> str | None:
     for worker_id, beat in transport.workers().items():
         if any(engine_id_fragment in rid for rid in beat.requests):
@@ -147,6 +158,7 @@ async def test_a_malformed_request_in_a_task_keeps_no_other_out(celery_cluster):
 @pytest.mark.asyncio
 async def test_a_cancel_reaches_the_worker_that_holds_the_request(api_user, celery_cluster):
     with served_by(celery_cluster) as transport:
+        await both_workers_idle(transport)
         ws = await connect(api_user[1])
         await ws.send_to(text_data=generate("keep", "x", 300))
         await ws.send_to(text_data=generate("stop", "x", None))  # to the model's length: runs until canceled
@@ -173,6 +185,7 @@ async def test_an_operators_audit_pick_reaches_the_worker_that_holds_the_request
     """The worker that served the picked request re-runs it and counts it equal; the other audits nothing
     (the suite's random audit share is 0, so the other worker's finished request is the control)."""
     with served_by(celery_cluster) as transport:
+        await both_workers_idle(transport)
         ws = await connect(api_user[1])
         await ws.send_to(text_data=generate("picked", "x", 60))
         await ws.send_to(text_data=generate("other", "x", 60))
