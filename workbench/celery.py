@@ -8,6 +8,8 @@ Why these settings (the full reasoning is in docs/OPERATIONS.md):
   clients get an error. A request therefore never runs twice (and `admit_once` refuses any that would).
 - Each worker consumes only its own queue, named with a per-start id: the web side routes a request
   to a live worker it chose, and a restarted worker never picks up its predecessor's leftovers.
+- A worker that lost Redis tries it again every second, for as long as it takes (Celery's consumer
+  backs off to 30 s between tries and gives up after 100): workbench/serving/celery/broker_reconnect.py.
 - No result backend and no remote control: results travel on the channel layer, and the heartbeat in
   Redis is the presence signal. Start workers with --without-mingle --without-gossip too (as
   `make stack` and docker-compose.yml do): Celery has no setting for those two.
@@ -29,6 +31,8 @@ app = Celery("workbench", include=["workbench.serving.celery.tasks", "workbench.
 app.conf.update(
     broker_url=settings.REDIS_URL,
     broker_connection_retry_on_startup=True,
+    broker_connection_max_retries=None,
+    worker_consumer="workbench.serving.celery.broker_reconnect:Consumer",
     broker_connection_timeout=3,
     broker_transport_options={"socket_timeout": 5, "socket_connect_timeout": 3},
     task_acks_late=False,

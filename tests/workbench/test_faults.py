@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import socket
 import sqlite3
 import time
@@ -262,6 +263,11 @@ def test_redis_stopped_and_started_twice(stack):
     # The same web process and workers serve again: none restarted, none started.
     assert stack.cluster.daphne.poll() is None and all(p.poll() is None for p in alive)
     assert [p for p in stack.cluster.workers if p.poll() is None] == alive
+    # Each worker's consumer tried Redis again every second (workbench/serving/celery/broker_reconnect.py),
+    # not after Celery's 2, 4, 6... s: a worker is back within a second of Redis.
+    for process in alive:
+        pauses = re.findall(r"Trying again in (.*?)\.\.\.", Path(process.log_path).read_text())
+        assert pauses and set(pauses) == {"1.00 second"}, pauses
 
 
 async def _redis_away(stack: Stack, round_: int) -> None:
