@@ -6,8 +6,10 @@ grace periods docs/OPERATIONS.md states ("Worker liveness")."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -31,17 +33,24 @@ STALL_S = 3 * LOST_S  # past the key's lifetime: a heartbeat that waited for the
 ALLOWANCE_S = 1.5
 
 
+TESTS = ("stall", "kill")
+
+
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory) -> Iterator[Cluster]:
-    """Workers with the stall hook, beating every HEARTBEAT_S with keys that live LOST_S, under a queue
-    prefix of their own: each test starts the one it needs (the second kills its)."""
-    cluster = Cluster(settings.REDIS_URL, tmp_path_factory.mktemp("liveness"), app="tests.fault_worker",
-                      WORKBENCH_HEARTBEAT_S=HEARTBEAT_S, WORKBENCH_WORKER_LOST_S=LOST_S,
-                      FAULT_STALL=STALL, FAULT_STALL_S=STALL_S)
+def workers(tmp_path_factory) -> Iterator[dict[str, tuple[Cluster, subprocess.Popen]]]:
+    """For each of TESTS, a worker with the stall hook, beating every HEARTBEAT_S with keys that live LOST_S,
+    under a queue prefix of its own (each test's web side sees only its worker; the second kills its).
+    Both start side by side when the first test asks."""
+    clusters = {name: Cluster(settings.REDIS_URL, tmp_path_factory.mktemp(name), app="tests.fault_worker",
+                              WORKBENCH_HEARTBEAT_S=HEARTBEAT_S, WORKBENCH_WORKER_LOST_S=LOST_S,
+                              FAULT_STALL=STALL, FAULT_STALL_S=STALL_S) for name in TESTS}
     try:
-        yield cluster
+        with ThreadPoolExecutor(len(clusters)) as pool:
+            started = {name: pool.submit(cluster.start_workers, 1) for name, cluster in clusters.items()}
+            yield {name: (clusters[name], future.result()[0]) for name, future in started.items()}
     finally:
-        cluster.stop()
+        for cluster in clusters.values():
+            cluster.stop()
 
 
 @contextmanager
@@ -72,8 +81,8 @@ def greedy(max_tokens: int) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, temperature=0, seed=7, ignore_eos=True)
 
 
-def test_a_step_that_outlasts_several_heartbeats_leaves_its_worker_alive(cluster):
-    [worker] = cluster.start_workers(1)
+def test_a_step_that_outlasts_several_heartbeats_leaves_its_worker_alive(workers):
+    cluster, worker = workers["stall"]
     worker_id = cluster.worker_id(worker)
     with web_side(cluster) as transport:
         wait_until(lambda: routed_to(transport, worker_id), timeout=30, what="the web side routing to the worker")
@@ -98,8 +107,6 @@ def test_a_step_that_outlasts_several_heartbeats_leaves_its_worker_alive(cluster
             return seen, await stalled_end, await later_end if later_end else None, took
 
         seen, stalled, later, took = asyncio.run(run())
-    worker.terminate()  # the next test's web side sees only its own worker
-    worker.wait(timeout=30)
 
     assert "stalling the step" in Path(worker.log_path).read_text(), "liveness: the step stalled"
     unrouted = [round(t, 2) for t, routed, _ in seen if not routed]
@@ -113,8 +120,8 @@ def test_a_step_that_outlasts_several_heartbeats_leaves_its_worker_alive(cluster
     assert later is not None and (later.finish_reason, later.error_code) == ("length", None), later
 
 
-def test_a_worker_gone_is_seen_gone_within_the_grace(cluster):
-    [worker] = cluster.start_workers(1)
+def test_a_worker_gone_is_seen_gone_within_the_grace(workers):
+    cluster, worker = workers["kill"]
     worker_id = cluster.worker_id(worker)
     with web_side(cluster) as transport:
         wait_until(lambda: routed_to(transport, worker_id), timeout=30, what="the web side routing to the worker")
