@@ -3,8 +3,9 @@
 Celery's consumer reconnects through kombu's `ensure_connection` with kombu's defaults: the first retry
 after 2 s, each next one 2 s later than the last, up to 30 s apart, and Celery has no setting for them.
 So a worker whose Redis was away for a minute could sit up to half a minute longer without taking
-requests after Redis came back, while the web side already routed to it again. A connection attempt to
-a Redis that is not there is refused at once, so one a second costs nothing. Celery's limit on the number
+requests after Redis came back, while the web side already routed to it again (its heartbeat thread is
+back at once). A connection attempt to a stopped Redis is refused at once (to a host that does not answer,
+it gives up after `broker_connection_timeout`), so one a second costs nothing. Celery's limit on the number
 of tries (100 by default, at these pauses under two minutes) is lifted in the app's settings: a worker
 that gave up would exit and reload its model when restarted.
 """
