@@ -1,10 +1,13 @@
 """Anthropic's Messages API (/v1/messages, /v1/messages/count_tokens) through the official `anthropic`
 SDK against the shared in-process Daphne: a message, its stream, stop reasons, a tool_use round trip,
-count_tokens against what the engine was given, and errors in Anthropic's shape."""
+count_tokens against what the engine was given, errors in Anthropic's shape, and a request shaped as
+Claude Code sends it (its options, a system message among the messages, a deferred tool, max_tokens
+past the model's length), with a prompt too long for the model refused before the stream opens."""
 
 from __future__ import annotations
 
 import json
+import re
 import urllib.error
 import urllib.request
 
@@ -21,6 +24,7 @@ WEATHER = {"name": "get_weather", "description": "The weather in a city",
            "input_schema": {"type": "object", "additionalProperties": False, "required": ["city", "days"],
                             "properties": {"city": {"enum": ["Paris", "Oslo"]},
                                            "days": {"type": "integer", "minimum": 1, "maximum": 7}}}}
+DEMO_LENGTH = 512  # the demo model's length in tokens (its config's max_position_embeddings)
 # Every sampled request here is seeded. The SDK has no arguments for the sampling fields (the API takes them).
 SAMPLED = dict(extra_body={"temperature": 1.0, "top_k": 40, "seed": 4})
 
@@ -131,6 +135,13 @@ def test_count_tokens_is_the_prompt_the_engine_is_given(served):
     (dict(messages=ASK, max_tokens=4, stop_sequences=[""]), "stop_sequences"),
     (dict(messages=ASK, max_tokens=4, tools=[WEATHER], tool_choice={"type": "tool", "name": "nope"}), "tool_choice"),
     (dict(messages=[{"role": "user", "content": []}], max_tokens=4), "messages[0].content"),
+    (dict(messages=ASK, max_tokens=4, thinking={"type": "adaptive", "display": "full"}), "thinking.display"),
+    (dict(messages=ASK, max_tokens=4, extra_body={"context_management": {"edits": [
+        {"type": "clear_tool_uses_20250919"}]}}), "context_management.edits[0]"),
+    (dict(messages=ASK, max_tokens=4, extra_body={"output_config": {"effort": "hihg"}}), "output_config.effort"),
+    (dict(messages=ASK, max_tokens=4, extra_body={"output_config": {"format": {"type": "json_object"}}}),
+     "output_config.format"),
+    (dict(messages=ASK, max_tokens=4, tools=[{**WEATHER, "defer_loading": "yes"}]), "tools[0].defer_loading"),
 ])
 def test_a_bad_request_gets_anthropics_error_shape_naming_the_field(served, ask, param):
     with pytest.raises(anthropic.BadRequestError) as caught:
@@ -157,3 +168,120 @@ def test_keys_and_models_are_refused_in_anthropics_shape(served):
     with pytest.raises(anthropic.NotFoundError) as missing:
         client(served).messages.create(model="claude-sonnet-4-5", max_tokens=4, messages=ASK)
     assert missing.value.body["error"]["type"] == "not_found_error" and "'demo'" in missing.value.body["error"]["message"]
+
+
+def claude_code_body(**changes) -> dict:
+    """A body shaped as Claude Code 2.1 sends every request (its fields and block kinds, our own texts)."""
+    cached = {"type": "ephemeral"}
+    return {"model": "demo", "max_tokens": 32000, "stream": True,
+            "system": [{"type": "text", "text": "x-billing-header: a line the client adds"},
+                       {"type": "text", "text": "You answer briefly.", "cache_control": cached}],
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "What does the list type do?",
+                                                       "cache_control": cached}]},
+                         {"role": "system", "content": [{"type": "text", "text": "The working directory is /tmp."}]}],
+            "tools": [WEATHER, {**WEATHER, "name": "later_tool", "defer_loading": True}],
+            "metadata": {"user_id": json.dumps({"device_id": "d", "session_id": "s"})},
+            "thinking": {"type": "adaptive", "display": "omitted"},
+            "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+            "output_config": {"effort": "high"}, "temperature": 1.0, "seed": 11, **changes}
+
+
+def post(served, path: str, body: dict) -> tuple[int, bytes]:
+    address, token = served
+    request = urllib.request.Request(f"http://{address}{path}", data=json.dumps(body).encode(), headers={
+        "x-api-key": token, "anthropic-beta": "claude-code-20250219,context-management-2025-06-27"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def count(served, body: dict) -> int:
+    """count_tokens of a Messages body (its prompt's fields only)."""
+    fields = {k: v for k, v in body.items() if k in ("model", "messages", "system", "tools", "tool_choice", "thinking",
+                                                     "context_management", "output_config")}
+    status, answer = post(served, "/v1/messages/count_tokens?beta=true", fields)
+    assert status == 200, answer
+    return json.loads(answer)["input_tokens"]
+
+
+def test_claude_codes_request_is_served_with_its_system_message_and_deferred_tool_in_the_prompt(served):
+    body = claude_code_body()
+    sdk = client(served)
+    with sdk.messages.stream(**{k: v for k, v in body.items() if k in ("model", "max_tokens", "system", "messages",
+                                                                       "tools", "metadata", "thinking")},
+                             extra_body={k: body[k] for k in ("context_management", "output_config", "temperature",
+                                                              "seed")},
+                             extra_query={"beta": "true"}) as stream:
+        final = stream.get_final_message()
+    # max_tokens is far past the model's length: the reply ends by itself or where the length does.
+    assert final.stop_reason in ("end_turn", "tool_use", "model_context_window_exceeded"), final
+    assert final.content and final.usage.output_tokens > 0
+    counted = count(served, body)
+    assert counted == final.usage.input_tokens + final.usage.cache_read_input_tokens
+    # The system message among the messages and the deferred tool are in the prompt the model was given.
+    assert count(served, {**body, "messages": body["messages"][:1]}) < counted
+    assert count(served, {**body, "tools": body["tools"][:1]}) < counted
+
+
+def test_earlier_thinking_blocks_are_left_out_of_the_prompt(served):
+    said = [{"type": "text", "text": "It holds items in order."}]
+    thought = [{"type": "thinking", "thinking": "The user asks about lists. " * 8, "signature": "c2ln"},
+               {"type": "redacted_thinking", "data": "ZW5jcnlwdGVk"}]
+    turns = [ASK[0], {"role": "assistant", "content": said}, {"role": "user", "content": "And a tuple?"}]
+    with_thinking = [ASK[0], {"role": "assistant", "content": thought + said}, turns[2]]
+    plain = count(served, {"model": "demo", "messages": turns})
+    assert count(served, {"model": "demo", "messages": with_thinking}) == plain
+    assert count(served, {"model": "demo", "messages": [ASK[0], {"role": "assistant", "content": [
+        {"type": "text", "text": "The user asks about lists. " * 8}] + said}, turns[2]]}) > plain, \
+        "liveness: the same words as text are in the prompt"
+
+
+def test_a_prompt_past_the_models_length_is_refused_before_the_stream_opens(served):
+    long = [{"role": "user", "content": "lists and tuples " * 400}]
+    tokens = count(served, {"model": "demo", "messages": long})
+    assert tokens >= DEMO_LENGTH, "liveness: the prompt is longer than the model"
+    status, answer = post(served, "/v1/messages?beta=true", claude_code_body(messages=long, system="Be brief."))
+    assert status == 400, answer[:300]
+    error = json.loads(answer)["error"]
+    # Anthropic's wording, which Claude Code reads as "compact the conversation".
+    assert error["type"] == "invalid_request_error"
+    assert re.fullmatch(r"prompt is too long: (\d+) tokens > (\d+) maximum", error["message"]).groups() == (
+        str(count(served, {"model": "demo", "messages": long, "system": "Be brief.",
+                           "tools": claude_code_body()["tools"]})), str(DEMO_LENGTH - 1)), error
+
+    address, token = served  # the chat route refuses it before its stream too, with OpenAI's code
+    with pytest.raises(openai.BadRequestError) as caught:
+        openai.OpenAI(base_url=f"http://{address}/v1", api_key=token, max_retries=0).chat.completions.create(
+            model="demo", messages=long, max_tokens=4, stream=True, seed=1)
+    assert caught.value.body["code"] == "context_length_exceeded" and caught.value.body["param"] == "messages"
+    assert f"prompt has {tokens} tokens; this model's length is {DEMO_LENGTH}" in caught.value.body["message"]
+
+
+def test_a_reply_the_models_length_ends_says_so_and_one_max_tokens_ends_says_that(served):
+    def asking(words: int) -> list[dict]:
+        return [{"role": "user", "content": "x" + " x" * words}]
+
+    words = DEMO_LENGTH - 2 - count(served, {"model": "demo", "messages": asking(0)})  # " x" is one token
+    asked = asking(words)
+    assert count(served, {"model": "demo", "messages": asked}) == DEMO_LENGTH - 2, "two tokens of room"
+    sdk = client(served)
+    full = sdk.messages.create(model="demo", max_tokens=4096, messages=asked, **SAMPLED)  # the SDK streams past 21,333
+    assert (full.stop_reason, full.usage.output_tokens) == ("model_context_window_exceeded", 2), full
+    capped = sdk.messages.create(model="demo", max_tokens=2, messages=asked, **SAMPLED)
+    assert (capped.stop_reason, capped.usage.output_tokens) == ("max_tokens", 2), capped
+    with sdk.messages.stream(model="demo", max_tokens=32000, messages=asked, **SAMPLED) as stream:
+        assert stream.get_final_message().stop_reason == "model_context_window_exceeded"
+
+
+def test_output_config_format_answers_json_matching_the_schema(served):
+    schema = {"type": "object", "additionalProperties": False, "required": ["city", "days"],
+              "properties": {"city": {"enum": ["Paris", "Oslo"]}, "days": {"type": "integer", "minimum": 1,
+                                                                          "maximum": 7}}}
+    reply = client(served).messages.create(model="demo", max_tokens=40, messages=ASK,
+                                           extra_body={"output_config": {"format": {"type": "json_schema",
+                                                                                    "schema": schema}},
+                                                       "temperature": 1.0, "seed": 5})
+    assert reply.stop_reason == "end_turn", reply
+    jsonschema.validate(json.loads(reply.content[0].text), schema)

@@ -1,6 +1,8 @@
 """OpenAI's Responses API (/v1/responses) through the official `openai` SDK's `client.responses` against
 the shared in-process Daphne: a reply whole and streamed, structured output, a function call and its
-output continued with previous_response_id, stored replies read back by their own user only."""
+output continued with previous_response_id, stored replies read back by their own user only, and a
+request shaped as Codex sends it (its options, developer items, a namespace of functions, a call in
+that namespace sent back with a reasoning item, which the prompt leaves out)."""
 
 from __future__ import annotations
 
@@ -102,9 +104,61 @@ def test_a_call_its_output_and_the_stored_replies_are_their_users_alone(clients)
     (dict(input="Hi", tools=[{"type": "web_search"}]), "tools[0].type"),
     (dict(input=[{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]), "input[0].content[0].type"),
     (dict(input="Hi", max_output_tokens=0), "max_output_tokens"),
-    (dict(input="Hi", reasoning={"effort": "high"}), "reasoning"),
+    (dict(input="Hi", reasoning={"effort": "extreme"}), "reasoning.effort"),
+    (dict(input="Hi", include=["message.output_text.logprobs"]), "include"),
+    (dict(input="Hi", tools=[{"type": "namespace", "name": "a__b", "tools": [WEATHER]}]), "tools[0].name"),
+    (dict(input="Hi", tools=[{"type": "namespace", "name": "agents", "tools": [{"type": "web_search"}]}]),
+     "tools[0].tools[0].type"),
 ])
 def test_a_bad_request_is_refused_naming_the_field(clients, ask, param):
     with pytest.raises(openai.BadRequestError) as caught:
         clients[0].responses.create(model="demo", **ask)
     assert caught.value.body["param"] == param, caught.value.body
+
+
+AGENTS = {"type": "namespace", "name": "agents", "description": "Tools for managing helpers.",
+          "tools": [{"type": "function", "name": "close_agent", "description": "Close a helper.", "strict": False,
+                     "parameters": {"type": "object", "additionalProperties": False, "required": ["target"],
+                                    "properties": {"target": {"enum": ["a1", "a2"]}}}}]}
+# What Codex sends with every request besides its input and tools.
+CODEX_OPTIONS = {"reasoning": {"summary": "auto"}, "include": ["reasoning.encrypted_content"],
+                 "client_metadata": {"session_id": "s-1", "turn_id": "t-1"}, "prompt_cache_key": "s-1",
+                 "seed": 4, "top_k": 40}
+
+
+def codex_input(question: str) -> list[dict]:
+    return [{"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "Be brief."}]},
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": question}]}]
+
+
+def test_codexs_request_is_served_and_a_namespaced_call_goes_out_and_comes_back(clients):
+    sdk, _ = clients
+    ask = dict(model="demo", max_output_tokens=40, store=False, parallel_tool_calls=True, temperature=1.0)
+    events = list(sdk.responses.create(input=codex_input("Close helper a1."), tools=[WEATHER, AGENTS],
+                                       tool_choice="auto", stream=True, extra_body=CODEX_OPTIONS, **ask))
+    done = events[-1].response
+    assert done.status in ("completed", "incomplete") and done.usage.output_tokens > 0, events[-1]
+    without = sdk.responses.create(input=codex_input("Close helper a1."), tools=[WEATHER], tool_choice="auto",
+                                   extra_body=CODEX_OPTIONS, **ask)
+    assert without.usage.input_tokens < done.usage.input_tokens, "the namespace's function is in the prompt"
+
+    # The namespace's function, the only tool offered, forced: its call names the namespace apart.
+    called = sdk.responses.create(input=codex_input("Close helper a1."), tools=[AGENTS], tool_choice="required",
+                                  extra_body=CODEX_OPTIONS, **{**ask, "max_output_tokens": 80})
+    [call] = [item.model_dump(exclude_none=True) for item in called.output if item.type == "function_call"]
+    assert (call["namespace"], call["name"]) == ("agents", "close_agent"), call
+    assert json.loads(call["arguments"])["target"] in ("a1", "a2")
+    # Codex sends the call back (stateless: store false) with a reasoning item, which the prompt leaves out.
+    answered = codex_input("Close helper a1.") + [
+        {k: v for k, v in call.items() if k != "status"},
+        {"type": "function_call_output", "call_id": call["call_id"], "output": "closed"}]
+    reasoning = {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "b3BhcXVl"}
+    follow = dict(tools=[AGENTS], tool_choice="none", extra_body=CODEX_OPTIONS, **{**ask, "max_output_tokens": 2})
+    plain = sdk.responses.create(input=answered, **follow)
+    assert plain.usage.input_tokens > sdk.responses.create(input=answered[:2], **follow).usage.input_tokens, \
+        "the call and its output are in the prompt"
+    assert sdk.responses.create(input=answered[:2] + [reasoning] + answered[2:], **follow).usage.input_tokens \
+        == plain.usage.input_tokens
+    other_namespace = answered[:2] + [{**answered[2], "namespace": "others"}] + answered[3:]
+    assert sdk.responses.create(input=other_namespace, **follow).usage.input_tokens != plain.usage.input_tokens, \
+        "liveness: the call's namespace is part of the prompt"

@@ -30,8 +30,8 @@ UNSUPPORTED = "unsupported_parameter"  # the code of a field this server does no
 
 
 # The HTTP status of each error code the serving side answers with.
-ERROR_STATUS = {"invalid_request": 400, "invalid_params": 400, "rate_limited": 429, "overloaded": 503,
-                "unavailable": 503, "timeout": 504}
+ERROR_STATUS = {"invalid_request": 400, "invalid_params": 400, request_input.TOO_LONG: 400, "rate_limited": 429,
+                "overloaded": 503, "unavailable": 503, "timeout": 504}
 
 
 class ApiError(Exception):

@@ -6,7 +6,8 @@ The rules (docs/PROTOCOL.md, "Values"): JSON types as they are, never coerced. A
 is an integer or a finite float (not a boolean); `params` is an object. The value checks themselves
 are SamplingParams' (engine/sampling_params.py), so the engine and every API agree by construction;
 this module adds what is the same for every API around them and names one error code per kind of
-mistake: `invalid_request` for the prompt or messages, `invalid_params` for a sampling parameter.
+mistake: `invalid_request` for the prompt or messages, `invalid_params` for a sampling parameter,
+`context_length_exceeded` (OpenAI's code) for a prompt that leaves no room in the model's length.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from engine.sampling_params import is_integer
 
 BAD_PROMPT = "invalid_request"
 BAD_PARAMS = "invalid_params"
+TOO_LONG = "context_length_exceeded"
 
 
 class InvalidInput(ValueError):
@@ -72,6 +74,15 @@ def fit_vocabulary(prompt: str | list[int] | None, params: SamplingParams, vocab
         params.check_vocabulary(vocabulary)
     except InvalidSamplingParams as exc:
         raise InvalidInput(BAD_PARAMS, str(exc), exc.parameter) from None
+
+
+def fit_length(prompt_tokens: int, model_length: int, param: str) -> None:
+    """A prompt leaves room for at least one generated token in the model's length. Checked at the door,
+    so that a stream is refused with a 400 before it opens rather than failing in its first event (the
+    engine refuses the same again, Intake.prompt_ids)."""
+    if prompt_tokens >= model_length:
+        raise InvalidInput(TOO_LONG, f"prompt has {prompt_tokens} tokens; this model's length is {model_length}, "
+                                     "leaving no room to generate", param)
 
 
 def chat_prompt(tokenizer: Tokenizer, messages: object, add_generation_prompt: bool = True,

@@ -2,8 +2,10 @@
 sent: its text (split into text and tool_use blocks by the OpenAI route's tool-call parser,
 workbench/api/openai/tool_calls.py), its finish and its usage.
 
-- stop_reason: `tool_use` (the answer is a call), `max_tokens` (max_tokens or the model's length),
-  `stop_sequence` (one of stop_sequences ended it, named in `stop_sequence`), else `end_turn`.
+- stop_reason: `tool_use` (the answer is a call), `max_tokens` (max_tokens ended it),
+  `model_context_window_exceeded` (the model's length ended it first: Claude Code sends max_tokens far
+  past a small model's length), `stop_sequence` (one of stop_sequences ended it, named in
+  `stop_sequence`), else `end_turn`.
 - A thinking model's reasoning (workbench/api/reasoning.py) is a `thinking` block ahead of the answer's
   blocks (its `signature` empty: nothing here signs it), streamed as `thinking_delta`s.
 - usage: `input_tokens` the prompt tokens computed, `cache_read_input_tokens` those the prefix cache
@@ -39,14 +41,15 @@ def content(text: str, tools: tool_calls.Tools, split: ReasoningSplit | None = N
 
 
 def stop_reason(finish: str | None, has_call: bool, token_ids: list[int], tokenizer: Tokenizer,
-                stop: list[str]) -> tuple[str, str | None]:
-    """(stop_reason, stop_sequence). The engine reports a stop string as `stop`, as it does the EOS; the
-    two are told apart by the tokens: a reply a stop string ended holds it in its tokens' text (cut from
-    the text sent), and one that did not holds none (the engine stops at the first), an EOS adding no text."""
+                stop: list[str], context_full: bool = False) -> tuple[str, str | None]:
+    """(stop_reason, stop_sequence); `context_full`: the prompt and the reply fill the model's length. The
+    engine reports a stop string as `stop`, as it does the EOS; the two are told apart by the tokens: a
+    reply a stop string ended holds it in its tokens' text (cut from the text sent), and one that did not
+    holds none (the engine stops at the first), an EOS adding no text."""
     if has_call:
         return "tool_use", None
     if finish == "length":
-        return "max_tokens", None
+        return ("model_context_window_exceeded" if context_full else "max_tokens"), None
     if finish == "stop" and stop:
         whole = tokenizer.decode(token_ids)
         hits = sorted((at, n) for n, s in enumerate(stop) if (at := whole.find(s)) >= 0)

@@ -3,21 +3,25 @@ serves (workbench/api/openai/views.py), so that one set of rules checks both and
 
     system (a string or text blocks)          -> a first "system" message
     messages' text blocks                     -> the message's text, blocks joined with newlines
+    a "system" message among the messages     -> a "system" message in its place (Claude Code sends them)
     an assistant's tool_use blocks            -> its `tool_calls` (arguments: the input as JSON)
+    an assistant's thinking blocks            -> left out: no model here reads earlier turns' thinking
+                                                 (Anthropic leaves them out for most models too)
     a user's tool_result blocks               -> "tool" messages, before the user's text (with
                                                  is_error, the content after "Error: ")
     max_tokens, temperature, top_p, top_k     -> the same fields
     stop_sequences                            -> stop
-    tools [{name, description, input_schema}] -> function tools, input_schema as their parameters
+    tools [{name, description, input_schema}] -> function tools, input_schema as their parameters (a
+                                                 tool with `defer_loading` is offered as any other:
+                                                 nothing here searches for tools, so the model sees it)
     tool_choice auto / any / tool / none      -> "auto" / "required" / the named function / "none"
+    output_config.format (a JSON Schema)      -> response_format json_schema
     seed (our extension)                      -> seed
 
-Every other field, block type or value is refused by name (a 400 ApiError), never silently ignored.
-Accepted without an effect to have, each because what it asks for happens anyway or is no
-generation's business: `metadata` (a user id for the caller's own records), `cache_control` (on the
-request, its blocks and tools: the prefix cache keeps each user's prefixes without being asked,
-docs/OPERATIONS.md),
-`thinking` {"type": "disabled"}, `tool_choice.disable_parallel_tool_use` (one call per turn always).
+Every other field, block type or value is refused by name (a 400 ApiError), never silently ignored;
+options.py checks the options that change nothing here (thinking, context_management, effort,
+metadata, cache_control) and says why each is accepted. `tool_choice.disable_parallel_tool_use` is
+accepted too: one call per turn always.
 """
 
 from __future__ import annotations
@@ -25,16 +29,20 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from workbench.api.anthropic import options
+from workbench.api.anthropic.options import bad as _bad
 from workbench.api.http_api import ApiError
 
 # The Messages fields; count_tokens takes the prompt's part of them.
-PROMPT_FIELDS = {"model", "messages", "system", "tools", "tool_choice", "thinking", "cache_control"}
+PROMPT_FIELDS = {"model", "messages", "system", "tools", "tool_choice", "thinking", "cache_control", "context_management",
+                 "output_config"}
 MESSAGE_FIELDS = PROMPT_FIELDS | {"max_tokens", "stop_sequences", "temperature", "top_p", "top_k", "metadata",
                                   "stream", "seed"}
 SAMPLING = {"max_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
             "seed": "seed", "stop_sequences": "stop"}
 # A chat-completions field the shared checks name -> the Messages field it came from.
-PARAM_NAMES = {"stop": "stop_sequences", "tools": "tools", "tool_choice": "tool_choice"}
+PARAM_NAMES = {"stop": "stop_sequences", "tools": "tools", "tool_choice": "tool_choice",
+               "response_format": "output_config.format"}
 
 
 def chat_body(body: dict[str, Any], count_only: bool = False) -> dict[str, Any]:
@@ -46,10 +54,11 @@ def chat_body(body: dict[str, Any], count_only: bool = False) -> dict[str, Any]:
             raise ApiError.unsupported(name)
     if not count_only and body.get("max_tokens") is None:
         raise ApiError(400, "max_tokens: Field required", param="max_tokens")
-    _thinking(body.get("thinking"))
-    if body.get("cache_control") is not None and not isinstance(body["cache_control"], dict):
-        raise _bad("cache_control", 'must be an object like {"type": "ephemeral"}')
-    _metadata(body.get("metadata"))
+    options.check_thinking(body.get("thinking"))
+    options.check_context_management(body.get("context_management"))
+    options.check_cache_control(body.get("cache_control"), "cache_control")
+    options.check_metadata(body.get("metadata"))
+    response_format = options.response_format(body.get("output_config"))
     if body.get("stream") is not None and not isinstance(body["stream"], bool):
         raise ApiError(400, "stream must be true or false", param="stream")
     chat: dict[str, Any] = {"messages": _system(body.get("system")) + _messages(body.get("messages"))}
@@ -62,6 +71,8 @@ def chat_body(body: dict[str, Any], count_only: bool = False) -> dict[str, Any]:
         chat["tools"] = _tools(body["tools"])
     if body.get("tool_choice") is not None:
         chat["tool_choice"] = _tool_choice(body["tool_choice"])
+    if response_format is not None:
+        chat["response_format"] = response_format
     return chat
 
 
@@ -71,27 +82,6 @@ def renamed(exc: ApiError) -> ApiError:
         exc.param = PARAM_NAMES[exc.param]
         exc.message = exc.message.replace("stop:", "stop_sequences:", 1) if exc.param == "stop_sequences" else exc.message
     return exc
-
-
-def _bad(param: str, message: str) -> ApiError:
-    return ApiError(400, f"{param}: {message}", param=param, code="invalid_request")
-
-
-def _thinking(thinking: object) -> None:
-    if thinking is None:
-        return
-    if not isinstance(thinking, dict) or thinking.get("type") != "disabled" or set(thinking) != {"type"}:
-        raise ApiError.unsupported("thinking", 'thinking is not supported here; leave it out or send '
-                                               '{"type": "disabled"}')
-
-
-def _metadata(metadata: object) -> None:
-    if metadata is None:
-        return
-    if not isinstance(metadata, dict) or set(metadata) - {"user_id"}:
-        raise _bad("metadata", 'must be an object like {"user_id": "..."}')
-    if metadata.get("user_id") is not None and not isinstance(metadata["user_id"], str):
-        raise _bad("metadata.user_id", "must be a string")
 
 
 def _system(system: object) -> list[dict[str, Any]]:
@@ -111,13 +101,16 @@ def _messages(messages: object) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for i, message in enumerate(messages):
         where = f"messages[{i}]"
-        if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
-            raise _bad(where, 'must be {"role": "user" or "assistant", "content": ...}')
+        if not isinstance(message, dict) or message.get("role") not in ("user", "assistant", "system"):
+            raise _bad(where, 'must be {"role": "user", "assistant" or "system", "content": ...}')
         if set(message) - {"role", "content"}:
             raise ApiError.unsupported(f"{where}.{sorted(set(message) - {'role', 'content'})[0]}")
         content = message.get("content")
         if isinstance(content, str):
             out.append({"role": message["role"], "content": content})
+        elif isinstance(content, list) and content and message["role"] == "system":
+            out.append({"role": "system", "content": "\n".join(_text_block(block, f"{where}.content[{n}]")
+                                                              for n, block in enumerate(content))})
         elif isinstance(content, list) and content:
             out += _assistant(content, where) if message["role"] == "assistant" else _user(content, where)
         else:
@@ -147,9 +140,11 @@ def _assistant(blocks: list, where: str) -> list[dict[str, Any]]:
         at = f"{where}.content[{n}]"
         if isinstance(block, dict) and block.get("type") == "tool_use":
             calls.append(_tool_use(block, at))
+        elif isinstance(block, dict) and block.get("type") in ("thinking", "redacted_thinking"):
+            continue  # not part of the prompt (the module's docstring says why)
         else:
             texts.append(_text_block(block, at))
-    message: dict[str, Any] = {"role": "assistant", "content": "\n".join(texts) if texts else None}
+    message: dict[str, Any] = {"role": "assistant", "content": "\n".join(texts) if texts or not calls else None}
     return [{**message, "tool_calls": calls} if calls else message]
 
 
@@ -157,8 +152,7 @@ def _fields(block: dict, allowed: set[str], where: str) -> None:
     extra = sorted(set(block) - allowed - {"type", "cache_control"})
     if extra:
         raise ApiError.unsupported(f"{where}.{extra[0]}")
-    if block.get("cache_control") is not None and not isinstance(block["cache_control"], dict):
-        raise _bad(f"{where}.cache_control", 'must be an object like {"type": "ephemeral"}')
+    options.check_cache_control(block.get("cache_control"), f"{where}.cache_control")
 
 
 def _text_block(block: object, where: str) -> str:
@@ -213,7 +207,9 @@ def _tools(tools: object) -> list[dict[str, Any]]:
         if tool.get("type") not in (None, "custom"):
             raise ApiError.unsupported(f"{where}.type", f"{where}: server tools ({tool.get('type')!r}) are not "
                                                          "supported here; offer client tools {name, input_schema}")
-        _fields(tool, {"name", "description", "input_schema"}, where)
+        _fields(tool, {"name", "description", "input_schema", "defer_loading"}, where)
+        if tool.get("defer_loading") is not None and not isinstance(tool["defer_loading"], bool):
+            raise _bad(f"{where}.defer_loading", "must be true or false")
         if not isinstance(tool.get("input_schema"), dict):
             raise _bad(f"{where}.input_schema", "must be a JSON Schema object")
         function = {"name": tool.get("name"), "parameters": tool["input_schema"]}

@@ -28,6 +28,8 @@ from workbench.api.anthropic import reply, translate
 from workbench.api.http_api import ApiError, authenticate, json_body
 from workbench.api.input_routes import input_route
 from workbench.api.openai.views import ERROR_STATUS, SERVINGS, Prepared, Started
+from workbench.protocol.request_input import TOO_LONG
+from workbench.serving.model_facts import model_length
 
 # Anthropic's error types, by the status we answer with.
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -55,9 +57,14 @@ async def _prepared(request: HttpRequest, count_only: bool) -> tuple[AbstractBas
     body = json_body(request)
     chat = translate.chat_body(body, count_only)
     try:
-        return user, body, await SERVINGS["chat"].prepare(chat, len(request.body), user)
+        prepared = await SERVINGS["chat"].prepare(chat, len(request.body), user, check_length=False)
     except ApiError as exc:
         raise translate.renamed(exc) from None
+    # count_tokens counts a prompt of any length. Claude Code reads this wording as "compact the conversation".
+    if not count_only and len(prepared.prompt) >= (length := model_length(prepared.model)):
+        raise ApiError(400, f"prompt is too long: {len(prepared.prompt)} tokens > {length - 1} maximum",
+                       param="messages", code=TOO_LONG)
+    return user, body, prepared
 
 
 @input_route("anthropic", api_key_header=True)
@@ -95,9 +102,16 @@ async def _whole(started: Started, message: dict[str, Any]) -> JsonResponse:
     prepared = started.prepared
     content = reply.content(text, prepared.tools, started.choices[0].split)
     stop_reason, stop_sequence = reply.stop_reason(last.finish_reason, any(b["type"] == "tool_use" for b in content),
-                                                   token_ids, prepared.tokenizer, list(prepared.params.stop))
+                                                   token_ids, prepared.tokenizer, list(prepared.params.stop),
+                                                   _context_full(prepared, token_ids))
     return JsonResponse({**message, "content": content, "stop_reason": stop_reason, "stop_sequence": stop_sequence,
                          "usage": reply.usage(last.usage)})
+
+
+def _context_full(prepared: Prepared, token_ids: list[int]) -> bool:
+    """Whether the reply ended where the model's length did, short of max_tokens."""
+    asked = prepared.params.max_tokens
+    return len(prepared.prompt) + len(token_ids) >= model_length(prepared.model) and (asked is None or len(token_ids) < asked)
 
 
 def _sse(event: dict[str, Any]) -> str:
@@ -124,7 +138,8 @@ async def _events(started: Started, message: dict[str, Any]) -> AsyncIterator[st
                 return
             if event.finished:
                 stop_reason, stop_sequence = reply.stop_reason(event.finish_reason, blocks.calls.calls > 0, token_ids,
-                                                               prepared.tokenizer, list(prepared.params.stop))
+                                                               prepared.tokenizer, list(prepared.params.stop),
+                                                               _context_full(prepared, token_ids))
                 yield _sse({"type": "message_delta", "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
                             "usage": reply.usage(event.usage)})
                 yield _sse({"type": "message_stop"})

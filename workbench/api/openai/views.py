@@ -40,6 +40,7 @@ from workbench.api.openai.usage import openai_usage
 from workbench.api.reasoning import ReasoningSplit, prompt_opens_thinking, split_whole
 from workbench.protocol import request_input
 from workbench.serving import bridge, input_work, limits, served_models
+from workbench.serving.model_facts import model_length
 from workbench.serving.streams import StreamEvent
 from workbench.serving.transport import Transport
 
@@ -216,21 +217,23 @@ class _Serving:
             return response
         return await self.whole(group, choices, meta, tools)
 
-    async def prepare(self, body: dict, size: int, user: AbstractBaseUser) -> Prepared:
+    async def prepare(self, body: dict, size: int, user: AbstractBaseUser, check_length: bool = True) -> Prepared:
         """The body checked and turned into what the engine runs (ApiError naming what is wrong); nothing
         is admitted or submitted yet. `size`: the request's bytes, which place its work, done within
-        `user`'s share of the input thread (input_work.py).
+        `user`'s share of the input thread (input_work.py). `check_length`: refuse a prompt that leaves
+        no room in the model's length (a route that words that refusal its own way checks it itself).
         The other APIs' routes translate their bodies into this endpoint's
         and come through here, so one set of rules checks every way in."""
         served = await served_models.served_from_loop()
         transport = await bridge.transport_from_loop()
         # The checks template, tokenize and compile grammars: a large request's run off the event loop.
         try:
-            return await input_work.prepared(size, user.get_username(), self._checked, body, served, transport)
+            return await input_work.prepared(size, user.get_username(), self._checked, body, served, transport,
+                                             check_length)
         except limits.Refused as exc:
             raise ApiError.limit(exc) from None
 
-    def _checked(self, body: dict, served: list[str], transport: Transport) -> Prepared:
+    def _checked(self, body: dict, served: list[str], transport: Transport, check_length: bool) -> Prepared:
         tools = self.tools(body)
         report = prompt_report.of(self.kind, body)
         params = self._params(body, tools, report)
@@ -239,6 +242,8 @@ class _Serving:
         tokenizer = tokenizer_of(transport, model)
         prompt = self.prompt(body, tokenizer, tools)
         _fit_vocabulary(prompt, params, vocabulary_of(model))
+        if check_length:
+            _fit_length(prompt, tokenizer, model, self.prompt_field)
         return Prepared(tools, params, n, model, transport, tokenizer, prompt, report)
 
     def start(self, prepared: Prepared, user: AbstractBaseUser, keep_record: bool = True) -> Started:
@@ -509,6 +514,14 @@ def accepted_fields(kind: str) -> set[str]:
 def _fit_vocabulary(prompt: str | list[int], params: SamplingParams, vocabulary: int) -> None:
     try:
         request_input.fit_vocabulary(prompt, params, vocabulary)
+    except request_input.InvalidInput as exc:
+        raise ApiError.refused(exc) from None
+
+
+def _fit_length(prompt: str | list[int], tokenizer: Tokenizer, model: str, param: str) -> None:
+    count = len(prompt) if isinstance(prompt, list) else len(tokenizer.encode(prompt))
+    try:
+        request_input.fit_length(count, model_length(model), param)
     except request_input.InvalidInput as exc:
         raise ApiError.refused(exc) from None
 

@@ -27,8 +27,10 @@ Event = dict[str, Any]
 
 
 class Output:
-    def __init__(self, tools: tool_calls.Tools, split: ReasoningSplit | None = None) -> None:
+    def __init__(self, tools: tool_calls.Tools, split: ReasoningSplit | None = None,
+                 namespaced: dict[str, tuple[str, str]] | None = None) -> None:
         self.calls = tool_calls.CallStream(tools)
+        self.namespaced = namespaced or {}  # the chat route's name of a namespace's function -> (namespace, name)
         self.split = split
         self.items: list[dict[str, Any]] = []
         self._text: dict[str, Any] | None = None  # the open message item's output_text part
@@ -116,6 +118,8 @@ class Output:
         function = call["function"]
         item = {"type": "function_call", "id": f"fc_{uuid.uuid4().hex}", "call_id": call["id"],
                 "name": function["name"], "arguments": "", "status": "in_progress"}
+        if function["name"] in self.namespaced:
+            item["namespace"], item["name"] = self.namespaced[function["name"]]
         self.items.append(item)
         index = len(self.items) - 1
         added = {"type": "response.output_item.added", "output_index": index, "item": dict(item)}

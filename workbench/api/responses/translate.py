@@ -7,19 +7,26 @@
                                              output_text parts joined with newlines
     input: function_call items            -> an assistant message's tool_calls
     input: function_call_output items     -> "tool" messages
+    input: reasoning items                -> left out: no model here reads earlier turns' reasoning (a
+                                             thinking model's chat template drops it too)
     previous_response_id                  -> the stored conversation (the earlier input and output) first
     max_output_tokens                     -> max_tokens
     temperature, top_p, top_k, seed       -> the same fields (top_k and seed: our extensions)
-    tools [{type: function, name, ...}]   -> function tools
+    tools: function and namespace tools   -> function tools (tools.py)
     tool_choice, parallel_tool_calls      -> the same
     text.format text/json_object/json_schema -> response_format
 
 Every other field, item type, part type or value is refused by name (a 400 ApiError), never silently
-ignored. `metadata` (kept with a stored response), `user`, `store`, `truncation: "disabled"`,
-`include: []` and `reasoning: null` are accepted; so are `prompt_cache_key` and `safety_identifier`
-(strings; Codex sends the first with every request), which leave nothing to do here: the prefix cache
-finds a conversation's blocks by their tokens, within the user's own scope. `stream` says how the
-reply is sent.
+ignored. `metadata` (kept with a stored response), `user`, `store` and `truncation: "disabled"` are
+accepted; so are `prompt_cache_key` and `safety_identifier` (strings), which leave nothing to do here:
+the prefix cache finds a conversation's blocks by their tokens, within the user's own scope. Codex
+sends these with every request, each accepted with nothing to do:
+- `reasoning` {effort, summary}: a thinking model's reasoning comes as a reasoning item whatever they
+  say, and no model here takes an effort;
+- `include: ["reasoning.encrypted_content"]`: a reasoning item carries no encrypted_content, since
+  reasoning sent back is left out of the prompt (above); no other include is served;
+- `client_metadata` (string values): the caller's own records.
+`stream` says how the reply is sent.
 """
 
 from __future__ import annotations
@@ -27,10 +34,16 @@ from __future__ import annotations
 from typing import Any
 
 from workbench.api.http_api import ApiError
+from workbench.api.responses import tools as request_tools
+from workbench.api.responses.tools import bad as _bad
+from workbench.api.responses.tools import only as _only
 
 FIELDS = {"model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "top_k", "seed", "tools",
           "tool_choice", "parallel_tool_calls", "text", "stream", "store", "previous_response_id", "metadata", "user",
-          "truncation", "include", "reasoning", "prompt_cache_key", "safety_identifier"}
+          "truncation", "include", "reasoning", "prompt_cache_key", "safety_identifier", "client_metadata"}
+INCLUDES = {"reasoning.encrypted_content"}
+EFFORTS = (None, "none", "minimal", "low", "medium", "high", "xhigh")
+SUMMARIES = (None, "auto", "concise", "detailed")
 SAMPLING = {"max_output_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
             "seed": "seed", "parallel_tool_calls": "parallel_tool_calls"}
 # A chat-completions field the shared checks name -> the Responses field it came from.
@@ -48,14 +61,16 @@ def check(body: dict[str, Any]) -> str | None:
             raise ApiError(400, f"{name} must be true or false", param=name)
     if body.get("truncation") not in (None, "disabled"):
         raise ApiError.unsupported("truncation", 'truncation: only "disabled" is supported')
-    if body.get("include") not in (None, []):
-        raise ApiError.unsupported("include", "include: no extra output is served; leave it out or send []")
-    if body.get("reasoning") is not None:
-        raise ApiError.unsupported("reasoning", "reasoning is not supported here; leave it out or send null")
-    metadata = body.get("metadata")
-    if metadata is not None and (not isinstance(metadata, dict)
-                                 or not all(isinstance(v, str) for v in metadata.values()) or len(metadata) > 16):
-        raise ApiError(400, "metadata must be an object of up to 16 string values", param="metadata")
+    include = body.get("include")
+    if include is not None and (not isinstance(include, list) or not set(include) <= INCLUDES):
+        raise ApiError.unsupported("include", f"include: only {sorted(INCLUDES)} is served; leave it out or send []")
+    _reasoning(body.get("reasoning"))
+    for name, most in (("metadata", 16), ("client_metadata", None)):
+        value = body.get(name)
+        if value is not None and (not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values())
+                                  or (most is not None and len(value) > most)):
+            raise ApiError(400, f"{name} must be an object of {f'up to {most} ' if most else ''}string values",
+                           param=name)
     for name in ("user", "prompt_cache_key", "safety_identifier"):
         if body.get(name) is not None and not isinstance(body[name], str):
             raise ApiError(400, f"{name} must be a string", param=name)
@@ -74,7 +89,9 @@ def conversation(body: dict[str, Any], earlier: list[dict[str, Any]]) -> list[di
         raise ApiError(400, "input must be a string or a non-empty list of items", param="input")
     messages = list(earlier)
     for i, item in enumerate(raw):
-        messages.append(_item(item, f"input[{i}]"))
+        message = _item(item, f"input[{i}]")
+        if message is not None:
+            messages.append(message)
     return messages
 
 
@@ -91,13 +108,18 @@ def chat_body(body: dict[str, Any], messages: list[dict[str, Any]]) -> dict[str,
         if body.get(name) is not None:
             chat[field] = body[name]
     if body.get("tools") is not None:
-        chat["tools"] = _tools(body["tools"])
+        chat["tools"] = request_tools.chat_tools(body["tools"])[0]
     if body.get("tool_choice") is not None:
         chat["tool_choice"] = _tool_choice(body["tool_choice"])
     response_format = _format(body.get("text"))
     if response_format is not None:
         chat["response_format"] = response_format
     return chat
+
+
+def namespaced(body: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    """The request's namespaced functions, {the chat route's name: (namespace, name)}."""
+    return {} if body.get("tools") is None else request_tools.chat_tools(body["tools"])[1]
 
 
 def renamed(exc: ApiError) -> ApiError:
@@ -108,11 +130,20 @@ def renamed(exc: ApiError) -> ApiError:
     return exc
 
 
-def _bad(param: str, message: str) -> ApiError:
-    return ApiError(400, f"{param}: {message}", param=param, code="invalid_request")
+def _reasoning(reasoning: object) -> None:
+    if reasoning is None:
+        return
+    if not isinstance(reasoning, dict):
+        raise _bad("reasoning", 'must be an object like {"effort": "medium", "summary": "auto"}')
+    _only(reasoning, {"effort", "summary", "generate_summary"}, "reasoning")
+    if reasoning.get("effort") not in EFFORTS:
+        raise _bad("reasoning.effort", f"must be one of {', '.join(e for e in EFFORTS if e)}")
+    for name in ("summary", "generate_summary"):
+        if reasoning.get(name) not in SUMMARIES:
+            raise _bad(f"reasoning.{name}", f"must be one of {', '.join(s for s in SUMMARIES if s)}")
 
 
-def _item(item: object, where: str) -> dict[str, Any]:
+def _item(item: object, where: str) -> dict[str, Any] | None:
     if not isinstance(item, dict):
         raise _bad(where, "must be an item object")
     kind = item.get("type", "message" if "role" in item else None)
@@ -123,24 +154,25 @@ def _item(item: object, where: str) -> dict[str, Any]:
             raise _bad(f"{where}.role", 'must be "user", "system", "developer" or "assistant"')
         return {"role": role, "content": _content(item.get("content"), f"{where}.content")}
     if kind == "function_call":
-        _only(item, {"type", "call_id", "name", "arguments", "id", "status"}, where)
+        _only(item, {"type", "call_id", "name", "namespace", "arguments", "id", "status"}, where)
         if not all(isinstance(item.get(k), str) for k in ("call_id", "name", "arguments")):
             raise _bad(where, "a function_call item has call_id, name and arguments (a JSON string)")
+        if item.get("namespace") is not None and not isinstance(item["namespace"], str):
+            raise _bad(f"{where}.namespace", "must be a string")
+        name = request_tools.flat_name(item["namespace"], item["name"]) if item.get("namespace") else item["name"]
         return {"role": "assistant", "content": None, "tool_calls": [
-            {"id": item["call_id"], "type": "function", "function": {"name": item["name"], "arguments": item["arguments"]}}]}
+            {"id": item["call_id"], "type": "function", "function": {"name": name, "arguments": item["arguments"]}}]}
+    if kind == "reasoning":
+        _only(item, {"type", "id", "summary", "content", "encrypted_content", "status"}, where)
+        return None  # not part of the prompt (the module's docstring says why)
     if kind == "function_call_output":
         _only(item, {"type", "call_id", "output", "id", "status"}, where)
         if not isinstance(item.get("call_id"), str) or not isinstance(item.get("output"), str):
             raise _bad(where, "a function_call_output item has call_id and output (a string)")
         return {"role": "tool", "tool_call_id": item["call_id"], "content": item["output"]}
     raise ApiError.unsupported(f"{where}.type", f"{where}: items of type {kind!r} are not supported here "
-                                               "(message, function_call and function_call_output are)")
-
-
-def _only(item: dict, allowed: set[str], where: str) -> None:
-    extra = sorted(set(item) - allowed)
-    if extra:
-        raise ApiError.unsupported(f"{where}.{extra[0]}")
+                                               "(message, function_call, function_call_output and "
+                                               "reasoning are)")
 
 
 def _content(content: object, where: str) -> str:
@@ -160,22 +192,6 @@ def _content(content: object, where: str) -> str:
             raise _bad(f"{at}.text", "must be a string")
         texts.append(part["text"])
     return "\n".join(texts)
-
-
-def _tools(tools: object) -> list[dict[str, Any]]:
-    if not isinstance(tools, list):
-        raise _bad("tools", "must be a list of function tools")
-    out = []
-    for i, tool in enumerate(tools):
-        where = f"tools[{i}]"
-        if not isinstance(tool, dict) or tool.get("type") != "function":
-            kind = tool.get("type") if isinstance(tool, dict) else None
-            raise ApiError.unsupported(f"{where}.type", f"{where}: tools of type {kind!r} are not supported here "
-                                                        "(function tools are)")
-        _only(tool, {"type", "name", "description", "parameters", "strict"}, where)
-        out.append({"type": "function", "function": {k: tool[k] for k in ("name", "description", "parameters", "strict")
-                                                      if tool.get(k) is not None}})
-    return out
 
 
 def _tool_choice(choice: object) -> object:

@@ -78,7 +78,7 @@ class _Reply:
     def __init__(self, started: Started, body: dict[str, Any], messages: list[dict[str, Any]],
                  user: AbstractBaseUser) -> None:
         self.started, self.body, self.messages, self.user = started, body, messages, user
-        self.output = Output(started.prepared.tools, started.choices[0].split)
+        self.output = Output(started.prepared.tools, started.choices[0].split, translate.namespaced(body))
         self.id = "resp_" + started.meta["id"].split("-", 1)[1]
 
     def shaped(self, status: str, last: StreamEvent | None = None) -> dict[str, Any]:

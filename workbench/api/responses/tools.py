@@ -1,0 +1,86 @@
+"""A Responses request's tools as the chat route's function tools, namespaces included.
+
+A `namespace` tool ({"type": "namespace", "name", "description", "tools": [function tools]}, which Codex
+sends for its sub-agent tools) groups functions; a call names its function and, apart, its namespace.
+The chat route knows only flat names, so each function of a namespace is offered as NAMESPACE__NAME
+(its description led by the namespace's), and a call of such a name goes back out as a function_call
+item with `namespace` and the function's own `name`; a function_call item that comes back with a
+`namespace` is read the same way. Built-in tools (web_search, file_search, ...) would need the server
+to run them; none is served, and each is refused by name.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from workbench.api.http_api import ApiError
+
+SEPARATOR = "__"
+FUNCTION_FIELDS = {"type", "name", "description", "parameters", "strict"}
+
+
+def bad(param: str, message: str) -> ApiError:
+    return ApiError(400, f"{param}: {message}", param=param, code="invalid_request")
+
+
+def only(item: dict, allowed: set[str], where: str) -> None:
+    extra = sorted(set(item) - allowed)
+    if extra:
+        raise ApiError.unsupported(f"{where}.{extra[0]}")
+
+
+def flat_name(namespace: str, name: str) -> str:
+    """The chat route's name of function `name` in `namespace`."""
+    return f"{namespace}{SEPARATOR}{name}"
+
+
+def chat_tools(tools: object) -> tuple[list[dict[str, Any]], dict[str, tuple[str, str]]]:
+    """(the chat route's function tools, {flat name: (namespace, name)} for the namespaced ones)."""
+    if not isinstance(tools, list):
+        raise bad("tools", "must be a list of function tools")
+    out: list[dict[str, Any]] = []
+    namespaced: dict[str, tuple[str, str]] = {}
+    for i, tool in enumerate(tools):
+        where = f"tools[{i}]"
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if kind == "function":
+            out.append(_function(tool, where))
+        elif kind == "namespace":
+            for function, name in _namespace(tool, where):
+                out.append(function)
+                namespaced[function["function"]["name"]] = (tool["name"], name)
+        else:
+            raise ApiError.unsupported(f"{where}.type", f"{where}: tools of type {kind!r} are not served here (function "
+                                                        "and namespace tools are; in Codex, set web_search = \"disabled\")")
+    return out, namespaced
+
+
+def _function(tool: dict, where: str, prefix: str = "", lead: str = "") -> dict[str, Any]:
+    only(tool, FUNCTION_FIELDS, where)
+    function = {k: tool[k] for k in ("name", "description", "parameters", "strict") if tool.get(k) is not None}
+    if prefix:
+        function["name"] = flat_name(prefix, function["name"])
+    if lead:
+        function["description"] = f"{lead} {function.get('description', '')}".strip()
+    return {"type": "function", "function": function}
+
+
+def _namespace(tool: dict, where: str) -> list[tuple[dict[str, Any], str]]:
+    """Its functions as the chat route's, each with its own name."""
+    only(tool, {"type", "name", "description", "tools"}, where)
+    name, inner = tool.get("name"), tool.get("tools")
+    if not isinstance(name, str) or not name or SEPARATOR in name:
+        raise bad(f"{where}.name", f"must be a non-empty string without {SEPARATOR!r}")
+    if not isinstance(inner, list) or not inner:
+        raise bad(f"{where}.tools", "must be a non-empty list of function tools")
+    description = tool.get("description")
+    lead = f"({name}: {description})" if isinstance(description, str) and description else ""
+    functions = []
+    for n, function in enumerate(inner):
+        at = f"{where}.tools[{n}]"
+        if not isinstance(function, dict) or function.get("type") != "function":
+            raise ApiError.unsupported(f"{at}.type", f"{at}: a namespace holds function tools")
+        if not isinstance(function.get("name"), str):
+            raise bad(f"{at}.name", "must be a string")
+        functions.append((_function(function, at, prefix=name, lead=lead), function["name"]))
+    return functions
