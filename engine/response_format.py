@@ -10,6 +10,11 @@ Torch-free, so a web process validates requests without loading the model code.
 
 JSON is compact (llguidance's default separators, no free whitespace): a small model that is allowed
 whitespace can spend its whole token budget on newlines, and its output would then not parse.
+
+`oneOf` is constrained as `anyOf`: a grammar cannot say "exactly one of these branches", and llguidance
+refuses the keyword unless told to read it so. Agents' tool schemas use it (Qwen Code's first tool
+does), where refusing it refuses every request that offers the tool. A value that matches two
+branches is then possible; where the branches cannot overlap (different types or enums) nothing changes.
 """
 
 from __future__ import annotations
@@ -23,8 +28,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions  # declared only in the package's stub file
 
-# Compact JSON (the module docstring says why).
-JSON_OPTIONS: "JsonCompileOptions" = {"whitespace_flexible": False}
+# Compact JSON, and oneOf read as anyOf (the module docstring says why).
+JSON_OPTIONS: "JsonCompileOptions" = {"whitespace_flexible": False, "coerce_one_of": True}
 
 
 class ResponseFormatError(ValueError):

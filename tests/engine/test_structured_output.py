@@ -66,6 +66,18 @@ def test_eos_is_allowed_only_where_the_grammar_accepts(engine):
     assert constraint.finished and constraint.error is None
 
 
+def test_a_one_of_schema_is_constrained_as_any_of(engine):
+    """Agents' tool schemas use oneOf (Qwen Code's, with branches that cannot overlap): served, not refused."""
+    schema = {"type": "object", "additionalProperties": False, "required": ["turns"],
+              "properties": {"turns": {"oneOf": [{"type": "string", "enum": ["all"]},
+                                                 {"type": "string", "pattern": "^[1-9][0-9]?$"}]}}}
+    one_of = {"type": "json_schema", "json_schema": {"name": "fork", "schema": schema}}
+    results = engine.generate(["{"] * 6, [sampled(seed, one_of) for seed in range(6)])
+    for result in results:
+        jsonschema.validate(json.loads(result.text), schema)
+    assert len({r.text for r in results}) > 1, "liveness: sampling still chooses within the grammar"
+
+
 @pytest.mark.parametrize("response_format, says", [
     ({"type": "xml"}, "type must be one of"),
     ({"type": "json_schema", "json_schema": {"schema": []}}, "schema must be a JSON Schema object"),
