@@ -1,4 +1,5 @@
-"""Claude Code and Codex themselves against a running workbench, each request they send logged on its way.
+"""Coding agents themselves (Claude Code, Codex, opencode, Qwen Code) against a running workbench, each
+request they send logged on its way.
 
 Their request shapes change from release to release (a field added to every request is enough to lock a
 client out), and the SDK-based tests only send the shapes we know of. This installs the pinned releases
@@ -25,7 +26,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-CLIENTS = {"claude": "@anthropic-ai/claude-code@2.1.328", "codex": "@openai/codex@0.169.0"}
+CLIENTS = {"claude": "@anthropic-ai/claude-code@2.1.328", "codex": "@openai/codex@0.169.0",
+           "opencode": "opencode-ai@1.18.33", "qwen": "@qwen-code/qwen-code@0.24.4"}
 INSTALL_DIR = Path.home() / ".cache" / "workbench" / "clients"
 PROMPT = "Say hello in five words."
 
@@ -78,7 +80,7 @@ def logging_proxy(upstream: str, log: list[dict]) -> http.server.ThreadingHTTPSe
 
 def run_claude(binary: Path, proxy: str, token: str, model: str, home: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "HOME": str(home), "ANTHROPIC_BASE_URL": proxy, "ANTHROPIC_AUTH_TOKEN": token,
-           "ANTHROPIC_MODEL": model, "ANTHROPIC_SMALL_FAST_MODEL": model, "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "64",
+           "ANTHROPIC_MODEL": model, "ANTHROPIC_SMALL_FAST_MODEL": model, "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "256",
            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
     # Its own system prompt and tools are ~12,000 tokens: a small model's length needs them left out.
     return subprocess.run([str(binary), "-p", "--system-prompt", "You are brief.", "--tools", "", "--", PROMPT],
@@ -95,13 +97,30 @@ def run_codex(binary: Path, proxy: str, token: str, model: str, home: Path) -> s
                           env={**os.environ, "HOME": str(home), "WB_KEY": token}, text=True, timeout=900)
 
 
+def run_opencode(binary: Path, proxy: str, token: str, model: str, home: Path) -> subprocess.CompletedProcess:
+    config = {"provider": {"workbench": {"npm": "@ai-sdk/openai-compatible", "name": "Workbench",
+                                         "options": {"baseURL": f"{proxy}/v1", "apiKey": token},
+                                         "models": {model: {"name": model, "limit": {"context": 8192, "output": 256}}}}},
+              "model": f"workbench/{model}", "autoupdate": False, "share": "disabled"}
+    (home / ".config" / "opencode").mkdir(parents=True)
+    (home / ".config" / "opencode" / "opencode.json").write_text(json.dumps(config))
+    return subprocess.run([str(binary), "run", PROMPT], cwd=home, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "HOME": str(home)})
+
+
+def run_qwen(binary: Path, proxy: str, token: str, model: str, home: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HOME": str(home), "OPENAI_BASE_URL": f"{proxy}/v1", "OPENAI_API_KEY": token,
+           "OPENAI_MODEL": model}
+    return subprocess.run([str(binary), "-p", PROMPT], cwd=home, env=env, capture_output=True, text=True, timeout=900)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--server", default="http://127.0.0.1:8000")
     parser.add_argument("--token", required=True, help="an API token (python manage.py createapitoken USER)")
     parser.add_argument("--model", default="smollm2")
     args = parser.parse_args()
-    for name, run in (("claude", run_claude), ("codex", run_codex)):
+    for name, run in (("claude", run_claude), ("codex", run_codex), ("opencode", run_opencode), ("qwen", run_qwen)):
         binary = installed(name)
         if binary is None:
             print(f"{name}: {CLIENTS[name]} did not install from the npm registry; skipped")
@@ -111,7 +130,8 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as home:
             done = run(binary, f"http://127.0.0.1:{proxy.server_port}", args.token, args.model, Path(home))
         proxy.shutdown()
-        print(f"{name} ({CLIENTS[name]}): exit {done.returncode}; printed: {done.stdout.strip()[-300:]!r}")
+        said = done.stdout.strip() or done.stderr.strip()
+        print(f"{name} ({CLIENTS[name]}): exit {done.returncode}; printed: {said[-300:]!r}")
         for entry in log:
             print(f"  {entry['path']} {entry['status']} fields={entry['fields']}"
                   + (f" error={entry['error']}" if entry["error"] else ""))
