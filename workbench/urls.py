@@ -3,7 +3,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 
 from workbench.accounts import login, signup
-from workbench.api import reproduce_views, server_views, tokenize_views
+from workbench.api import reproduce_views, server_views, tokenize_views, unknown_routes
 from workbench.api.anthropic import views as anthropic_views
 from workbench.api.ollama import views as ollama_views
 from workbench.api.openai import views as openai_views
@@ -34,6 +34,7 @@ urlpatterns = [
     path("logout", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
     path("v1/models", openai_views.models),
+    path("v1/models/<path:model_id>", openai_views.model),
     path("v1/completions", openai_views.completions),
     path("v1/chat/completions", openai_views.chat_completions),
     path("v1/reproduce/<str:request_id>", reproduce_views.reproduce),
@@ -45,6 +46,7 @@ urlpatterns = [
     path("api/generate", ollama_views.generate),
     path("api/tags", ollama_views.tags),
     path("api/show", ollama_views.show),
+    path("api/ps", ollama_views.running),
     path("api/version", ollama_views.version),
     path("openapi.json", openapi_json, name="openapi"),
     path("health", server_views.health, name="health"),
@@ -54,4 +56,6 @@ urlpatterns = [
     path("ops/flags", ops.flags, name="ops_flags"),
     path("ops/dashboard", ops.dashboard, name="ops_dashboard"),
     path("metrics", ops_metrics.metrics, name="metrics"),
+    path("v1/<path:rest>", unknown_routes.openai_not_found),
+    path("api/<path:rest>", unknown_routes.ollama_not_found),
 ]

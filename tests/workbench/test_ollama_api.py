@@ -1,6 +1,7 @@
-"""Ollama's native API (/api/chat, /api/generate, /api/tags, /api/show, /api/version) through the official
-`ollama` client against the shared in-process Daphne, and one seeded request through chat completions,
-Messages and Ollama's chat giving the same tokens."""
+"""Ollama's native API (/api/chat, /api/generate, /api/tags, /api/show, /api/ps, /api/version) through the
+official `ollama` client against the shared in-process Daphne, and one seeded request through chat
+completions, Messages and Ollama's chat giving the same tokens; a route no API serves, under /api or
+/v1, is a 404 in that API's error shape, and /v1/models/{id} names one model."""
 
 from __future__ import annotations
 
@@ -111,3 +112,23 @@ def test_one_seeded_request_is_the_same_tokens_on_every_route(served):
     assert message.usage.output_tokens == local.eval_count == chat.usage.completion_tokens
     assert message.usage.input_tokens + message.usage.cache_read_input_tokens == local.prompt_eval_count \
         == chat.usage.prompt_tokens
+
+
+def test_the_running_models_are_the_served_ones_and_unserved_routes_say_so_in_each_apis_shape(served):
+    sdk = client(served)
+    [running] = sdk.ps().models
+    assert running.model == "demo:latest" and running.expires_at.year == 9999
+    with pytest.raises(ollama.ResponseError) as embed:
+        sdk.embed(model="demo", input="hi")  # Ollama clients ask; nothing here embeds
+    assert embed.value.status_code == 404 and "POST /api/embed is not served here" in embed.value.error
+    assert "/api/chat" in embed.value.error, "the message names what is served"
+
+    address, token = served
+    openai_sdk = openai.OpenAI(base_url=f"http://{address}/v1", api_key=token, max_retries=0)
+    assert openai_sdk.models.retrieve("demo").id == "demo"
+    with pytest.raises(openai.NotFoundError) as unknown_model:
+        openai_sdk.models.retrieve("gpt-4o")
+    assert "'demo'" in unknown_model.value.body["message"]
+    with pytest.raises(openai.NotFoundError) as embeddings:
+        openai_sdk.embeddings.create(model="demo", input="hi")
+    assert embeddings.value.body["code"] == "not_found" and "POST /v1/embeddings" in embeddings.value.body["message"]

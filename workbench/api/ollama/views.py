@@ -1,5 +1,5 @@
 """Ollama's native API: POST /api/chat and /api/generate (whole, or streamed as NDJSON, Ollama's default),
-GET /api/tags, POST /api/show, GET /api/version.
+GET /api/tags, POST /api/show, GET /api/ps, GET /api/version.
 
 /api/chat and /api/generate are thin translations onto the OpenAI routes' serving path: the body
 becomes a chat body (or, for a raw prompt, a completions body: translate.py), which that route checks,
@@ -42,6 +42,9 @@ def error_response(exc: ApiError) -> JsonResponse:
     if exc.retry_after is not None:
         response["Retry-After"] = str(exc.retry_after)
     return response
+
+
+NEVER = "9999-12-31T23:59:59Z"  # a loaded model's expiry: it stays loaded (Ollama's keep_alive -1)
 
 
 def _now() -> str:
@@ -167,6 +170,19 @@ async def tags(request: HttpRequest) -> HttpResponseBase:
         return error_response(exc)
     return JsonResponse({"models": [{"name": f"{name}:latest", "model": f"{name}:latest", "modified_at": _now(),
                                      "size": 0, "digest": "", "details": _details()} for name in served]})
+
+
+@csrf_exempt
+async def running(request: HttpRequest) -> HttpResponseBase:
+    """GET /api/ps: the models loaded now. Every served model is (an engine loads its model before it
+    serves, and keeps it), so they are the served ones, kept loaded with no expiry."""
+    try:
+        served = await _served(request, "GET")
+    except ApiError as exc:
+        return error_response(exc)
+    return JsonResponse({"models": [{"name": f"{name}:latest", "model": f"{name}:latest", "size": 0, "digest": "",
+                                     "details": _details(), "expires_at": NEVER, "size_vram": 0,
+                                     "context_length": model_length(name)} for name in served]})
 
 
 @csrf_exempt

@@ -541,8 +541,21 @@ async def models(request: HttpRequest) -> HttpResponse:
     except ApiError as exc:
         return exc.response()
     served = await served_models.served_from_loop()
-    return JsonResponse({"object": "list", "data": [{"id": name, "object": "model", "created": 0,
-                                                     "owned_by": "workbench"} for name in served]})
+    return JsonResponse({"object": "list", "data": [_model_object(name) for name in served]})
+
+
+async def model(request: HttpRequest, model_id: str) -> HttpResponse:
+    """GET /v1/models/{id}: one served model, or 404 as for a request naming a model not served."""
+    try:
+        await authenticate(request)
+        check_model({"model": model_id}, await served_models.served_from_loop())
+    except ApiError as exc:
+        return exc.response()
+    return JsonResponse(_model_object(model_id))
+
+
+def _model_object(name: str) -> dict[str, object]:
+    return {"id": name, "object": "model", "created": 0, "owned_by": "workbench"}
 
 
 completions = input_route("openai")(csrf_exempt(SERVINGS["completion"].view))
