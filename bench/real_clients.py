@@ -6,6 +6,7 @@ client out), and the SDK-based tests only send the shapes we know of. This insta
 from the npm registry (once, into ~/.cache/workbench/clients), puts a logging proxy in front of the
 server, runs each program once on a small prompt with the settings docs/PROTOCOL.md gives, and prints
 what each printed and, per request, its route, its top-level fields and our answer's status (and error).
+The proxy hands a stream on once it has ended: what the clients see is right, its timing is not.
 
     PYTHONPATH=. .venv/bin/python bench/real_clients.py --server http://127.0.0.1:8000 --token wb_... \\
         --model smollm2
@@ -128,10 +129,13 @@ def main() -> None:
         log: list[dict] = []
         proxy = logging_proxy(args.server, log)
         with tempfile.TemporaryDirectory() as home:
-            done = run(binary, f"http://127.0.0.1:{proxy.server_port}", args.token, args.model, Path(home))
+            try:
+                done = run(binary, f"http://127.0.0.1:{proxy.server_port}", args.token, args.model, Path(home))
+                said, code = done.stdout.strip() or done.stderr.strip(), str(done.returncode)
+            except subprocess.TimeoutExpired:
+                said, code = "", "none: still running after 900 s, stopped"
         proxy.shutdown()
-        said = done.stdout.strip() or done.stderr.strip()
-        print(f"{name} ({CLIENTS[name]}): exit {done.returncode}; printed: {said[-300:]!r}")
+        print(f"{name} ({CLIENTS[name]}): exit {code}; printed: {said[-300:]!r}")
         for entry in log:
             print(f"  {entry['path']} {entry['status']} fields={entry['fields']}"
                   + (f" error={entry['error']}" if entry["error"] else ""))

@@ -233,6 +233,10 @@ def test_earlier_thinking_blocks_are_left_out_of_the_prompt(served):
     with_thinking = [ASK[0], {"role": "assistant", "content": thought + said}, turns[2]]
     plain = count(served, {"model": "demo", "messages": turns})
     assert count(served, {"model": "demo", "messages": with_thinking}) == plain
+    # A turn of thinking alone stays a turn (empty), so user and assistant still take turns.
+    thinking_alone = [ASK[0], {"role": "assistant", "content": thought}, turns[2]]
+    assert count(served, {"model": "demo", "messages": thinking_alone}) == count(
+        served, {"model": "demo", "messages": [ASK[0], {"role": "assistant", "content": ""}, turns[2]]})
     assert count(served, {"model": "demo", "messages": [ASK[0], {"role": "assistant", "content": [
         {"type": "text", "text": "The user asks about lists. " * 8}] + said}, turns[2]]}) > plain, \
         "liveness: the same words as text are in the prompt"

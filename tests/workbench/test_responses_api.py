@@ -106,7 +106,10 @@ def test_a_call_its_output_and_the_stored_replies_are_their_users_alone(clients)
     (dict(input="Hi", max_output_tokens=0), "max_output_tokens"),
     (dict(input="Hi", reasoning={"effort": "extreme"}), "reasoning.effort"),
     (dict(input="Hi", include=["message.output_text.logprobs"]), "include"),
-    (dict(input="Hi", tools=[{"type": "namespace", "name": "a__b", "tools": [WEATHER]}]), "tools[0].name"),
+    (dict(input="Hi", include=[{"not": "a string"}]), "include"),
+    (dict(input="Hi", tools=[{"type": "namespace", "name": "", "tools": [WEATHER]}]), "tools[0].name"),
+    (dict(input="Hi", tools=[{"type": "namespace", "name": "n", "description": 7, "tools": [WEATHER]}]),
+     "tools[0].description"),
     (dict(input="Hi", tools=[{"type": "namespace", "name": "agents", "tools": [{"type": "web_search"}]}]),
      "tools[0].tools[0].type"),
 ])
@@ -116,7 +119,7 @@ def test_a_bad_request_is_refused_naming_the_field(clients, ask, param):
     assert caught.value.body["param"] == param, caught.value.body
 
 
-AGENTS = {"type": "namespace", "name": "agents", "description": "Tools for managing helpers.",
+AGENTS = {"type": "namespace", "name": "mcp__helpers__", "description": "Tools for managing helpers.",
           "tools": [{"type": "function", "name": "close_agent", "description": "Close a helper.", "strict": False,
                      "parameters": {"type": "object", "additionalProperties": False, "required": ["target"],
                                     "properties": {"target": {"enum": ["a1", "a2"]}}}}]}
@@ -146,7 +149,7 @@ def test_codexs_request_is_served_and_a_namespaced_call_goes_out_and_comes_back(
     called = sdk.responses.create(input=codex_input("Close helper a1."), tools=[AGENTS], tool_choice="required",
                                   extra_body=CODEX_OPTIONS, **{**ask, "max_output_tokens": 80})
     [call] = [item.model_dump(exclude_none=True) for item in called.output if item.type == "function_call"]
-    assert (call["namespace"], call["name"]) == ("agents", "close_agent"), call
+    assert (call["namespace"], call["name"]) == ("mcp__helpers__", "close_agent"), call
     assert json.loads(call["arguments"])["target"] in ("a1", "a2")
     # Codex sends the call back (stateless: store false) with a reasoning item, which the prompt leaves out.
     answered = codex_input("Close helper a1.") + [
@@ -162,3 +165,23 @@ def test_codexs_request_is_served_and_a_namespaced_call_goes_out_and_comes_back(
     other_namespace = answered[:2] + [{**answered[2], "namespace": "others"}] + answered[3:]
     assert sdk.responses.create(input=other_namespace, **follow).usage.input_tokens != plain.usage.input_tokens, \
         "liveness: the call's namespace is part of the prompt"
+
+
+def test_a_stored_namespaced_call_is_continued_with_the_prompt_of_one_sent_back(clients):
+    """previous_response_id carries the call as the request's own tools name it, a name past the chat
+    route's 64 characters included."""
+    sdk, _ = clients
+    tool = {**AGENTS["tools"][0], "name": "close_the_helper_agent_named_by_its_target_and_report_back"}
+    long_namespace = {**AGENTS, "name": "mcp__a_server_with_a_rather_long_name__", "tools": [tool]}
+    ask = dict(model="demo", tools=[long_namespace], extra_body=CODEX_OPTIONS, temperature=1.0)
+    called = sdk.responses.create(input=codex_input("Close helper a1."), tool_choice="required", max_output_tokens=120,
+                                  **ask)
+    [call] = [item.model_dump(exclude_none=True) for item in called.output if item.type == "function_call"]
+    assert (call["namespace"], call["name"]) == (long_namespace["name"], tool["name"]), call
+    output = {"type": "function_call_output", "call_id": call["call_id"], "output": "closed"}
+    stored = sdk.responses.create(previous_response_id=called.id, input=[output], tool_choice="none",
+                                  max_output_tokens=2, **ask)
+    sent_back = sdk.responses.create(input=codex_input("Close helper a1.") + [
+        {k: v for k, v in call.items() if k != "status"}, output], tool_choice="none", max_output_tokens=2, store=False,
+        **ask)
+    assert stored.usage.input_tokens == sent_back.usage.input_tokens

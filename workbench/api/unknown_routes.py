@@ -1,6 +1,6 @@
-"""A path under /v1 or /api that no route serves, answered in its API's error shape (a 404 with JSON):
-an API client reading the error (OpenAI's and Anthropic's SDKs, Ollama's clients) gets a message it can
-show, where Django's page would hand it HTML. Ollama clients ask for /api/embed and /api/pull, agents
+"""A path under /v1 or /api that no route serves, answered as a 404 with JSON (OpenAI's error shape under
+/v1, which Anthropic's SDK reads too; Ollama's under /api): an API client gets a message it can show,
+where Django's page would hand it HTML. Ollama clients ask for /api/embed and /api/pull, agents
 for /v1/embeddings; none is served here, and the message says which routes are.
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
-V1_ROUTES = ("/v1/chat/completions, /v1/completions, /v1/models, /v1/messages, /v1/messages/count_tokens, "
-             "/v1/responses, /v1/reproduce/{id}")
+V1_ROUTES = ("/v1/chat/completions, /v1/completions, /v1/models, /v1/models/{id}, /v1/messages, "
+             "/v1/messages/count_tokens, /v1/responses, /v1/responses/{id}, /v1/reproduce/{id}")
 OLLAMA_ROUTES = "/api/chat, /api/generate, /api/tags, /api/show, /api/ps, /api/version"
 
 

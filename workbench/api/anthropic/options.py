@@ -54,6 +54,8 @@ def check_context_management(management: object) -> None:
         kind = edit.get("type") if isinstance(edit, dict) else None
         if not isinstance(kind, str):
             raise bad(f"context_management.edits[{i}]", 'must be an object like {"type": "clear_thinking_20251015"}')
+        if set(edit) - {"type", "keep"}:
+            raise ApiError.unsupported(f"context_management.edits[{i}].{sorted(set(edit) - {'type', 'keep'})[0]}")
         if not kind.startswith("clear_thinking_"):
             raise ApiError.unsupported(f"context_management.edits[{i}].type",
                                        f"context_management.edits[{i}]: {kind!r} edits are not supported here "

@@ -141,6 +141,7 @@ def _assistant(blocks: list, where: str) -> list[dict[str, Any]]:
         if isinstance(block, dict) and block.get("type") == "tool_use":
             calls.append(_tool_use(block, at))
         elif isinstance(block, dict) and block.get("type") in ("thinking", "redacted_thinking"):
+            _fields(block, {"thinking", "signature"} if block["type"] == "thinking" else {"data"}, at)
             continue  # not part of the prompt (the module's docstring says why)
         else:
             texts.append(_text_block(block, at))

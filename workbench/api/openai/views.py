@@ -544,9 +544,12 @@ async def models(request: HttpRequest) -> HttpResponse:
     return JsonResponse({"object": "list", "data": [_model_object(name) for name in served]})
 
 
+@csrf_exempt  # a DELETE (the SDK's models.delete) gets the 405 below, not the CSRF check's HTML 403
 async def model(request: HttpRequest, model_id: str) -> HttpResponse:
     """GET /v1/models/{id}: one served model, or 404 as for a request naming a model not served."""
     try:
+        if request.method != "GET":
+            raise ApiError(405, "use GET")
         await authenticate(request)
         check_model({"model": model_id}, await served_models.served_from_loop())
     except ApiError as exc:

@@ -22,6 +22,7 @@ from typing import Any
 
 from workbench.api.openai import tool_calls
 from workbench.api.reasoning import ReasoningSplit
+from workbench.api.responses.tools import flat_name
 
 Event = dict[str, Any]
 
@@ -66,7 +67,8 @@ class Output:
         """The reply as chat messages, for a follow-up's conversation."""
         text = "".join(part["text"] for item in self.items if item["type"] == "message" for part in item["content"])
         calls = [{"id": item["call_id"], "type": "function",
-                  "function": {"name": item["name"], "arguments": item["arguments"]}}
+                  "function": {"name": flat_name(item["namespace"], item["name"]) if "namespace" in item else item["name"],
+                               "arguments": item["arguments"]}}
                  for item in self.items if item["type"] == "function_call"]
         return [{"role": "assistant", "content": text or None, **({"tool_calls": calls} if calls else {})}]
 

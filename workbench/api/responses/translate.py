@@ -62,7 +62,8 @@ def check(body: dict[str, Any]) -> str | None:
     if body.get("truncation") not in (None, "disabled"):
         raise ApiError.unsupported("truncation", 'truncation: only "disabled" is supported')
     include = body.get("include")
-    if include is not None and (not isinstance(include, list) or not set(include) <= INCLUDES):
+    if include is not None and (not isinstance(include, list) or not all(isinstance(x, str) for x in include)
+                                or not set(include) <= INCLUDES):
         raise ApiError.unsupported("include", f"include: only {sorted(INCLUDES)} is served; leave it out or send []")
     _reasoning(body.get("reasoning"))
     for name, most in (("metadata", 16), ("client_metadata", None)):
@@ -164,6 +165,9 @@ def _item(item: object, where: str) -> dict[str, Any] | None:
             {"id": item["call_id"], "type": "function", "function": {"name": name, "arguments": item["arguments"]}}]}
     if kind == "reasoning":
         _only(item, {"type", "id", "summary", "content", "encrypted_content", "status"}, where)
+        if not isinstance(item.get("summary", []), list) or not isinstance(item.get("content") or [], list) \
+                or not isinstance(item.get("encrypted_content") or "", str):
+            raise _bad(where, "a reasoning item has summary and content (lists) and encrypted_content (a string)")
         return None  # not part of the prompt (the module's docstring says why)
     if kind == "function_call_output":
         _only(item, {"type", "call_id", "output", "id", "status"}, where)

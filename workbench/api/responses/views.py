@@ -94,7 +94,7 @@ class _Reply:
                 "text": body.get("text") or {"format": {"type": "text"}},
                 "previous_response_id": body.get("previous_response_id"), "store": self.storing,
                 "metadata": body.get("metadata") or {}, "user": body.get("user"), "truncation": "disabled",
-                "reasoning": None, "usage": _usage(usage)}
+                "reasoning": body.get("reasoning"), "usage": _usage(usage)}
 
     @property
     def storing(self) -> bool:
