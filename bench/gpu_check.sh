@@ -119,12 +119,16 @@ else
     skip wheels "no .whl/ carried (bench/gpu_webdeps.py fetches the web packages' wheels)"
 fi
 
+# Where the GPU-marked tests are (tests/test_gpu_check_script.py holds every one of them to this list): collected
+# first, then run, so a module or conftest that cannot import here fails the cheap step, not the long one.
+GPU_TESTS="tests/kernels tests/engine/test_gpu.py tests/engine/test_sampler_batched.py tests/engine/test_cuda_int4_gpu.py"
 step nvrtc pytest_step tests/kernels/test_nvrtc.py
-step collect "$PY" -m pytest -q -p no:cacheprovider --collect-only -m gpu
+# shellcheck disable=SC2086  # GPU_TESTS is a list of paths
+step collect "$PY" -m pytest -q -p no:cacheprovider --collect-only -m gpu $GPU_TESTS
 
 if "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
-    step gpu-tests pytest_step -m gpu -s tests/kernels tests/engine/test_gpu.py tests/engine/test_sampler_batched.py \
-        tests/engine/test_cuda_int4_gpu.py
+    # shellcheck disable=SC2086
+    step gpu-tests pytest_step -m gpu -s $GPU_TESTS
     # Which decode attention runs (the Triton paged kernel or the torch path), which SDPA kernel the torch
     # path takes, and both timed at the 1B shape.
     step decode-attention "$PY" bench/decode_attention.py --repeats 20

@@ -6,8 +6,10 @@ here is a wrapper that starts this venv's python with -S and, after the PYTHONPA
 folder of links to this venv's distributions that the image also has (tests/gpu_image_site.py): imports,
 importlib.metadata and pytest's plugin entry points all see that machine's package set. The run prints one
 line per step, each passed, failed or skipped with its reason, and the GPU steps are skipped because torch
-sees no CUDA device. Its collect step (`pytest --collect-only -m gpu` over the whole suite) must pass and
-list the GPU tests: a conftest that imports a web package would stop pytest there before any GPU test ran.
+sees no CUDA device. Its collect step (`pytest --collect-only -m gpu` over the paths its gpu-tests step
+runs, GPU_TESTS) must pass and list the GPU tests: a conftest that imports a web package would stop
+pytest there before any GPU test ran. Every test file that marks a test `gpu` is in GPU_TESTS, so none
+is left out of the GPU run.
 
 Every step works under that package set on a CPU machine: machine reports no nvidia-smi and no CuPy (this
 venv has none), nvrtc compiles with the nvidia-cuda-nvrtc wheel the image has too, and the steps after
@@ -58,6 +60,16 @@ def image_python(tmp_path: Path, environments: Path | None = None) -> Path:
                        f"exec {shlex.quote(sys.executable)} -S \"$@\"\n")
     wrapper.chmod(0o755)
     return wrapper
+
+
+def test_every_gpu_marked_test_is_in_the_paths_the_script_runs():
+    paths = re.search(r'^GPU_TESTS="([^"]*)"', SCRIPT.read_text(), re.M).group(1).split()
+    marked = {path.relative_to(ROOT).as_posix() for path in (ROOT / "tests").rglob("test_*.py")
+              if re.search(r"pytest\.mark\.gpu\b|mark\.gpu\b", path.read_text())}
+    assert {"tests/engine/test_gpu.py", "tests/kernels/test_kernels.py"} <= marked, "liveness: the marks are found"
+    left_out = sorted(path for path in marked if not any(path == p or path.startswith(p.rstrip("/") + "/")
+                                                         for p in paths))
+    assert not left_out, f"GPU-marked tests bench/gpu_check.sh does not run: {left_out}"
 
 
 def test_the_steps_caps_add_up_to_at_most_the_budget():
