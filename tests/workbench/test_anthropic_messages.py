@@ -142,6 +142,9 @@ def test_count_tokens_is_the_prompt_the_engine_is_given(served):
     (dict(messages=ASK, max_tokens=4, extra_body={"output_config": {"format": {"type": "json_object"}}}),
      "output_config.format"),
     (dict(messages=ASK, max_tokens=4, tools=[{**WEATHER, "defer_loading": "yes"}]), "tools[0].defer_loading"),
+    (dict(messages=[{"role": "system", "output_config": {"effort": "high"}}], max_tokens=4), "at least one message"),
+    (dict(messages=ASK + [{"role": "system", "output_config": {"format": {}}}], max_tokens=4),
+     "messages[1].output_config.format"),
 ])
 def test_a_bad_request_gets_anthropics_error_shape_naming_the_field(served, ask, param):
     with pytest.raises(anthropic.BadRequestError) as caught:
@@ -220,8 +223,11 @@ def test_claude_codes_request_is_served_with_its_system_message_and_deferred_too
     assert final.content and final.usage.output_tokens > 0
     counted = count(served, body)
     assert counted == final.usage.input_tokens + final.usage.cache_read_input_tokens
-    # The system message among the messages and the deferred tool are in the prompt the model was given.
+    # The system message among the messages and the deferred tool are in the prompt the model was given; a
+    # turn's own effort changes nothing.
     assert count(served, {**body, "messages": body["messages"][:1]}) < counted
+    assert count(served, {**body, "messages": body["messages"] + [
+        {"role": "system", "output_config": {"effort": "low"}}]}) == counted
     assert count(served, {**body, "tools": body["tools"][:1]}) < counted
 
 

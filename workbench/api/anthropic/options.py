@@ -12,7 +12,8 @@ refused by name:
   (translate.py). Every other edit (`clear_tool_uses_*`: clearing tool results past a trigger) is
   refused by name, as nothing here would do it.
 - `output_config`: `effort` (low, medium, high, xhigh, max) steers how much Claude thinks; no model
-  here has such a setting, so it changes nothing. `format` {"type": "json_schema", "schema"}: the
+  here has such a setting, so it changes nothing, on the request or on a system message among the
+  turns (which may carry `output_config` {effort} alone, with or without content). `format` {"type": "json_schema", "schema"}: the
   answer is JSON matching the schema, served as the chat route's `response_format`.
 - `metadata` {"user_id"} is the caller's own record; `cache_control` asks for what the prefix cache
   does unasked (docs/OPERATIONS.md).
@@ -74,6 +75,16 @@ def check_metadata(metadata: object) -> None:
 def check_cache_control(cache_control: object, where: str) -> None:
     if cache_control is not None and not isinstance(cache_control, dict):
         raise bad(where, 'must be an object like {"type": "ephemeral"}')
+
+
+def check_turn_output_config(output_config: object, where: str) -> None:
+    """A system message's own `output_config`: an effort alone (the format is the request's only)."""
+    if not isinstance(output_config, dict):
+        raise bad(where, 'must be an object like {"effort": "high"}')
+    if set(output_config) - {"effort"}:
+        raise ApiError.unsupported(f"{where}.{sorted(set(output_config) - {'effort'})[0]}")
+    if output_config.get("effort") not in (None, *EFFORTS):
+        raise bad(f"{where}.effort", f"must be one of {', '.join(EFFORTS)}")
 
 
 def response_format(output_config: object) -> dict[str, Any] | None:

@@ -103,9 +103,14 @@ def _messages(messages: object) -> list[dict[str, Any]]:
         where = f"messages[{i}]"
         if not isinstance(message, dict) or message.get("role") not in ("user", "assistant", "system"):
             raise _bad(where, 'must be {"role": "user", "assistant" or "system", "content": ...}')
-        if set(message) - {"role", "content"}:
-            raise ApiError.unsupported(f"{where}.{sorted(set(message) - {'role', 'content'})[0]}")
+        allowed = {"role", "content"} | ({"output_config"} if message["role"] == "system" else set())
+        if set(message) - allowed:
+            raise ApiError.unsupported(f"{where}.{sorted(set(message) - allowed)[0]}")
         content = message.get("content")
+        if "output_config" in message:  # a turn's own effort (options.py)
+            options.check_turn_output_config(message["output_config"], f"{where}.output_config")
+            if content is None:
+                continue
         if isinstance(content, str):
             out.append({"role": message["role"], "content": content})
         elif isinstance(content, list) and content and message["role"] == "system":
@@ -115,6 +120,8 @@ def _messages(messages: object) -> list[dict[str, Any]]:
             out += _assistant(content, where) if message["role"] == "assistant" else _user(content, where)
         else:
             raise _bad(f"{where}.content", "must be a string or a non-empty list of content blocks")
+    if not out:
+        raise _bad("messages", "must hold at least one message with content")
     if out[-1]["role"] == "assistant":
         # Anthropic continues a final assistant message ("prefill"); the chat template opens a new turn.
         raise ApiError.unsupported(f"messages[{len(messages) - 1}]", "a final assistant message (prefilling the "
