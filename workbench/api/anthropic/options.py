@@ -13,8 +13,9 @@ refused by name:
   refused by name, as nothing here would do it.
 - `output_config`: `effort` (low, medium, high, xhigh, max) steers how much Claude thinks; no model
   here has such a setting, so it changes nothing, on the request or on a system message among the
-  turns (which may carry `output_config` {effort} alone, with or without content). `format` {"type": "json_schema", "schema"}: the
-  answer is JSON matching the schema, served as the chat route's `response_format`.
+  turns (which may carry `output_config` {effort} alone, with or without content). `format`
+  {"type": "json_schema", "schema"}: the answer is JSON matching the schema, served as the chat
+  route's `response_format`.
 - `metadata` {"user_id"} is the caller's own record; `cache_control` asks for what the prefix cache
   does unasked (docs/OPERATIONS.md).
 """
