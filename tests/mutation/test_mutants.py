@@ -47,7 +47,8 @@ def reformatted(source: str) -> str:
 LINKED = Path("engine/kernels/cpu")
 
 
-def scratch_copy(destination: Path) -> Path:
+def scratch_copy(destination: Path, sources: dict[str, str]) -> Path:
+    """engine/ and tests/ copied, with `sources` ({path: text}: the reformatted files) written over theirs."""
     skipped = shutil.ignore_patterns("__pycache__", ".pytest_cache", "mutation")
 
     def ignore(folder: str, names: list[str]) -> set[str]:
@@ -58,8 +59,8 @@ def scratch_copy(destination: Path) -> Path:
         shutil.copytree(ROOT / part, destination / part, ignore=ignore)
     (destination / LINKED).symlink_to(ROOT / LINKED, target_is_directory=True)
     (destination / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text())
-    for path in {mutant.path for mutant in TEST_MUTANTS}:
-        (destination / path).write_text(reformatted((ROOT / path).read_text()))
+    for path, text in sources.items():
+        (destination / path).write_text(text)
     return destination
 
 
@@ -129,6 +130,13 @@ def test_runs(request, tmp_path_factory, checkpoints) -> Iterator[dict[str, Futu
     wanted = [item.callspec.params["mutant"].name if hasattr(item, "callspec") else CONTROL
               for item in request.session.items if item.path == request.path and "test_runs" in item.fixturenames]
     folders = {name: tmp_path_factory.mktemp("copy") for name in wanted}
+    # Every syntax tree is built here, on this thread: CPython 3.11 keeps the AST constructor's recursion
+    # depth per interpreter, not per thread, so trees built on two threads at once can fail with
+    # "SystemError: AST constructor recursion depth mismatch" (seen here, and then in pytest's own report).
+    # The runs' threads only copy files and write these texts.
+    reformats = {path: reformatted((ROOT / path).read_text()) for path in {m.path for m in TEST_MUTANTS}}
+    edited = {m.name: (m.path, anchors.replace(reformats[m.path], m.scope, m.original, m.replacement))
+              for m in TEST_MUTANTS if m.name in wanted}
     idle: queue.Queue[PreloadedPython] = queue.Queue()
     with ThreadPoolExecutor(RUNS_AT_ONCE) as starting:
         servers = list(starting.map(lambda _: PreloadedPython(tmp_path_factory.mktemp("preloaded"), threads=1),
@@ -137,12 +145,13 @@ def test_runs(request, tmp_path_factory, checkpoints) -> Iterator[dict[str, Futu
         idle.put(server)
 
     def run(name: str) -> subprocess.CompletedProcess:
-        copy = scratch_copy(folders[name])
+        copy = scratch_copy(folders[name], reformats)
         if name == CONTROL:
             tests, first_failure = tuple(sorted({t for mutant in TEST_MUTANTS for t in mutant.tests})), False
         else:
             mutant = next(m for m in TEST_MUTANTS if m.name == name)
-            mutate(copy, mutant)
+            path, text = edited[name]
+            (copy / path).write_text(text)
             tests, first_failure = mutant.tests, True
         server = idle.get()
         try:
