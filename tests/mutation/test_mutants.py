@@ -132,8 +132,8 @@ def test_runs(request, tmp_path_factory, checkpoints) -> Iterator[dict[str, Futu
     folders = {name: tmp_path_factory.mktemp("copy") for name in wanted}
     # Every syntax tree is built here, on this thread: CPython 3.11 keeps the AST constructor's recursion
     # depth per interpreter, not per thread, so trees built on two threads at once can fail with
-    # "SystemError: AST constructor recursion depth mismatch" (seen here, and then in pytest's own report).
-    # The runs' threads only copy files and write these texts.
+    # "SystemError: AST constructor recursion depth mismatch", and so can pytest reading source to report
+    # that failure while another thread parses. The runs' threads only copy files and write these texts.
     reformats = {path: reformatted((ROOT / path).read_text()) for path in {m.path for m in TEST_MUTANTS}}
     edited = {m.name: (m.path, anchors.replace(reformats[m.path], m.scope, m.original, m.replacement))
               for m in TEST_MUTANTS if m.name in wanted}
