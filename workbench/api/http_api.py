@@ -54,6 +54,11 @@ class ApiError(Exception):
                    retry_after=refused.retry_after)
 
     @classmethod
+    def invalid(cls, param: str, message: str) -> "ApiError":
+        """A 400 for a field's value, "param: message", as the translated APIs word a bad one."""
+        return cls(400, f"{param}: {message}", param=param, code="invalid_request")
+
+    @classmethod
     def unsupported(cls, param: str, message: str | None = None) -> "ApiError":
         return cls(400, message or f"unsupported parameter {param!r}", param=param, code=UNSUPPORTED)
 

@@ -30,9 +30,6 @@ EFFORTS = ("low", "medium", "high", "xhigh", "max")
 THINKING_DISPLAYS = ("summarized", "omitted")
 
 
-def bad(param: str, message: str) -> ApiError:
-    return ApiError(400, f"{param}: {message}", param=param, code="invalid_request")
-
 
 def check_thinking(thinking: object) -> None:
     if thinking is None:
@@ -41,7 +38,7 @@ def check_thinking(thinking: object) -> None:
         return
     if isinstance(thinking, dict) and thinking.get("type") == "adaptive" and set(thinking) <= {"type", "display"}:
         if thinking.get("display") not in (None, *THINKING_DISPLAYS):
-            raise bad("thinking.display", f"must be one of {', '.join(THINKING_DISPLAYS)}")
+            raise ApiError.invalid("thinking.display", f"must be one of {', '.join(THINKING_DISPLAYS)}")
         return
     raise ApiError.unsupported("thinking", 'thinking on request is not supported here; leave it out or send '
                                            '{"type": "adaptive"} (a thinking model still thinks) or {"type": "disabled"}')
@@ -51,11 +48,11 @@ def check_context_management(management: object) -> None:
     if management is None:
         return
     if not isinstance(management, dict) or set(management) - {"edits"} or not isinstance(management.get("edits", []), list):
-        raise bad("context_management", 'must be an object like {"edits": [{"type": "clear_thinking_20251015"}]}')
+        raise ApiError.invalid("context_management", 'must be an object like {"edits": [{"type": "clear_thinking_20251015"}]}')
     for i, edit in enumerate(management.get("edits", [])):
         kind = edit.get("type") if isinstance(edit, dict) else None
         if not isinstance(kind, str):
-            raise bad(f"context_management.edits[{i}]", 'must be an object like {"type": "clear_thinking_20251015"}')
+            raise ApiError.invalid(f"context_management.edits[{i}]", 'must be an object like {"type": "clear_thinking_20251015"}')
         if set(edit) - {"type", "keep"}:
             raise ApiError.unsupported(f"context_management.edits[{i}].{sorted(set(edit) - {'type', 'keep'})[0]}")
         if not kind.startswith("clear_thinking_"):
@@ -68,24 +65,24 @@ def check_metadata(metadata: object) -> None:
     if metadata is None:
         return
     if not isinstance(metadata, dict) or set(metadata) - {"user_id"}:
-        raise bad("metadata", 'must be an object like {"user_id": "..."}')
+        raise ApiError.invalid("metadata", 'must be an object like {"user_id": "..."}')
     if metadata.get("user_id") is not None and not isinstance(metadata["user_id"], str):
-        raise bad("metadata.user_id", "must be a string")
+        raise ApiError.invalid("metadata.user_id", "must be a string")
 
 
 def check_cache_control(cache_control: object, where: str) -> None:
     if cache_control is not None and not isinstance(cache_control, dict):
-        raise bad(where, 'must be an object like {"type": "ephemeral"}')
+        raise ApiError.invalid(where, 'must be an object like {"type": "ephemeral"}')
 
 
 def check_turn_output_config(output_config: object, where: str) -> None:
     """A system message's own `output_config`: an effort alone (the format is the request's only)."""
     if not isinstance(output_config, dict):
-        raise bad(where, 'must be an object like {"effort": "high"}')
+        raise ApiError.invalid(where, 'must be an object like {"effort": "high"}')
     if set(output_config) - {"effort"}:
         raise ApiError.unsupported(f"{where}.{sorted(set(output_config) - {'effort'})[0]}")
     if output_config.get("effort") not in (None, *EFFORTS):
-        raise bad(f"{where}.effort", f"must be one of {', '.join(EFFORTS)}")
+        raise ApiError.invalid(f"{where}.effort", f"must be one of {', '.join(EFFORTS)}")
 
 
 def response_format(output_config: object) -> dict[str, Any] | None:
@@ -93,15 +90,15 @@ def response_format(output_config: object) -> dict[str, Any] | None:
     if output_config is None:
         return None
     if not isinstance(output_config, dict):
-        raise bad("output_config", 'must be an object like {"effort": "high"}')
+        raise ApiError.invalid("output_config", 'must be an object like {"effort": "high"}')
     if set(output_config) - {"effort", "format"}:
         raise ApiError.unsupported(f"output_config.{sorted(set(output_config) - {'effort', 'format'})[0]}")
     if output_config.get("effort") not in (None, *EFFORTS):
-        raise bad("output_config.effort", f"must be one of {', '.join(EFFORTS)}")
+        raise ApiError.invalid("output_config.effort", f"must be one of {', '.join(EFFORTS)}")
     schema_format = output_config.get("format")
     if schema_format is None:
         return None
     if not isinstance(schema_format, dict) or schema_format.get("type") != "json_schema" \
             or set(schema_format) != {"type", "schema"} or not isinstance(schema_format["schema"], dict):
-        raise bad("output_config.format", 'must be {"type": "json_schema", "schema": a JSON Schema object}')
+        raise ApiError.invalid("output_config.format", 'must be {"type": "json_schema", "schema": a JSON Schema object}')
     return {"type": "json_schema", "json_schema": {"name": "output", "schema": schema_format["schema"]}}

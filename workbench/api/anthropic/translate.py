@@ -30,7 +30,6 @@ import json
 from typing import Any
 
 from workbench.api.anthropic import options
-from workbench.api.anthropic.options import bad as _bad
 from workbench.api.http_api import ApiError
 
 # The Messages fields; count_tokens takes the prompt's part of them.
@@ -90,19 +89,19 @@ def _system(system: object) -> list[dict[str, Any]]:
     if isinstance(system, str):
         return [{"role": "system", "content": system}]
     if not isinstance(system, list):
-        raise _bad("system", "must be a string or a list of text blocks")
+        raise ApiError.invalid("system", "must be a string or a list of text blocks")
     texts = [_text_block(block, f"system[{i}]") for i, block in enumerate(system)]
     return [{"role": "system", "content": "\n".join(texts)}]
 
 
 def _messages(messages: object) -> list[dict[str, Any]]:
     if not isinstance(messages, list) or not messages:
-        raise _bad("messages", "must be a non-empty list of {role, content} objects")
+        raise ApiError.invalid("messages", "must be a non-empty list of {role, content} objects")
     out: list[dict[str, Any]] = []
     for i, message in enumerate(messages):
         where = f"messages[{i}]"
         if not isinstance(message, dict) or message.get("role") not in ("user", "assistant", "system"):
-            raise _bad(where, 'must be {"role": "user", "assistant" or "system", "content": ...}')
+            raise ApiError.invalid(where, 'must be {"role": "user", "assistant" or "system", "content": ...}')
         allowed = {"role", "content"} | ({"output_config"} if message["role"] == "system" else set())
         if set(message) - allowed:
             raise ApiError.unsupported(f"{where}.{sorted(set(message) - allowed)[0]}")
@@ -119,9 +118,9 @@ def _messages(messages: object) -> list[dict[str, Any]]:
         elif isinstance(content, list) and content:
             out += _assistant(content, where) if message["role"] == "assistant" else _user(content, where)
         else:
-            raise _bad(f"{where}.content", "must be a string or a non-empty list of content blocks")
+            raise ApiError.invalid(f"{where}.content", "must be a string or a non-empty list of content blocks")
     if not out:
-        raise _bad("messages", "must hold at least one message with content")
+        raise ApiError.invalid("messages", "must hold at least one message with content")
     if out[-1]["role"] == "assistant":
         # Anthropic continues a final assistant message ("prefill"); the chat template opens a new turn.
         raise ApiError.unsupported(f"messages[{len(messages) - 1}]", "a final assistant message (prefilling the "
@@ -165,7 +164,7 @@ def _fields(block: dict, allowed: set[str], where: str) -> None:
 
 def _text_block(block: object, where: str) -> str:
     if not isinstance(block, dict):
-        raise _bad(where, 'must be a content block like {"type": "text", "text": "..."}')
+        raise ApiError.invalid(where, 'must be a content block like {"type": "text", "text": "..."}')
     if block.get("type") != "text":
         raise ApiError.unsupported(f"{where}.type", f"{where}: content blocks of type {block.get('type')!r} are not "
                                                     "supported here (text, tool_use and tool_result are)")
@@ -173,7 +172,7 @@ def _text_block(block: object, where: str) -> str:
     if block.get("citations") is not None:
         raise ApiError.unsupported(f"{where}.citations")
     if not isinstance(block.get("text"), str):
-        raise _bad(f"{where}.text", "must be a string")
+        raise ApiError.invalid(f"{where}.text", "must be a string")
     return block["text"]
 
 
@@ -181,7 +180,7 @@ def _tool_use(block: dict, where: str) -> dict[str, Any]:
     _fields(block, {"id", "name", "input"}, where)
     if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str) \
             or not isinstance(block.get("input"), dict):
-        raise _bad(where, 'a tool_use block is {"type": "tool_use", "id": str, "name": str, "input": object}')
+        raise ApiError.invalid(where, 'a tool_use block is {"type": "tool_use", "id": str, "name": str, "input": object}')
     return {"id": block["id"], "type": "function",
             "function": {"name": block["name"], "arguments": json.dumps(block["input"], ensure_ascii=False)}}
 
@@ -189,37 +188,37 @@ def _tool_use(block: dict, where: str) -> dict[str, Any]:
 def _tool_result(block: dict, where: str) -> dict[str, Any]:
     _fields(block, {"tool_use_id", "content", "is_error"}, where)
     if not isinstance(block.get("tool_use_id"), str):
-        raise _bad(f"{where}.tool_use_id", "must be a string")
+        raise ApiError.invalid(f"{where}.tool_use_id", "must be a string")
     content = block.get("content")
     if isinstance(content, list):
         content = "\n".join(_text_block(part, f"{where}.content[{n}]") for n, part in enumerate(content))
     elif content is None:
         content = ""
     elif not isinstance(content, str):
-        raise _bad(f"{where}.content", "must be a string or a list of text blocks")
+        raise ApiError.invalid(f"{where}.content", "must be a string or a list of text blocks")
     is_error = block.get("is_error")
     if is_error is not None and not isinstance(is_error, bool):
-        raise _bad(f"{where}.is_error", "must be true or false")
+        raise ApiError.invalid(f"{where}.is_error", "must be true or false")
     # The model reads a failed call's result as one: the text says so.
     return {"role": "tool", "tool_call_id": block["tool_use_id"], "content": f"Error: {content}" if is_error else content}
 
 
 def _tools(tools: object) -> list[dict[str, Any]]:
     if not isinstance(tools, list):
-        raise _bad("tools", "must be a list of {name, description, input_schema}")
+        raise ApiError.invalid("tools", "must be a list of {name, description, input_schema}")
     out = []
     for i, tool in enumerate(tools):
         where = f"tools[{i}]"
         if not isinstance(tool, dict):
-            raise _bad(where, "must be {name, description, input_schema}")
+            raise ApiError.invalid(where, "must be {name, description, input_schema}")
         if tool.get("type") not in (None, "custom"):
             raise ApiError.unsupported(f"{where}.type", f"{where}: server tools ({tool.get('type')!r}) are not "
                                                          "supported here; offer client tools {name, input_schema}")
         _fields(tool, {"name", "description", "input_schema", "defer_loading"}, where)
         if tool.get("defer_loading") is not None and not isinstance(tool["defer_loading"], bool):
-            raise _bad(f"{where}.defer_loading", "must be true or false")
+            raise ApiError.invalid(f"{where}.defer_loading", "must be true or false")
         if not isinstance(tool.get("input_schema"), dict):
-            raise _bad(f"{where}.input_schema", "must be a JSON Schema object")
+            raise ApiError.invalid(f"{where}.input_schema", "must be a JSON Schema object")
         function = {"name": tool.get("name"), "parameters": tool["input_schema"]}
         if tool.get("description") is not None:
             function["description"] = tool["description"]
@@ -229,16 +228,16 @@ def _tools(tools: object) -> list[dict[str, Any]]:
 
 def _tool_choice(choice: object) -> object:
     if not isinstance(choice, dict) or choice.get("type") not in ("auto", "any", "tool", "none"):
-        raise _bad("tool_choice", 'must be {"type": "auto"}, {"type": "any"}, {"type": "tool", "name": ...} '
+        raise ApiError.invalid("tool_choice", 'must be {"type": "auto"}, {"type": "any"}, {"type": "tool", "name": ...} '
                                   'or {"type": "none"}')
     allowed = {"type", "disable_parallel_tool_use"} | ({"name"} if choice["type"] == "tool" else set())
     if set(choice) - allowed:
         raise ApiError.unsupported(f"tool_choice.{sorted(set(choice) - allowed)[0]}")
     parallel = choice.get("disable_parallel_tool_use")
     if parallel is not None and not isinstance(parallel, bool):
-        raise _bad("tool_choice.disable_parallel_tool_use", "must be true or false")
+        raise ApiError.invalid("tool_choice.disable_parallel_tool_use", "must be true or false")
     if choice["type"] == "tool":
         if not isinstance(choice.get("name"), str):
-            raise _bad("tool_choice.name", "must name one of the tools")
+            raise ApiError.invalid("tool_choice.name", "must name one of the tools")
         return {"type": "function", "function": {"name": choice["name"]}}
     return {"auto": "auto", "any": "required", "none": "none"}[choice["type"]]

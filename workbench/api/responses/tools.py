@@ -23,9 +23,6 @@ FUNCTION_FIELDS = {"type", "name", "description", "parameters", "strict"}
 LONGEST_NAME = 64  # the chat route's limit on a function name (OpenAI's)
 
 
-def bad(param: str, message: str) -> ApiError:
-    return ApiError(400, f"{param}: {message}", param=param, code="invalid_request")
-
 
 def only(item: dict, allowed: set[str], where: str) -> None:
     extra = sorted(set(item) - allowed)
@@ -45,7 +42,7 @@ def flat_name(namespace: str, name: str) -> str:
 def chat_tools(tools: object) -> tuple[list[dict[str, Any]], dict[str, tuple[str, str]]]:
     """(the chat route's function tools, {flat name: (namespace, name)} for the namespaced ones)."""
     if not isinstance(tools, list):
-        raise bad("tools", "must be a list of function tools")
+        raise ApiError.invalid("tools", "must be a list of function tools")
     out: list[dict[str, Any]] = []
     namespaced: dict[str, tuple[str, str]] = {}
     for i, tool in enumerate(tools):
@@ -78,11 +75,11 @@ def _namespace(tool: dict, where: str) -> list[tuple[dict[str, Any], str]]:
     only(tool, {"type", "name", "description", "tools"}, where)
     name, inner, description = tool.get("name"), tool.get("tools"), tool.get("description")
     if not isinstance(name, str) or not name:
-        raise bad(f"{where}.name", "must be a non-empty string")
+        raise ApiError.invalid(f"{where}.name", "must be a non-empty string")
     if not isinstance(inner, list) or not inner:
-        raise bad(f"{where}.tools", "must be a non-empty list of function tools")
+        raise ApiError.invalid(f"{where}.tools", "must be a non-empty list of function tools")
     if description is not None and not isinstance(description, str):
-        raise bad(f"{where}.description", "must be a string")
+        raise ApiError.invalid(f"{where}.description", "must be a string")
     lead = f"({name}: {description})" if description else ""
     functions = []
     for n, function in enumerate(inner):
@@ -90,6 +87,6 @@ def _namespace(tool: dict, where: str) -> list[tuple[dict[str, Any], str]]:
         if not isinstance(function, dict) or function.get("type") != "function":
             raise ApiError.unsupported(f"{at}.type", f"{at}: a namespace holds function tools")
         if not isinstance(function.get("name"), str) or not function["name"]:
-            raise bad(f"{at}.name", "must be a non-empty string")
+            raise ApiError.invalid(f"{at}.name", "must be a non-empty string")
         functions.append((_function(function, at, prefix=name, lead=lead), function["name"]))
     return functions

@@ -35,7 +35,6 @@ from typing import Any
 
 from workbench.api.http_api import ApiError
 from workbench.api.responses import tools as request_tools
-from workbench.api.responses.tools import bad as _bad
 from workbench.api.responses.tools import only as _only
 
 FIELDS = {"model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "top_k", "seed", "tools",
@@ -96,8 +95,9 @@ def conversation(body: dict[str, Any], earlier: list[dict[str, Any]]) -> list[di
     return messages
 
 
-def chat_body(body: dict[str, Any], messages: list[dict[str, Any]]) -> dict[str, Any]:
-    """The chat-completions body serving this Responses body over `messages`."""
+def chat_body(body: dict[str, Any], messages: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, tuple[str, str]]]:
+    """The chat-completions body serving this Responses body over `messages`, and its namespaced
+    functions ({the chat route's name: (namespace, name)}, tools.py)."""
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
         raise ApiError(400, "instructions must be a string", param="instructions")
@@ -108,19 +108,15 @@ def chat_body(body: dict[str, Any], messages: list[dict[str, Any]]) -> dict[str,
     for name, field in SAMPLING.items():
         if body.get(name) is not None:
             chat[field] = body[name]
+    namespaced: dict[str, tuple[str, str]] = {}
     if body.get("tools") is not None:
-        chat["tools"] = request_tools.chat_tools(body["tools"])[0]
+        chat["tools"], namespaced = request_tools.chat_tools(body["tools"])
     if body.get("tool_choice") is not None:
         chat["tool_choice"] = _tool_choice(body["tool_choice"])
     response_format = _format(body.get("text"))
     if response_format is not None:
         chat["response_format"] = response_format
-    return chat
-
-
-def namespaced(body: dict[str, Any]) -> dict[str, tuple[str, str]]:
-    """The request's namespaced functions, {the chat route's name: (namespace, name)}."""
-    return {} if body.get("tools") is None else request_tools.chat_tools(body["tools"])[1]
+    return chat, namespaced
 
 
 def renamed(exc: ApiError) -> ApiError:
@@ -135,31 +131,31 @@ def _reasoning(reasoning: object) -> None:
     if reasoning is None:
         return
     if not isinstance(reasoning, dict):
-        raise _bad("reasoning", 'must be an object like {"effort": "medium", "summary": "auto"}')
+        raise ApiError.invalid("reasoning", 'must be an object like {"effort": "medium", "summary": "auto"}')
     _only(reasoning, {"effort", "summary", "generate_summary"}, "reasoning")
     if reasoning.get("effort") not in EFFORTS:
-        raise _bad("reasoning.effort", f"must be one of {', '.join(e for e in EFFORTS if e)}")
+        raise ApiError.invalid("reasoning.effort", f"must be one of {', '.join(e for e in EFFORTS if e)}")
     for name in ("summary", "generate_summary"):
         if reasoning.get(name) not in SUMMARIES:
-            raise _bad(f"reasoning.{name}", f"must be one of {', '.join(s for s in SUMMARIES if s)}")
+            raise ApiError.invalid(f"reasoning.{name}", f"must be one of {', '.join(s for s in SUMMARIES if s)}")
 
 
 def _item(item: object, where: str) -> dict[str, Any] | None:
     if not isinstance(item, dict):
-        raise _bad(where, "must be an item object")
+        raise ApiError.invalid(where, "must be an item object")
     kind = item.get("type", "message" if "role" in item else None)
     if kind == "message":
         _only(item, {"type", "role", "content", "id", "status"}, where)
         role = {"developer": "system"}.get(item.get("role"), item.get("role"))  # type: ignore[arg-type]
         if role not in ("user", "system", "assistant"):
-            raise _bad(f"{where}.role", 'must be "user", "system", "developer" or "assistant"')
+            raise ApiError.invalid(f"{where}.role", 'must be "user", "system", "developer" or "assistant"')
         return {"role": role, "content": _content(item.get("content"), f"{where}.content")}
     if kind == "function_call":
         _only(item, {"type", "call_id", "name", "namespace", "arguments", "id", "status"}, where)
         if not all(isinstance(item.get(k), str) for k in ("call_id", "name", "arguments")):
-            raise _bad(where, "a function_call item has call_id, name and arguments (a JSON string)")
+            raise ApiError.invalid(where, "a function_call item has call_id, name and arguments (a JSON string)")
         if item.get("namespace") is not None and not isinstance(item["namespace"], str):
-            raise _bad(f"{where}.namespace", "must be a string")
+            raise ApiError.invalid(f"{where}.namespace", "must be a string")
         name = request_tools.flat_name(item["namespace"], item["name"]) if item.get("namespace") else item["name"]
         return {"role": "assistant", "content": None, "tool_calls": [
             {"id": item["call_id"], "type": "function", "function": {"name": name, "arguments": item["arguments"]}}]}
@@ -167,12 +163,12 @@ def _item(item: object, where: str) -> dict[str, Any] | None:
         _only(item, {"type", "id", "summary", "content", "encrypted_content", "status"}, where)
         if not isinstance(item.get("summary", []), list) or not isinstance(item.get("content") or [], list) \
                 or not isinstance(item.get("encrypted_content") or "", str):
-            raise _bad(where, "a reasoning item has summary and content (lists) and encrypted_content (a string)")
+            raise ApiError.invalid(where, "a reasoning item has summary and content (lists) and encrypted_content (a string)")
         return None  # not part of the prompt (the module's docstring says why)
     if kind == "function_call_output":
         _only(item, {"type", "call_id", "output", "id", "status"}, where)
         if not isinstance(item.get("call_id"), str) or not isinstance(item.get("output"), str):
-            raise _bad(where, "a function_call_output item has call_id and output (a string)")
+            raise ApiError.invalid(where, "a function_call_output item has call_id and output (a string)")
         return {"role": "tool", "tool_call_id": item["call_id"], "content": item["output"]}
     raise ApiError.unsupported(f"{where}.type", f"{where}: items of type {kind!r} are not supported here "
                                                "(message, function_call, function_call_output and "
@@ -183,7 +179,7 @@ def _content(content: object, where: str) -> str:
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
-        raise _bad(where, "must be a string or a list of input_text parts")
+        raise ApiError.invalid(where, "must be a string or a list of input_text parts")
     texts = []
     for n, part in enumerate(content):
         at = f"{where}[{n}]"
@@ -193,7 +189,7 @@ def _content(content: object, where: str) -> str:
                                                      "(input_text and output_text are)")
         _only(part, {"type", "text", "annotations", "logprobs"}, at)
         if not isinstance(part.get("text"), str):
-            raise _bad(f"{at}.text", "must be a string")
+            raise ApiError.invalid(f"{at}.text", "must be a string")
         texts.append(part["text"])
     return "\n".join(texts)
 
@@ -203,21 +199,21 @@ def _tool_choice(choice: object) -> object:
         return choice  # the chat route checks the value
     if isinstance(choice, dict) and choice.get("type") == "function" and set(choice) <= {"type", "name"}:
         return {"type": "function", "function": {"name": choice.get("name")}}
-    raise _bad("tool_choice", 'must be "auto", "none", "required" or {"type": "function", "name": ...}')
+    raise ApiError.invalid("tool_choice", 'must be "auto", "none", "required" or {"type": "function", "name": ...}')
 
 
 def _format(text: object) -> dict[str, Any] | None:
     if text is None:
         return None
     if not isinstance(text, dict) or set(text) - {"format", "verbosity"}:
-        raise _bad("text", 'must be an object like {"format": {...}}')
+        raise ApiError.invalid("text", 'must be an object like {"format": {...}}')
     if text.get("verbosity") not in (None, "medium"):
         raise ApiError.unsupported("text.verbosity", 'text.verbosity: only "medium" (the default) is supported')
     fmt = text.get("format")
     if fmt is None:
         return None
     if not isinstance(fmt, dict) or fmt.get("type") not in ("text", "json_object", "json_schema"):
-        raise _bad("text.format", 'must be {"type": "text"}, {"type": "json_object"} or '
+        raise ApiError.invalid("text.format", 'must be {"type": "text"}, {"type": "json_object"} or '
                                   '{"type": "json_schema", "name": ..., "schema": {...}}')
     if fmt["type"] == "json_schema":
         _only(fmt, {"type", "name", "schema", "strict", "description"}, "text.format")

@@ -43,14 +43,15 @@ async def responses(request: HttpRequest) -> HttpResponseBase:
         body = json_body(request)
         previous = translate.check(body)
         messages = translate.conversation(body, await store.conversation_of(user, previous))
+        chat, namespaced = translate.chat_body(body, messages)
         try:
-            prepared = await SERVINGS["chat"].prepare(translate.chat_body(body, messages), len(request.body), user)
+            prepared = await SERVINGS["chat"].prepare(chat, len(request.body), user)
         except ApiError as exc:
             raise translate.renamed(exc) from None
         started = SERVINGS["chat"].start(prepared, user, keep_record=False)
     except ApiError as exc:
         return exc.response()
-    reply = _Reply(started, body, messages, user)
+    reply = _Reply(started, body, messages, user, namespaced)
     if body.get("stream"):
         response = StreamingHttpResponse(reply.events(), content_type="text/event-stream")
         response["Cache-Control"] = "no-cache"
@@ -76,9 +77,9 @@ class _Reply:
     """One request's reply: its Response object, whole or as the stream's events, and its storing."""
 
     def __init__(self, started: Started, body: dict[str, Any], messages: list[dict[str, Any]],
-                 user: AbstractBaseUser) -> None:
+                 user: AbstractBaseUser, namespaced: dict[str, tuple[str, str]]) -> None:
         self.started, self.body, self.messages, self.user = started, body, messages, user
-        self.output = Output(started.prepared.tools, started.choices[0].split, translate.namespaced(body))
+        self.output = Output(started.prepared.tools, started.choices[0].split, namespaced)
         self.id = "resp_" + started.meta["id"].split("-", 1)[1]
 
     def shaped(self, status: str, last: StreamEvent | None = None) -> dict[str, Any]:
