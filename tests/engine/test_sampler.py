@@ -183,6 +183,17 @@ def test_rows_with_only_a_temperature_share_a_softmax_with_each_rows_own_bits(vo
         assert torch.equal(batched[k], alone), f"row {k} at temperature {rows[k].params.temperature}"
 
 
+@pytest.mark.parametrize("temperatures", [[1.0] * 5, [1.0, 0.7, 1.0, 1.3, 1.0]])
+def test_a_step_whose_every_row_has_only_a_temperature_keeps_each_rows_own_bits(temperatures):
+    # The usual decode step: every row takes part, so none is gathered, and where all are at temperature 1
+    # none is divided; each row must still be its own `_probabilities`, bit for bit.
+    rows = [row(SamplingParams(temperature=t)) for t in temperatures]
+    logits = random_logits(len(rows), (len(rows), 49152), scale=4.0)
+    batched = sampler._temperature_probabilities(logits, list(range(len(rows))), rows)
+    for k, request in enumerate(rows):
+        assert torch.equal(batched[k], sampler._probabilities(logits[k], request.params)), f"row {k}"
+
+
 def test_only_rows_without_penalties_or_cut_offs_share_the_softmax():
     shared = [SamplingParams(), SamplingParams(temperature=0.4), SamplingParams(temperature=1.5, top_p=1.0)]
     own = [SamplingParams(temperature=0), SamplingParams(top_k=5), SamplingParams(top_p=0.9),
