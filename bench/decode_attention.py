@@ -1,4 +1,5 @@
-"""Which decode attention an engine on this machine takes, which SDPA kernel the torch path would run, and
+"""Which decode attention an engine on this machine takes, which SDPA kernels the torch path would run (for
+decodes, and for a prompt chunk after cached keys), and
 what each costs per layer at the 1B shape (Llama 3.2 1B: 32 query heads over 8 KV heads, head dim 64,
 bfloat16), side by side in one run.
 
@@ -18,6 +19,7 @@ import sys
 from pathlib import Path
 
 import torch
+from torch.nn import functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -38,6 +40,24 @@ def sdpa_kernel(device: torch.device, dtype: torch.dtype, keys: int) -> str:
     mask = torch.zeros(1, 1, 1, keys, device=device, dtype=dtype)
     choice = torch._fused_sdp_choice(q, k, k, mask, 0.0, False, scale=None, enable_gqa=True)
     return SDPBackend(choice).name
+
+
+def prefill_kernel(device: torch.device, dtype: torch.dtype, cached: int) -> str:
+    """The first fused SDPA kernel that takes a 24-token prompt chunk after `cached` keys the way the
+    engine's prefill hands it over (lower-right causal, GQA, no mask tensor); MATH where none does."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel as only
+    from torch.nn.attention.bias import causal_lower_right
+
+    q = torch.zeros(1, HEADS, 24, DIM, device=device, dtype=dtype)
+    k = torch.zeros(1, KV_HEADS, cached + 24, DIM, device=device, dtype=dtype)
+    for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION):
+        try:
+            with only([backend]):
+                F.scaled_dot_product_attention(q, k, k, attn_mask=causal_lower_right(24, cached + 24), enable_gqa=True)
+            return backend.name
+        except RuntimeError:
+            continue
+    return SDPBackend.MATH.name
 
 
 def median_ms(run: object, repeats: int) -> float:
@@ -67,6 +87,8 @@ def main() -> None:
     dtype = torch.bfloat16
     print(f"torch path's SDPA kernel (bf16, {HEADS}/{KV_HEADS} heads, dim {DIM}, additive mask): "
           f"{sdpa_kernel(device, dtype, 1024)}")
+    print(f"prefill after 1,000 cached keys (bf16, the same heads, lower-right causal): "
+          f"{prefill_kernel(device, dtype, 1000)}")
     config = ModelConfig(model_type="llama", vocab_size=16, hidden_size=HEADS * DIM, intermediate_size=16,
                          num_hidden_layers=1, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, head_dim=DIM,
                          max_position_embeddings=131072)

@@ -25,6 +25,7 @@ from typing import Callable
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.nn.attention.bias import CausalBias, causal_lower_right
 
 from engine.kernels import cpu as cpu_kernels
 from engine.model.attention_metadata import AttentionMetadata, DecodeGroup, PrefillGroup
@@ -185,9 +186,13 @@ class Attention(nn.Module):
         else:
             table = prefill.block_table[None]
             keys, values = (self._gather_blocks(c, table, block_size)[:, :, : prefill.key_len] for c in cache)
-        out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=prefill.attn_mask,
-                                             is_causal=prefill.attn_mask is None, scale=self.scale,
-                                             enable_gqa=self.num_kv_heads != self.num_heads)
+        mask: torch.Tensor | CausalBias | None = prefill.attn_mask
+        if mask is None and prefill.key_len > queries.shape[2]:
+            # Cached keys before the queries: lower-right causal, which SDPA runs on its flash kernel where
+            # it can (a mask tensor would leave GQA only the float32 math kernel).
+            mask = causal_lower_right(queries.shape[2], prefill.key_len)
+        out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, is_causal=mask is None,
+                                             scale=self.scale, enable_gqa=self.num_kv_heads != self.num_heads)
         return out[0].transpose(0, 1)
 
     def _decode_attention_float32_math(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,

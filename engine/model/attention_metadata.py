@@ -21,6 +21,7 @@ per-layer code only slices and indexes with what is here, so no layer waits on t
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 import torch
 
@@ -32,9 +33,19 @@ class DecodeGroup:
     """The step's one-token sequences, attended together in one call."""
     token_index: torch.Tensor | None  # [Bd] flat index of each decode's token; None: the step is decodes only
     block_tables: torch.Tensor        # [Bd, max_blocks] each decode's blocks, padded (masked) to the longest
-    attn_mask: torch.Tensor           # [Bd, 1, 1, max_blocks * block_size] additive: 0 may attend, -inf not
     positions: torch.Tensor           # [Bd] each decode's position: it attends keys 0 .. position (the
-                                      # paged kernel's bounds, where the torch path reads the mask)
+                                      # paged kernels' bounds, where the torch path reads the mask)
+    block_size: int
+    sliding_window: int | None
+    mask_dtype: torch.dtype           # the activations' (SDPA's fused kernels want the bias to match)
+
+    @cached_property
+    def attn_mask(self) -> torch.Tensor:
+        """[Bd, 1, 1, max_blocks * block_size] additive: 0 may attend, -inf not. Built on first use, once
+        per step (every layer of the torch path reads this one): the paged kernels (Triton, the native CPU
+        op) read `positions` instead and never build it."""
+        keys = self.block_tables.shape[1] * self.block_size
+        return _decode_mask(self.positions, keys, self.sliding_window, self.mask_dtype)
 
 
 @dataclass(frozen=True)
@@ -45,7 +56,8 @@ class PrefillGroup:
     block_table: torch.Tensor | None  # [blocks] its keys are the first key_len slots of these blocks;
                                       # None: nothing cached, its keys are the step's own
     key_len: int
-    attn_mask: torch.Tensor | None    # [1, 1, queries, key_len] additive; None: plain causal (is_causal)
+    attn_mask: torch.Tensor | None    # [1, 1, queries, key_len] additive (a sliding window cuts); None: causal,
+                                      # the key_len - queries cached keys before every query
 
 
 @dataclass(frozen=True)
@@ -149,17 +161,15 @@ def _decode_group(*, token_index: list[int] | None, block_tables: list[list[int]
     # Padded with the sequence's own last block: masked either way, but a sequence never reads
     # another sequence's memory, whatever state it is in.
     padded = [t + t[-1:] * (max_blocks - len(t)) for t in block_tables]
-    on_device = device_tensor(positions, device)
-    return DecodeGroup(
-        token_index=None if token_index is None else device_tensor(token_index, device),
-        block_tables=device_tensor(padded, device),
-        attn_mask=_decode_mask(on_device, max_blocks * block_size, sliding_window, dtype), positions=on_device)
+    return DecodeGroup(token_index=None if token_index is None else device_tensor(token_index, device),
+                       block_tables=device_tensor(padded, device), positions=device_tensor(positions, device),
+                       block_size=block_size, sliding_window=sliding_window, mask_dtype=dtype)
 
 
 def _decode_mask(positions: torch.Tensor, keys: int, sliding_window: int | None, dtype: torch.dtype) -> torch.Tensor:
     """[B, 1, 1, keys] additive mask of one query per sequence at `positions`, built on the device. In the
-    activation dtype (SDPA's fused kernels want the bias to match the queries), made once per step: a
-    boolean mask would be converted again by every layer."""
+    activation dtype (SDPA's fused kernels want the bias to match the queries): a boolean mask would be
+    converted again by every layer."""
     key_pos = torch.arange(keys, device=positions.device)[None, :]
     allowed = key_pos <= positions[:, None]  # also excludes keys past the sequence's length
     if sliding_window is not None:
@@ -171,24 +181,25 @@ def _decode_mask(positions: torch.Tensor, keys: int, sliding_window: int | None,
 def _prefill_group(start: int, table: list[int], cached: int, count: int, block_size: int,
                    sliding_window: int | None, device: torch.device, dtype: torch.dtype) -> PrefillGroup:
     """One prefill's queries [start, start + count) at positions cached.. over the keys they may see."""
-    stop = start + count
-    windowed = sliding_window is not None and cached + count > sliding_window
-    if cached == 0 and not windowed:
-        return PrefillGroup(start, stop, block_table=None, key_len=count, attn_mask=None)
-    # With a sliding window the first query sees nothing before cached + 1 - window: blocks wholly
-    # before that are not read at all.
-    first_block = max(0, cached + 1 - sliding_window) // block_size if sliding_window is not None else 0
+    stop, seen = start + count, cached + count
+
+    def blocks_from(first: int) -> torch.Tensor | None:
+        # None when nothing is cached (a whole prompt): its keys are the step's own.
+        return device_tensor(table[first: -(-seen // block_size)], device) if cached else None
+
+    if sliding_window is None or seen <= sliding_window:
+        # Causal with every cached key before every query (lower-right): no mask tensor, so that SDPA can
+        # take its flash kernel (given a mask and GQA it takes only the float32 math one).
+        return PrefillGroup(start, stop, block_table=blocks_from(0), key_len=seen, attn_mask=None)
+    # The first query sees nothing before cached + 1 - window: blocks wholly before that are not read.
+    first_block = max(0, cached + 1 - sliding_window) // block_size
     key_start = first_block * block_size
-    query_pos = torch.arange(cached, cached + count, device=device)[:, None]   # [q, 1]
-    key_pos = torch.arange(key_start, cached + count, device=device)[None, :]  # [1, T]
-    allowed = key_pos <= query_pos  # causal, with every cached key before every query (bottom-right)
-    if sliding_window is not None:
-        allowed &= key_pos > query_pos - sliding_window
+    query_pos = torch.arange(cached, seen, device=device)[:, None]   # [q, 1]
+    key_pos = torch.arange(key_start, seen, device=device)[None, :]  # [1, T]
+    allowed = (key_pos <= query_pos) & (key_pos > query_pos - sliding_window)
     mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, float("-inf"))
-    # Nothing cached (a whole prompt longer than the window): its keys are the step's own.
-    needed = table[first_block: -(-(cached + count) // block_size)] if cached else None
-    return PrefillGroup(start, stop, block_table=None if needed is None else device_tensor(needed, device),
-                        key_len=cached + count - key_start, attn_mask=mask[None, None])
+    return PrefillGroup(start, stop, block_table=blocks_from(first_block), key_len=seen - key_start,
+                        attn_mask=mask[None, None])
 
 
 def decode_metadata(block_tables: torch.Tensor, positions: torch.Tensor, block_size: int,
@@ -197,17 +208,15 @@ def decode_metadata(block_tables: torch.Tensor, positions: torch.Tensor, block_s
     """Metadata for a batch of one-token decodes, from device tensors by tensor operations only: what
     a captured graph can recompute on replay from its static buffers, with no host values.
     `sliding_window` and `some_layers_windowed` as in AttentionMetadata.build."""
-    batch, max_blocks = block_tables.shape
-    rows = torch.arange(batch, device=positions.device)
+    rows = torch.arange(block_tables.shape[0], device=positions.device)
     slots = block_tables[rows, positions // block_size] * block_size + positions % block_size
 
-    def with_mask(window: int | None) -> AttentionMetadata:
-        mask = _decode_mask(positions, max_blocks * block_size, window, dtype)
-        return AttentionMetadata(positions=positions, slot_mapping=slots, last_token_index=rows,
-                                 decodes=DecodeGroup(token_index=None, block_tables=block_tables, attn_mask=mask,
-                                                     positions=positions),
+    def seen_through(window: int | None) -> AttentionMetadata:
+        decodes = DecodeGroup(token_index=None, block_tables=block_tables, positions=positions,
+                              block_size=block_size, sliding_window=window, mask_dtype=dtype)
+        return AttentionMetadata(positions=positions, slot_mapping=slots, last_token_index=rows, decodes=decodes,
                                  prefills=(), block_size=block_size, block_tables=block_tables, token_sequence=rows)
 
     if some_layers_windowed and sliding_window is not None:
-        return replace(with_mask(None), windowed=with_mask(sliding_window))
-    return with_mask(sliding_window)
+        return replace(seen_through(None), windowed=seen_through(sliding_window))
+    return seen_through(sliding_window)

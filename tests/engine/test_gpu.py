@@ -12,6 +12,9 @@ from engine import Engine, EngineConfig, PromptError, SamplingParams
 from engine.sampling_params import InvalidSamplingParams
 from engine.decode.graphs import DecodeGraphs, GraphMode
 from engine.loading.loader import load_model
+from engine.model.attention import Attention
+from engine.model.attention_metadata import AttentionMetadata
+from engine.model.config import ModelConfig
 
 pytestmark = pytest.mark.gpu
 GREEDY = dict(temperature=0, ignore_eos=True)
@@ -75,3 +78,29 @@ def test_out_of_vocabulary_ids_never_reach_a_cuda_index(checkpoint):
                                                       **GREEDY))
     torch.cuda.synchronize()  # a device-side assert would surface here
     assert len(served.token_ids) >= 2, "liveness: the engine serves after the refusals"
+
+
+@torch.no_grad()
+def test_a_prefill_after_cached_keys_runs_on_the_flash_kernel():
+    """A prompt chunk after cached keys (a prefix-cache hit, a chunked prefill) in bfloat16 with GQA at the 1B
+    shape: with SDPA's math kernel turned off it still runs (a mask tensor would leave GQA nothing else),
+    and gives the math kernel's result within bfloat16's tolerance."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    config = ModelConfig(model_type="llama", vocab_size=16, hidden_size=2048, intermediate_size=16,
+                         num_hidden_layers=1, num_attention_heads=32, num_key_value_heads=8, head_dim=64,
+                         max_position_embeddings=4096)
+    layer = Attention(config).cuda()
+    block, cached, chunk = 16, 200, 56
+    metadata = AttentionMetadata.build(block_size=block, block_tables=[list(range(1, 17))], cached_lens=[cached],
+                                       query_lens=[chunk], device="cuda", dtype=torch.bfloat16)
+    [prefill] = metadata.prefills
+    assert prefill.attn_mask is None and prefill.key_len == cached + chunk
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    cache = tuple(torch.randn(17 * block, 8, 64, device="cuda", generator=gen, dtype=torch.bfloat16) for _ in "kv")
+    q, k, v = (torch.randn(chunk, h, 64, device="cuda", generator=gen, dtype=torch.bfloat16) for h in (32, 8, 8))
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+        flash = layer._prefill(q, k, v, cache, prefill, block)
+    with sdpa_kernel([SDPBackend.MATH]):
+        math = layer._prefill(q, k, v, cache, prefill, block)
+    torch.testing.assert_close(flash, math, atol=2e-2, rtol=2e-2)

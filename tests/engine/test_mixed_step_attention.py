@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.nn.attention.bias import CausalBias, CausalVariant
 
 from engine.model.attention_metadata import AttentionMetadata
 from engine.model.config import ModelConfig
 from engine.model.llama import LlamaForCausalLM
-from engine.model import attention
+from engine.model import attention, attention_metadata
 from engine.model.attention_metadata import decode_metadata
 from engine.scheduler.kv_cache import KVShape, PagedKVCache
 
@@ -88,6 +89,32 @@ def test_a_decodes_attention_is_bitwise_the_same_beside_a_long_chunk_or_alone(dt
     assert not torch.equal(alone[0], alone[1]) and mixed[1:-1].abs().sum() > 0
 
 
+@pytest.mark.parametrize("attention_path", PATHS, indirect=True)
+@torch.no_grad()
+def test_the_decode_mask_is_built_once_a_step_and_only_where_it_is_read(attention_path, monkeypatch):
+    """The native op bounds each decode by its position and never reads the additive mask, so its steps
+    build none; the torch path builds it once for every layer (as the Triton kernel's steps build none:
+    tests/kernels/test_triton_paged_decode.py)."""
+    real_mask, built = attention_metadata._decode_mask, []
+
+    def counted_mask(*args):
+        built.append(args)
+        return real_mask(*args)
+
+    monkeypatch.setattr(attention_metadata, "_decode_mask", counted_mask)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(CONFIG).eval()
+    cache = PagedKVCache(KVShape.of(CONFIG), num_blocks=NUM_BLOCKS, block_size=BLOCK, dtype=torch.float32, device="cpu")
+    for metadata in (AttentionMetadata.build(block_size=BLOCK, block_tables=[A, C], cached_lens=[A_CACHED, C_CACHED],
+                                             query_lens=[1, 1]),
+                     decode_metadata(torch.tensor([A, C + C[-1:] * (len(A) - len(C))]),
+                                     torch.tensor([A_CACHED, C_CACHED]), BLOCK, None, torch.float32)):
+        built.clear()
+        logits = model.logits(model(torch.tensor([5, 6]), metadata.positions, metadata, cache))
+        assert len(built) == (1 if attention_path == "torch" else 0), f"{len(built)} masks for one step"
+        assert torch.isfinite(logits).all()
+
+
 @torch.no_grad()
 def test_a_decodes_logits_do_not_depend_on_which_chunk_shares_its_step():
     """Two steps of one token count (so every matrix product has the same shape): the decode beside a
@@ -149,14 +176,16 @@ def test_a_chunks_rows_equal_the_unchunked_prefills(sliding_window, attention_pa
 
 class RecordingAttention:
     """Stands in for torch.nn.functional inside engine/model/attention.py and for the CPU's one-query
-    decode kernel: records the shapes each attention call receives, then computes it."""
+    decode kernel: records the shapes (and SDPA's masks) each attention call receives, then computes it."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[int, int, int]] = []  # (batch, queries, keys) per call
+        self.masks: list[object] = []                # each SDPA call's attn_mask
         self._decode_kernel = attention.Attention._decode_attention_float32_math
 
     def scaled_dot_product_attention(self, query: torch.Tensor, key: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         self.calls.append((query.shape[0], query.shape[2], key.shape[2]))
+        self.masks.append(kwargs.get("attn_mask"))
         return torch.nn.functional.scaled_dot_product_attention(query, key, *args, **kwargs)
 
     def decode_kernel(self, layer: attention.Attention, q: torch.Tensor, keys: torch.Tensor, *args) -> torch.Tensor:
@@ -186,3 +215,8 @@ def test_a_decode_beside_a_deep_chunk_attends_its_own_keys_only(monkeypatch):
         "each decode attends one query over its own blocks, each chunk its own history and itself"
     attended = sum(b * q * k for b, q, k in recorder.calls)
     assert attended == CONFIG.num_hidden_layers * (decode_keys + CHUNK * (CHUNK_AT + CHUNK))
+    # The chunk's 200 cached keys come before all of its queries: SDPA is told so (lower-right causal),
+    # not handed a mask tensor, with which it would run GQA on its float32 math kernel only.
+    assert len(recorder.masks) == CONFIG.num_hidden_layers
+    assert all(isinstance(mask, CausalBias) and mask.variant is CausalVariant.LOWER_RIGHT
+               for mask in recorder.masks), recorder.masks

@@ -163,7 +163,8 @@ def test_a_rows_bits_do_not_depend_on_the_other_rows(kernel):
 @pytest.mark.parametrize("window", [None, 40])
 def test_the_attention_layer_takes_the_kernel_with_either_metadata_builder(kernel, window):
     """Attention._decode with decode_backend "triton" against "torch", on the metadata a step builds from
-    host lists and on the metadata a captured graph recomputes from its device buffers."""
+    host lists and on the metadata a captured graph recomputes from its device buffers. The kernel reads
+    each row's position, not the torch path's additive mask: its step builds none."""
     from engine.model.attention_metadata import decode_metadata
 
     q, cache, tables, positions = random_case([70, 5, 300], 8, 2, 32, 16, torch.float32, seed=21)
@@ -177,10 +178,11 @@ def test_the_attention_layer_takes_the_kernel_with_either_metadata_builder(kerne
     for metadata in (built, replayed):
         decodes = metadata.decodes
         assert decodes is not None
-        attention.decode_backend = "torch"
-        expected = attention._decode(q, cache, decodes, 16)
         attention.decode_backend = "triton"
-        torch.testing.assert_close(attention._decode(q, cache, decodes, 16), expected, atol=2e-5, rtol=2e-5)
+        got = attention._decode(q, cache, decodes, 16)
+        assert "attn_mask" not in vars(decodes), "the Triton step built the torch path's mask"
+        attention.decode_backend = "torch"
+        torch.testing.assert_close(got, attention._decode(q, cache, decodes, 16), atol=2e-5, rtol=2e-5)
 
 
 @pytest.mark.parametrize("window", [None, 200])
