@@ -34,7 +34,7 @@ from typing import Callable, Iterator
 import torch
 
 from engine.decode.cuda_capture import capture, root_cause
-from engine.kernels.host_copy import device_tensor
+from engine.kernels.host_copy import device_tensor, padded_rows
 from engine.model.llama import LlamaForCausalLM
 from engine.model.attention_metadata import decode_metadata
 from engine.scheduler.kv_cache import PagedKVCache, blocks_needed
@@ -161,8 +161,7 @@ class DecodeGraphs:
         rows = len(block_tables)
         bucket = self._bucket(rows) if pad_rows else rows
         blocks, pad = self.blocks_for(max(len(t) for t in block_tables)), self.kv_cache.pad_block
-        table = [t + [pad] * (blocks - len(t)) for t in block_tables]
-        table += [[pad] * blocks] * (bucket - rows)
+        table = padded_rows(block_tables, blocks, pad=pad, height=bucket)
         return DecodeBatch(rows, bucket, blocks, device_tensor(table, self.device))
 
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, block_tables: list[list[int]]) -> torch.Tensor:

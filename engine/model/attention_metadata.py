@@ -25,7 +25,7 @@ from functools import cached_property
 
 import torch
 
-from engine.kernels.host_copy import device_tensor
+from engine.kernels.host_copy import device_tensor, padded_rows
 
 
 @dataclass(frozen=True)
@@ -149,18 +149,16 @@ def _native_tables(block_tables: list[list[int]], query_lens: list[int],
                    device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """The native CPU op's block tables (each padded with its own last block, never read) and each flat
     token's sequence."""
-    widest = max(len(t) for t in block_tables)
-    return (device_tensor([t + t[-1:] * (widest - len(t)) for t in block_tables], device),
+    return (device_tensor(padded_rows(block_tables, max(len(t) for t in block_tables)), device),
             device_tensor([b for b, count in enumerate(query_lens) for _ in range(count)], device))
 
 
 def _decode_group(*, token_index: list[int] | None, block_tables: list[list[int]], positions: list[int],
                   block_size: int, sliding_window: int | None, device: torch.device,
                   dtype: torch.dtype) -> DecodeGroup:
-    max_blocks = max(len(t) for t in block_tables)
     # Padded with the sequence's own last block: masked either way, but a sequence never reads
     # another sequence's memory, whatever state it is in.
-    padded = [t + t[-1:] * (max_blocks - len(t)) for t in block_tables]
+    padded = padded_rows(block_tables, max(len(t) for t in block_tables))
     return DecodeGroup(token_index=None if token_index is None else device_tensor(token_index, device),
                        block_tables=device_tensor(padded, device), positions=device_tensor(positions, device),
                        block_size=block_size, sliding_window=sliding_window, mask_dtype=dtype)
