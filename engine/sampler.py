@@ -272,14 +272,15 @@ def _logprob_records(logits: torch.Tensor, rows: list[SampleRequest], tokens: li
         for k in torch.isnan(reported).any(dim=-1).nonzero().flatten().tolist():
             # Extreme but valid penalties overflow float32 logits to inf (as the draw knows): float64.
             reported[k] = torch.log_softmax(processed_logits(logits[wanted[k]].double(), rows[wanted[k]]), -1).float()
-    chosen = torch.tensor([tokens[i] for i in wanted], device=logits.device).unsqueeze(1)
-    picked = reported.gather(1, chosen).flatten().tolist()
-    model = raw.gather(1, chosen).flatten().tolist()
+    chosen = device_tensor([tokens[i] for i in wanted], logits.device).unsqueeze(1)
     most = max(rows[i].params.logprobs or 0 for i in wanted)
     top_values, top_ids = torch.topk(reported, most) if most else (reported[:, :0], reported[:, :0].long())
-    values, ids = top_values.tolist(), top_ids.tolist()
+    # [W, 2 + most]: the chosen token's reported and model logprobs, then the top values; read back with the
+    # top ids in two waits for the device rather than four.
+    values = torch.cat([reported.gather(1, chosen), raw.gather(1, chosen), top_values], dim=1).tolist()
+    ids = top_ids.tolist()
     for k, i in enumerate(wanted):
         n = rows[i].params.logprobs or 0
-        records[i] = TokenLogprob(token_id=tokens[i], logprob=picked[k], top=tuple(zip(ids[k][:n], values[k][:n])),
-                                  model_logprob=model[k])
+        records[i] = TokenLogprob(token_id=tokens[i], logprob=values[k][0], top=tuple(zip(ids[k][:n], values[k][2:2 + n])),
+                                  model_logprob=values[k][1])
     return records
