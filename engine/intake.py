@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections.abc import Callable, Container
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -21,7 +21,7 @@ from engine.response_format import ResponseFormatError
 from engine.host.replay_audit import AUDIT_SCOPE
 from engine.loading.loader import LoadedModel
 from engine.reproduce import drawn_seed
-from engine.sampler import SampleRequest
+from engine.sampler import PenaltyHistory, SampleRequest
 from engine.sampling_params import InvalidSamplingParams, SamplingParams
 from engine.sequence import Done, FinishedAborted, Sequence
 
@@ -43,11 +43,12 @@ class LiveRequest:
     sent_tokens: int = 0
     abort_with: Done | FinishedAborted | None = None  # what an abort asked for, put in force at the next step
     constraint: Constraint | None = None  # its response_format's grammar state (engine/grammar.py)
+    penalty_history: PenaltyHistory = field(default_factory=PenaltyHistory)  # what its penalties have read
 
     def sample_request(self, eos_token_ids: frozenset[int]) -> SampleRequest:
         seq = self.seq
         return SampleRequest(seq.params, seq.prompt_ids, seq.output_ids, self.generator, self.constraint,
-                             self._suppressed(eos_token_ids))
+                             self._suppressed(eos_token_ids), self.penalty_history)
 
     def _suppressed(self, eos_token_ids: frozenset[int]) -> tuple[int, ...]:
         """What the sampler must not draw now: the request's ending tokens, until min_tokens are out."""

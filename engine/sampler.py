@@ -56,6 +56,7 @@ class SampleRequest:
     generator: torch.Generator
     constraint: Constraint | None = None  # the response_format's grammar state, if the request has one
     suppressed: tuple[int, ...] = ()  # token ids this row may not draw now (min_tokens not reached)
+    history: PenaltyHistory | None = None  # the request's, kept across its steps (None: rebuilt for this step)
 
 
 def sample(logits: torch.Tensor, rows: list[SampleRequest]) -> tuple[list[int], list[TokenLogprob | None]]:
@@ -132,7 +133,7 @@ def _distributions(logits: torch.Tensor, rows: list[SampleRequest], scores: torc
             continue
         values = logits[index]
         if params.has_penalties:
-            values = apply_penalties(values, params, row.prompt_ids, row.output_ids)
+            values = apply_penalties(values, params, row.prompt_ids, row.output_ids, row.history)
         if params.greedy:
             assert scores is not None
             scores[index] = values
@@ -191,7 +192,7 @@ def _sample_exactly(raw: torch.Tensor, row: SampleRequest) -> int:
     fails the step, as it must."""
     logits = raw.double()
     if row.params.has_penalties:
-        logits = apply_penalties(logits, row.params, row.prompt_ids, row.output_ids)
+        logits = apply_penalties(logits, row.params, row.prompt_ids, row.output_ids, row.history)
     return int(torch.multinomial(_probabilities(logits, row.params), 1, generator=row.generator))
 
 
@@ -227,22 +228,73 @@ def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     return torch.zeros_like(probs).scatter(0, order, sorted_probs)
 
 
+class PenaltyHistory:
+    """One request's tokens as its penalties read them, kept from step to step: the ids it has seen (prompt
+    and output, each once) and each output token's count, as tensors on the logits' device. A sequence's
+    output only grows (it appends), so a step folds in the tokens added since the last one. Rebuilt from
+    the lists every step instead (a set, a sort and a host-to-device copy of the whole history per row),
+    a row with a 2,000-token prompt cost more than a millisecond (bench/penalties.py times both).
+    It serves the lists it was first given only: other lists (another request's, by mistake) or fewer
+    output tokens than it has folded in start it afresh rather than mix the two."""
+
+    def __init__(self) -> None:
+        self._reset(None)
+
+    def _reset(self, source: tuple[list[int], list[int], torch.device] | None) -> None:
+        self._source = source
+        self._seen: set[int] = set()
+        self._seen_ids: torch.Tensor | None = None  # [len(_seen)] in no particular order (they index once each)
+        self._seen_folded = 0                       # output tokens in _seen
+        self._counts: torch.Tensor | None = None    # [V] float32: how often each token was output
+        self._counted = 0                           # output tokens in _counts
+
+    def _follow(self, prompt_ids: list[int], output_ids: list[int], device: torch.device) -> None:
+        source = self._source
+        same = source is not None and source[0] is prompt_ids and source[1] is output_ids and source[2] == device
+        if not same or len(output_ids) < max(self._seen_folded, self._counted):
+            self._reset((prompt_ids, output_ids, device))
+
+    def seen_ids(self, prompt_ids: list[int], output_ids: list[int], device: torch.device) -> torch.Tensor:
+        """Every token id in the prompt or the output, once each."""
+        self._follow(prompt_ids, output_ids, device)
+        if self._seen_ids is None:
+            self._seen = set(prompt_ids)
+            self._seen_ids = device_tensor(sorted(self._seen), device)
+        new = [t for t in dict.fromkeys(output_ids[self._seen_folded:]) if t not in self._seen]
+        if new:
+            self._seen.update(new)
+            self._seen_ids = torch.cat([self._seen_ids, device_tensor(new, device)])
+        self._seen_folded = len(output_ids)
+        return self._seen_ids
+
+    def counts(self, prompt_ids: list[int], output_ids: list[int], vocab: int, device: torch.device) -> torch.Tensor:
+        """[vocab] float32: each token's count in the output."""
+        self._follow(prompt_ids, output_ids, device)
+        if self._counts is None or self._counts.numel() != vocab:
+            self._counts, self._counted = torch.zeros(vocab, dtype=torch.float32, device=device), 0
+        if len(output_ids) > self._counted:
+            # Counted by index_add_: bincount on a GPU reads the largest id back to size its output.
+            ids = device_tensor(output_ids[self._counted:], device)
+            self._counts.index_add_(0, ids, torch.ones(ids.shape, dtype=torch.float32, device=device))
+            self._counted = len(output_ids)
+        return self._counts
+
+
 def apply_penalties(logits: torch.Tensor, params: SamplingParams, prompt_ids: list[int],
-                    output_ids: list[int]) -> torch.Tensor:
+                    output_ids: list[int], history: PenaltyHistory | None = None) -> torch.Tensor:
+    """The logits after the request's repetition, frequency and presence penalties (a new tensor).
+    `history`: the request's PenaltyHistory, kept across its steps (None: one built for this call)."""
+    history = PenaltyHistory() if history is None else history
     logits = logits.clone()
-    vocab = logits.numel()
     if params.repetition_penalty != 1.0:
-        seen = device_tensor(sorted(set(prompt_ids) | set(output_ids)), logits.device)
+        seen = history.seen_ids(prompt_ids, output_ids, logits.device)
         if seen.numel():
             values = logits[seen]
             # HF's rule: shrink positive logits, push negative ones further down.
             logits[seen] = torch.where(values > 0, values / params.repetition_penalty,
                                        values * params.repetition_penalty)
     if output_ids and (params.frequency_penalty or params.presence_penalty):
-        # Counted by scatter_add: bincount on a GPU reads the largest id back to size its output.
-        ids = device_tensor(output_ids, logits.device)
-        counts = torch.zeros(vocab, dtype=torch.long, device=logits.device)
-        counts = counts.scatter_add_(0, ids, torch.ones_like(ids)).float()
+        counts = history.counts(prompt_ids, output_ids, logits.numel(), logits.device)
         logits -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0).float()
     return logits
 
@@ -252,7 +304,7 @@ def processed_logits(logits: torch.Tensor, row: SampleRequest) -> torch.Tensor:
     for a greedy row, whose temperature would divide by ~0)."""
     params = row.params
     if params.has_penalties:
-        logits = apply_penalties(logits, params, row.prompt_ids, row.output_ids)
+        logits = apply_penalties(logits, params, row.prompt_ids, row.output_ids, row.history)
     return logits if params.greedy else logits / params.temperature
 
 

@@ -11,6 +11,8 @@ from collections import Counter
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from transformers.generation.logits_process import (MinPLogitsWarper, RepetitionPenaltyLogitsProcessor,
                                                     TemperatureLogitsWarper, TopKLogitsWarper,
                                                     TopPLogitsWarper)
@@ -18,6 +20,7 @@ from transformers.generation.logits_process import (MinPLogitsWarper, Repetition
 from engine import sampler
 from engine.sampler import SampleRequest, TokenLogprob, apply_penalties, sample
 from engine.sampling_params import InvalidSamplingParams, SamplingParams
+from tests.engine.sampler_reference import _penalised as penalised_per_row
 
 
 def row(params: SamplingParams, seed: int | None = 0, prompt_ids=(), output_ids=()) -> SampleRequest:
@@ -250,6 +253,37 @@ def test_repetition_and_frequency_penalties_compose():
     for token, count in counts.items():
         expected[token] -= 0.4 * count + 0.25
     torch.testing.assert_close(apply_penalties(logits, params, prompt_ids, output_ids), expected)
+
+
+PENALTIES = [SamplingParams(repetition_penalty=1.3), SamplingParams(frequency_penalty=0.6, presence_penalty=-0.4),
+             SamplingParams(repetition_penalty=0.7, frequency_penalty=-0.5, presence_penalty=0.9)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(prompt=st.lists(st.integers(0, 49), min_size=1, max_size=30),
+       steps=st.lists(st.lists(st.integers(0, 49), min_size=1, max_size=3), min_size=1, max_size=12),
+       which=st.sampled_from(range(len(PENALTIES))), seed=st.integers(0, 2**16))
+def test_a_kept_penalty_history_penalises_each_step_as_one_rebuilt_from_the_lists(prompt, steps, which, seed):
+    """A request's PenaltyHistory folds in the output added since its last step; at every step the
+    penalised logits are bit for bit the per-row reference's, which reads the whole lists (output tokens
+    repeating, and repeating the prompt's, one or several tokens a step)."""
+    params, history, output = PENALTIES[which], sampler.PenaltyHistory(), []
+    for step, added in enumerate(steps):
+        output += added
+        logits = random_logits(seed + step, (50,))
+        kept = apply_penalties(logits, params, prompt, output, history)
+        assert torch.equal(kept, penalised_per_row(logits, params, prompt, output)), f"step {step}"
+        assert torch.equal(apply_penalties(logits, params, prompt, output, history), kept), "a second look, same step"
+
+
+def test_a_penalty_history_given_another_requests_lists_starts_afresh():
+    params = SamplingParams(repetition_penalty=2.0, frequency_penalty=1.0)
+    logits = random_logits(8, (20,))
+    history = sampler.PenaltyHistory()
+    apply_penalties(logits, params, [1, 2], [3, 3, 4], history)
+    other_prompt, other_output = [5], [6, 6, 7, 7]  # more output than the first: no shrinking to notice
+    assert torch.equal(apply_penalties(logits, params, other_prompt, other_output, history),
+                       penalised_per_row(logits, params, other_prompt, other_output))
 
 
 def test_greedy_with_penalties_takes_the_argmax_of_the_penalised_logits():
