@@ -88,8 +88,8 @@ MUTANTS = (
     Mutant(
         "padding rows write a real block",
         "engine/decode/graphs.py", "DecodeGraphs.prepare",
-        "table += [[pad] * blocks] * (bucket - rows)",
-        "table += [[0] * blocks] * (bucket - rows)",
+        "table = padded_rows(block_tables, blocks, pad=pad, height=bucket)",
+        "table = padded_rows(block_tables + [[0]] * (bucket - rows), blocks, pad=pad, height=bucket)",
         ("tests/engine/test_graphs.py::test_graph_replays_match_eager_exactly_and_leave_the_cache_alone",),
     ),
     Mutant(
