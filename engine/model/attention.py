@@ -25,7 +25,6 @@ from typing import Callable
 import torch
 from torch import nn
 from torch.nn import functional as F
-from torch.nn.attention.bias import CausalBias, causal_lower_right
 
 from engine.kernels import cpu as cpu_kernels
 from engine.model.attention_metadata import AttentionMetadata, DecodeGroup, PrefillGroup
@@ -186,10 +185,13 @@ class Attention(nn.Module):
         else:
             table = prefill.block_table[None]
             keys, values = (self._gather_blocks(c, table, block_size)[:, :, : prefill.key_len] for c in cache)
-        mask: torch.Tensor | CausalBias | None = prefill.attn_mask
+        mask: torch.Tensor | None = prefill.attn_mask  # CausalBias is a Tensor
         if mask is None and prefill.key_len > queries.shape[2]:
             # Cached keys before the queries: lower-right causal, which SDPA runs on its flash kernel where
-            # it can (a mask tensor would leave GQA only the float32 math kernel).
+            # it can (a mask tensor would leave GQA only the float32 math kernel). Imported here: the module
+            # imports torch._dynamo (1.7 s), which the CPU's native path never needs.
+            from torch.nn.attention.bias import causal_lower_right
+
             mask = causal_lower_right(queries.shape[2], prefill.key_len)
         out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, is_causal=mask is None,
                                              scale=self.scale, enable_gqa=self.num_kv_heads != self.num_heads)

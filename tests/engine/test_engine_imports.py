@@ -1,0 +1,34 @@
+"""What a CPU engine process imports: neither torch._dynamo (1.7 s of a process's start here, through
+torch.nn.attention.bias) nor triton. Every Celery worker, CLI run and engine subprocess of the suite starts
+an engine; the modules that need either import it where it is used (a prefill after cached keys on the
+torch path, the Triton kernels on CUDA)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+HEAVY = ("torch._dynamo", "triton")
+
+SCRIPT = f"""
+import json, sys
+from engine import Engine, EngineConfig, SamplingParams
+engine = Engine(EngineConfig(model="demo"))
+# Greedy, and the second prompt starts with the first: a prefix-cache hit served on the native path.
+engine.generate(["hello there, how are you", "hello there, how are you today"],
+                SamplingParams(max_tokens=4, temperature=0))
+served = [name for name in {HEAVY!r} if name in sys.modules]
+import torch.nn.attention.bias  # the control: the module the torch path's prefill imports
+print(json.dumps({{"served": served, "control": [name for name in {HEAVY!r} if name in sys.modules]}}))
+"""
+
+
+def test_a_cpu_engine_serves_without_importing_dynamo_or_triton(native_cpu_kernels):
+    run = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    imported = json.loads(run.stdout.splitlines()[-1])
+    assert imported["served"] == [], imported
+    assert "torch._dynamo" in imported["control"], "liveness: the check sees the import it guards against"
