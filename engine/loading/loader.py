@@ -120,8 +120,11 @@ def load_model(name_or_path: str | Path, device: str | torch.device = "cpu", dty
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
     # Materialise on the target device in the target dtype, then fill from the checkpoint; the
-    # meta-device build skips a random initialisation that would be overwritten anyway.
-    model = model.to_empty(device=device).to(torch_dtype)
+    # meta-device build skips a random initialisation that would be overwritten anyway. to_empty then
+    # .to(dtype) would allocate every float tensor twice, and its empty_like of a meta tensor imports
+    # torch's symbolic shapes (a third of a second of every engine process's start).
+    model = model._apply(lambda t: torch.empty(t.shape, dtype=torch_dtype if t.is_floating_point() else t.dtype,
+                                               device=device))
     model.tie_weights()
     if gguf is not None:
         from engine.loading.gguf_weights import load_gguf_weights
