@@ -56,6 +56,26 @@ class DecoderLayer(nn.Module):
         normed, x = self._add_and_norm(attended, x, self.post_attention_layernorm, metadata)
         return x + self.mlp(normed)
 
+    def decode_with_deferred_add(self, residual: torch.Tensor, pending: torch.Tensor | None, cos: torch.Tensor,
+                                 sin: torch.Tensor, metadata: AttentionMetadata,
+                                 cache: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer on a Triton decode step: (output, residual) where `forward` gives residual + output,
+        the add left to the next add + RMSNorm kernel (the next layer's input norm, or the final norm).
+        `pending`: the previous layer's output not yet added to `residual` (None for the first layer)."""
+        from engine.kernels.gpu.triton_add_rmsnorm import add_rmsnorm
+
+        if pending is None:
+            normed = self.input_layernorm(residual)
+        else:
+            normed, residual = add_rmsnorm(pending, residual, self.input_layernorm.weight, self.input_layernorm.eps)
+        attended = self.self_attn(normed, cos, sin, metadata, cache)
+        if self.sandwich:
+            normed, residual = self._add_and_norm(self.post_attention_layernorm(attended), residual,
+                                                  self.pre_feedforward_layernorm, metadata)
+            return self.post_feedforward_layernorm(self.mlp(normed)), residual
+        normed, residual = self._add_and_norm(attended, residual, self.post_attention_layernorm, metadata)
+        return self.mlp(normed), residual
+
     def _add_and_norm(self, out: torch.Tensor, residual: torch.Tensor, norm: RMSNorm,
                       metadata: AttentionMetadata | None) -> tuple[torch.Tensor, torch.Tensor]:
         """(norm(residual + out), residual + out): in one Triton kernel for a step of decodes on the Triton
@@ -155,10 +175,27 @@ class LlamaForCausalLM(nn.Module):
             x = x * torch.tensor(self.config.embedding_multiplier, dtype=x.dtype)
         tables = {sliding: rope_cos_sin(self.rope_frequencies(sliding, x.device), positions, x.dtype)
                   for sliding in self.rope_kinds}
+        if metadata is not None and kv_cache is not None and metadata.decode_only and self.decode_attention == "triton":
+            return self._decode_with_deferred_adds(x, tables, metadata, kv_cache)
         for index, layer in enumerate(self.model.layers):
             cache = kv_cache.layer(index) if kv_cache is not None else None
             x = layer(x, *tables[self.layer_rope[index]], metadata, cache)
         return self.model.norm(x)
+
+    def _decode_with_deferred_adds(self, x: torch.Tensor, tables: dict[bool, tuple[torch.Tensor, torch.Tensor]],
+                                   metadata: AttentionMetadata, kv_cache: PagedKVCache) -> torch.Tensor:
+        """A Triton decode step: each layer's last residual add is done in the next norm's add + RMSNorm
+        kernel (vLLM's residual passing), so a layer launches one kernel where an add and the eight ops of
+        a torch RMSNorm were: what a decode step launches is its cost at few rows on a GPU."""
+        from engine.kernels.gpu.triton_add_rmsnorm import add_rmsnorm
+
+        pending: torch.Tensor | None = None
+        for index, layer in enumerate(self.model.layers):
+            assert isinstance(layer, DecoderLayer)
+            pending, x = layer.decode_with_deferred_add(x, pending, *tables[self.layer_rope[index]], metadata,
+                                                        kv_cache.layer(index))
+        assert pending is not None  # a model has at least one layer
+        return add_rmsnorm(pending, x, self.model.norm.weight, self.model.norm.eps)[0]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         # One kernel whatever the row count: a row's logits must not depend on the rows beside it (batch

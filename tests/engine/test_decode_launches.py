@@ -49,3 +49,22 @@ def test_on_cuda_the_api_calls_are_counted_not_the_devices_records_of_them():
     prof = SimpleNamespace(events=lambda: [SimpleNamespace(name=name, cpu_children=[]) for name in names])
     assert launches(prof, "cuda") == {"cudaLaunchKernel": 1, "cuLaunchKernel": 1, "cudaGraphLaunch": 1,
                                       "cudaMemcpyAsync": 1}
+
+
+def test_on_the_cpu_an_interpreted_triton_kernel_is_one_launch_whatever_it_runs_inside():
+    """Under Triton's interpreter a kernel's run shows torch ops of its own (the interpreter's copies):
+    the kernel's range counts once, the ops inside it not at all, the ops beside it as ever."""
+    def event(name, children=()):
+        node = SimpleNamespace(name=name, cpu_children=list(children), cpu_parent=None)
+        for child in children:
+            child.cpu_parent = node
+        return node
+
+    inside = [event("aten::copy_"), event("aten::mul", [event("aten::empty")])]
+    kernel = event("triton::_paged_decode_kernel", inside)
+    beside = event("aten::add")
+    events = [kernel, *inside, *inside[1].cpu_children, beside]
+    assert launches(SimpleNamespace(events=lambda: events), "cpu") == {"triton::_paged_decode_kernel": 1, "aten::add": 1}
+    # Liveness: the same ops outside a kernel's range count.
+    loose = [event("aten::copy_"), event("aten::mul")]
+    assert launches(SimpleNamespace(events=lambda: loose), "cpu") == {"aten::copy_": 1, "aten::mul": 1}
