@@ -27,6 +27,12 @@ from engine.loading.model_files import DEMO_MODEL_DIR
 # Watches the native kernels' build while the suite is collected (tests/test_collection_builds_no_kernels.py).
 pytest_plugins = ["tests.collection_watch"]
 
+# Triton reads TRITON_INTERPRET when it is first imported, and anything may import it first (torch._dynamo
+# does): chosen here, before any test module, so that the kernel tests run under the interpreter wherever
+# they come in the collection (tests/kernels/triton_interpreter.py would otherwise skip them whole).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 WEB_STACK = ("django", "channels", "celery", "redis", "daphne", "websockets", "pytest_django", "pytest_asyncio")
 MISSING_WEB_STACK = [name for name in WEB_STACK if importlib.util.find_spec(name) is None]
 # Paths (relative to this folder) whose modules import the web stack at module level.

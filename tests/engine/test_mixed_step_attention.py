@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.nn.attention.bias import CausalBias, CausalVariant
 
 from engine.model.attention_metadata import AttentionMetadata
 from engine.model.config import ModelConfig
@@ -217,6 +216,8 @@ def test_a_decode_beside_a_deep_chunk_attends_its_own_keys_only(monkeypatch):
     assert attended == CONFIG.num_hidden_layers * (decode_keys + CHUNK * (CHUNK_AT + CHUNK))
     # The chunk's 200 cached keys come before all of its queries: SDPA is told so (lower-right causal),
     # not handed a mask tensor, with which it would run GQA on its float32 math kernel only.
+    from torch.nn.attention.bias import CausalBias, CausalVariant  # imports torch._dynamo: not at collection
+
     assert len(recorder.masks) == CONFIG.num_hidden_layers
     assert all(isinstance(mask, CausalBias) and mask.variant is CausalVariant.LOWER_RIGHT
                for mask in recorder.masks), recorder.masks
