@@ -6,6 +6,7 @@ torch path, the Triton kernels on CUDA)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -32,4 +33,5 @@ def test_a_cpu_engine_serves_without_importing_dynamo_triton_or_symbolic_shapes(
     assert run.returncode == 0, run.stderr
     imported = json.loads(run.stdout.splitlines()[-1])
     assert imported["served"] == [], imported
-    assert imported["control"] == list(HEAVY), "liveness: the check sees the imports it guards against"
+    installed = [name for name in HEAVY if name != "triton" or importlib.util.find_spec("triton") is not None]
+    assert imported["control"] == installed, "liveness: the check sees the imports it guards against"
