@@ -1,5 +1,9 @@
 """The per-step block tables built on the host (engine/kernels/host_copy.py:padded_rows): every row's own
-blocks in order, then its padding, whatever the rows' lengths, against the padded lists they stand for."""
+blocks in order, then its padding, whatever the rows' lengths, against the padded lists they stand for.
+
+Here rather than in tests/kernels, which bench/gpu_check.sh collects on the GPU machine: the first hypothesis
+test collected in a fresh checkout scans the project's sources for constants (hypothesis's constants_ast),
+about 8 s of that collect step's 25."""
 
 from __future__ import annotations
 
