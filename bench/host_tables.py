@@ -1,9 +1,9 @@
 """The per-step block table built on the host: padded nested lists through torch.tensor against
 engine/kernels/host_copy.py:padded_rows (numpy row writes), side by side, at decode batch shapes.
 
-A decode step builds its batch's block tables from the sequences' lists every step (the captured graphs'
-padded table, the decodes' table, the native CPU op's), so at long contexts this is host time in every
-step. Medians of --repeats builds, in milliseconds, and the ratio.
+Every step builds its batch's block tables from the sequences' lists (a step of decodes only one: the
+decode graphs' padded table; a step with a prefill two: the native CPU op's and the decodes'), so at long
+contexts this is host time in every step. Medians of --repeats builds, in milliseconds, and the ratio.
 Usage: python bench/host_tables.py [--repeats 200]
 """
 

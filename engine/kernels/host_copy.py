@@ -30,7 +30,7 @@ def padded_rows(rows: Sequence[Sequence[int]], width: int, pad: int | None = Non
     """[height (default len(rows)), width] int64 host tensor: each row followed by `pad`, or where `pad` is
     None by its own last value (block tables: a row never points at another sequence's memory); rows past
     len(rows) all `pad`. Written row by row into one numpy array: this runs every step, and torch.tensor
-    of the padded nested lists took about five times as long (64 rows of 512 blocks, bench/host_tables.py)."""
+    of the padded nested lists took 3-7 times as long (6.6x at 64 rows of 512 blocks, bench/host_tables.py)."""
     table = np.full((len(rows) if height is None else height, width), 0 if pad is None else pad, dtype=np.int64)
     for line, row in zip(table, rows):
         line[: len(row)] = row
