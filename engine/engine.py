@@ -42,7 +42,6 @@ from engine.kernels.gpu.cupy_support import compile_for
 from engine.kv_pool import sized_kv_pool
 from engine.loading.loader import load_model
 from engine.loading.tokenizer import Tokenizer
-from engine.model.attention import decode_attention_backend
 from engine.outputs import GenerationResult, RequestOutput
 from engine.postprocess import Postprocess
 from engine.reproduce import identity_of
@@ -69,10 +68,9 @@ class Engine:
         # Now, not at the first burst: a machine whose CuPy cannot compile must not start (cupy_support.py).
         if compiled := compile_for(device):
             log.info("CuPy: %d kernels compiled for %s", compiled, device)
-        backend, why = decode_attention_backend(device, config.triton_attention)
-        self.loaded.model.set_decode_attention(backend)
+        kernels = self.loaded.model.choose_kernels(device, config.triton_attention, config.invariant_gemm)
         if device.type == "cuda":
-            log.info("decode attention: %s (%s)", backend, why)
+            log.info("%s", kernels)
         self.kv_cache, self.length_limit = sized_kv_pool(config, self.loaded, self.max_model_len)
         self.leak_events = LeakEventLog()  # what the owner tag and the logits identity check caught
         self.device_loop = DeviceLoop(config.burst_length, self.loaded.device, length_limit=self.length_limit,
@@ -98,10 +96,11 @@ class Engine:
         self.runtime_flags = RuntimeFlags(self.device_loop, self.runner, self.scheduler)
         self.runtime_flags.audit.permille = config.replay_audit_permille
         # The model's name, not a path on this server (records travel to users).
-        # The kernels are asked only on the CPU, after the load has built or refused them (never for a GPU).
+        # The CPU's kernels are asked only there, after the load has built or refused them (never for a GPU).
         device_type = self.loaded.device.type
+        own_kernels = native_available() if device_type == "cpu" else self.loaded.model.invariant_gemm
         self.identity = identity_of(Path(str(config.model)).name, self.loaded.path, device_type, config.weight_format,
-                                    config.dtype, device_type == "cpu" and native_available())  # stamped on each record
+                                    config.dtype, own_kernels)  # stamped on each record
         self._intake = Intake(config, self.loaded, self.max_model_len)
         self._postprocess = Postprocess(self.scheduler, self._requests, self.loaded.eos_token_ids, self.length_limit,
                                         self.identity)

@@ -79,6 +79,10 @@ class EngineConfig:
     # On CUDA, decode attention through the Triton paged kernel where triton imports; False: the torch
     # path (blocks gathered, SDPA with a mask), which every other device takes anyway.
     triton_attention: bool = True
+    # On CUDA, float projections through the Triton GEMM whose rows do not depend on the batch
+    # (engine/kernels/gpu/triton_linear.py) where triton imports; False: F.linear (cuBLAS, faster where
+    # its choice of kernel is better, and a row's last bits then follow the batch).
+    invariant_gemm: bool = True
     # Per thousand finished requests, how many a host's replay audit re-runs (engine/host/replay_audit.py).
     replay_audit_permille: int = 10
 

@@ -69,20 +69,22 @@ def _file_sha256(path: str, size: int, mtime_ns: int) -> str:  # size and mtime 
 
 
 def identity_of(model: str, path: Path, device_type: str, weights: str, dtype: str,
-                native_kernels: bool) -> ModelIdentity:
+                own_kernels: bool) -> ModelIdentity:
     """The loaded model's identity, for the engine to stamp on every record (`weights`: the config's
-    weight_format; `device_type`: "cpu", "cuda"; `dtype`: its name)."""
-    route, invariant = route_of(device_type, weights, dtype, native_kernels)
+    weight_format; `device_type`: "cpu", "cuda"; `dtype`: its name; `own_kernels`: our native kernels
+    serve on the CPU, the invariant Triton GEMM on CUDA)."""
+    route, invariant = route_of(device_type, weights, dtype, own_kernels)
     return ModelIdentity(model, weights_sha256(path), route, invariant)
 
 
-def route_of(device: str, weights: str, dtype: str, native_kernels: bool) -> tuple[str, bool]:
+def route_of(device: str, weights: str, dtype: str, own_kernels: bool) -> tuple[str, bool]:
     """The arithmetic route's name and whether it is bit-invariant, as docs/ARCHITECTURE.md states it:
     on the CPU with the native kernels every route is, but quantized fp32 (torch's int4 route switches
-    with the row count); without the kernels, or on a GPU (cuBLAS chooses by shape), none is."""
-    kernels = "native" if native_kernels else "torch"
+    with the row count); without the kernels none is. On a GPU none is claimed yet: with the Triton GEMM
+    a decode keeps its bits, but no GPU has shown it, and prefills still take SDPA at any shape."""
+    kernels = ("native" if device == "cpu" else "triton") if own_kernels else "torch"
     name = f"{device}/{weights}/{dtype}/{kernels}"
-    invariant = device == "cpu" and native_kernels and not (weights == "quantized" and dtype == "float32")
+    invariant = device == "cpu" and own_kernels and not (weights == "quantized" and dtype == "float32")
     return name, invariant
 
 

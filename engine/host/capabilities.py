@@ -58,6 +58,11 @@ REGISTRY: tuple[Capability, ...] = (
                "On CUDA, decode attention through the Triton paged kernel (the cache read in place) where "
                "triton imports; off: the torch path (blocks gathered, SDPA with a mask).", default=True,
                settable=False, config_field="triton_attention"),
+    Capability("ARC_INVARIANT_GEMM", "engine.model.layers:Linear.invariant_gemm",
+               "engine/kernels/gpu/triton_linear", "Live",
+               "On CUDA, float projections through the Triton GEMM whose rows are the same bits at any batch "
+               "where triton imports; off: F.linear (cuBLAS, whose choice of kernel follows the row count).",
+               default=True, settable=False, config_field="invariant_gemm"),
     Capability("ARC_PREFIX_CACHING", "engine.scheduler.base:SchedulerBase.prefix_caching", "engine/scheduler/block_pool", "Live",
                "Reuse cached KV blocks of a prompt prefix computed before for the same cache scope (the user, "
                "unless widened); off forgets every cached prefix.", default=True, config_field="prefix_caching"),

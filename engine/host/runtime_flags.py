@@ -40,6 +40,7 @@ class RuntimeFlags:
                 "ARC_GRAPH_VERIFY_REPLAYS": graphs.verify.every, "ARC_GRAPH_VERIFY_ALWAYS": graphs.verify.always,
                 "ARC_LAYER_BISECT": graphs.verify.bisect, "ARC_PREFIX_CACHING": self._scheduler.prefix_caching,
                 "ARC_TRITON_ATTENTION": self._runner.loaded.model.decode_attention == "triton",
+                "ARC_INVARIANT_GEMM": self._runner.loaded.model.invariant_gemm,
                 "ARC_REPLAY_AUDIT_PERMILLE": self.audit.permille}
 
     def apply(self) -> None:

@@ -92,18 +92,20 @@ class Attention(nn.Module):
         else:
             qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1).view(*lead, -1, dim)
         qk = qkv[..., : heads + kv_heads, :]
+        on_triton = metadata is not None and cache is not None and self.decode_backend == "triton"
         if self.qk_norm:  # each head normed over its own features, before RoPE (Qwen3, Gemma 3)
-            qk = torch.cat([self.q_norm(qk[..., :heads, :]), self.k_norm(qk[..., heads:, :])], dim=-2)
-        if metadata is not None and cache is not None and self.decode_backend == "triton" and metadata.decode_only:
-            # A step of decodes on the Triton backend: RoPE and the cache write in one kernel, then the paged
-            # decode kernel; the same arithmetic as below, fewer passes over q, k and v.
+            qk = torch.cat([self._norm(self.q_norm, qk[..., :heads, :], on_triton),
+                            self._norm(self.k_norm, qk[..., heads:, :], on_triton)], dim=-2)
+        if on_triton:
+            # A serving step on the Triton backend, prefills beside the decodes or not (so that a decode's
+            # bits never depend on them): RoPE and the cache write in one kernel, then the decodes by the
+            # paged decode kernel; the same arithmetic as below, fewer passes over q, k and v.
             from engine.kernels.gpu.triton_rope_cache import rope_and_cache_write
 
+            assert metadata is not None and cache is not None  # on_triton says so; for the type checker
             q = rope_and_cache_write(qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads:], cos, sin,
                                      metadata.slot_mapping, *cache)                 # [N, H, D]
-            decodes = metadata.for_window(self.sliding_window).decodes
-            assert decodes is not None  # a step has at least one sequence
-            out = self._decode(q, cache, decodes, metadata.block_size)
+            out = self._attend_cached(q, None, metadata, cache)
             return self.o_proj(out.reshape(*lead, heads * dim))
         # RoPE once over the query and key heads together.
         qk = apply_rope(qk, cos, sin)
@@ -144,6 +146,22 @@ class Attention(nn.Module):
             return cpu_kernels.paged_attention(q, key_cache, value_cache, metadata.block_tables,
                                                metadata.token_sequence, metadata.positions, metadata.block_size,
                                                self.sliding_window, self.scale)  # [N, H, D]
+        return self._attend_cached(q, (k, v), metadata, cache)
+
+    @staticmethod
+    def _norm(norm: RMSNorm, x: torch.Tensor, on_triton: bool) -> torch.Tensor:
+        if not on_triton:
+            return norm(x)
+        from engine.kernels.gpu.triton_add_rmsnorm import rmsnorm  # a row's bits whatever the row count
+
+        return rmsnorm(x, norm.weight, norm.eps)
+
+    def _attend_cached(self, q: torch.Tensor, step_kv: tuple[torch.Tensor, torch.Tensor] | None,
+                       metadata: AttentionMetadata, cache: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """[N, H, D] queries of a step whose keys and values are in the cache now -> [N, H, D]. `step_kv`:
+        the step's own keys and values, which a prefill with nothing cached before it reads; None: it
+        reads them back from the cache, by slot."""
+        slots = metadata.slot_mapping
         metadata = metadata.for_window(self.sliding_window)
         decodes = metadata.decodes
         if metadata.decode_only:
@@ -154,8 +172,10 @@ class Attention(nn.Module):
             assert decodes.token_index is not None  # set whenever prefills share the step
             rows = self._decode(q.index_select(0, decodes.token_index), cache, decodes, metadata.block_size)
             out.index_copy_(0, decodes.token_index, rows)
+        if step_kv is None and any(prefill.block_table is None for prefill in metadata.prefills):
+            step_kv = cache[0].index_select(0, slots), cache[1].index_select(0, slots)  # [N, Hkv, D] each
         for prefill in metadata.prefills:
-            out[prefill.start: prefill.stop] = self._prefill(q, k, v, cache, prefill, metadata.block_size)
+            out[prefill.start: prefill.stop] = self._prefill(q, step_kv, cache, prefill, metadata.block_size)
         return out
 
     def _decode(self, q: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor], decodes: DecodeGroup,
@@ -176,12 +196,13 @@ class Attention(nn.Module):
                                              scale=self.scale, enable_gqa=self.num_kv_heads != self.num_heads)
         return out.squeeze(2)
 
-    def _prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor],
-                 prefill: PrefillGroup, block_size: int) -> torch.Tensor:
+    def _prefill(self, q: torch.Tensor, step_kv: tuple[torch.Tensor, torch.Tensor] | None,
+                 cache: tuple[torch.Tensor, torch.Tensor], prefill: PrefillGroup, block_size: int) -> torch.Tensor:
         """One prefill's queries over its own keys only -> [q, H, D]: nothing padded, nobody else's keys."""
         queries = q[prefill.start: prefill.stop].transpose(0, 1)[None]  # [1, H, q, D]
         if prefill.block_table is None:  # nothing cached before it: its keys are this step's
-            keys, values = (t[prefill.start: prefill.stop].transpose(0, 1)[None] for t in (k, v))
+            assert step_kv is not None  # _attend_cached gives them wherever such a prefill is
+            keys, values = (t[prefill.start: prefill.stop].transpose(0, 1)[None] for t in step_kv)
         else:
             table = prefill.block_table[None]
             keys, values = (self._gather_blocks(c, table, block_size)[:, :, : prefill.key_len] for c in cache)

@@ -3,8 +3,10 @@ that skip their random initialisation on the meta device.
 
 Float projections on the CPU run on our dense kernel (engine/kernels/cpu/dense.py) wherever it is built:
 its rows are the same bits at every row count, on every CPU, where torch's F.linear changes its blocking
-(and on AMX its tiles) with the row count. Training (autograd through the weights), other devices, and a
-machine without the kernels take F.linear."""
+(and on AMX its tiles) with the row count. On CUDA they run on the Triton GEMM of the same promise
+(engine/kernels/gpu/triton_linear.py) where the engine chose it (`invariant_gemm_choice`), since cuBLAS
+picks its algorithm by shape. Training (autograd through the weights), other devices, and a machine
+without the kernels take F.linear."""
 
 from __future__ import annotations
 
@@ -18,14 +20,34 @@ from torch.nn import functional as F
 from engine.kernels import cpu as cpu_kernels
 
 
-def float_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear's result, batch-invariant where our dense kernel can compute it."""
-    # The op has no backward: only a forward that autograd records (training) takes F.linear.
+def float_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                 invariant_gemm: bool = False) -> torch.Tensor:
+    """F.linear's result, batch-invariant where our dense kernel can compute it (CPU), or the Triton GEMM
+    (CUDA, where `invariant_gemm`)."""
+    # Neither op has a backward: only a forward that autograd records (training) takes F.linear.
     records = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
     if (x.device.type == "cpu" and weight.device.type == "cpu" and x.dtype in cpu_kernels.DENSE_DTYPES
             and weight.dtype in cpu_kernels.DENSE_DTYPES and not records and cpu_kernels.native_available()):
         return cpu_kernels.dense_linear(x, weight, bias)
+    if invariant_gemm and x.is_cuda and not records:
+        from engine.kernels.gpu import triton_linear  # imports triton: only where the engine chose it
+
+        return triton_linear.invariant_linear(x, weight, bias)
     return F.linear(x, weight, bias)
+
+
+def invariant_gemm_choice(device: torch.device, allowed: bool = True) -> tuple[bool, str]:
+    """(whether float projections on `device` take the batch-invariant Triton GEMM, why): on CUDA where
+    triton imports, unless `allowed` is off (EngineConfig.invariant_gemm); the CPU has its own kernel."""
+    if device.type != "cuda":
+        return False, f"the Triton GEMM is for CUDA, not {device.type}"
+    if not allowed:
+        return False, "ARC_INVARIANT_GEMM is off"
+    from engine.kernels.gpu import triton_linear
+
+    if not triton_linear.available():
+        return False, "the triton package is not installed"
+    return True, "CUDA and triton present"
 
 
 class Linear(nn.Linear):
@@ -33,12 +55,27 @@ class Linear(nn.Linear):
     and loads real weights after, and the first random init on meta imports torch._dynamo (1.2 s of
     every process start, measured). Anywhere else (training) it initialises as nn.Linear does."""
 
+    invariant_gemm = False  # float_linear's; set for a whole model by LlamaForCausalLM.set_invariant_gemm
+
     def reset_parameters(self) -> None:
         if not self.weight.is_meta:
             super().reset_parameters()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return float_linear(x, self.weight, self.bias)
+        return float_linear(x, self.weight, self.bias, self.invariant_gemm)
+
+
+class FusedFloatLinear:
+    """Several float projections of one input as one matmul over fuse_linears' weight. Not a module, so
+    that the parts keep their own parameters and HF names."""
+
+    invariant_gemm = False  # as Linear's
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        self.weight, self.bias = weight, bias
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return float_linear(x, self.weight, self.bias, self.invariant_gemm)
 
 
 class Embedding(nn.Embedding):
@@ -99,8 +136,7 @@ def fuse_projections(*projections: nn.Module) -> Callable[[torch.Tensor], torch.
     loaded."""
     linears = [p for p in projections if isinstance(p, nn.Linear)]
     if len(linears) == len(projections):
-        weight, bias = fuse_linears(*linears)
-        return partial(float_linear, weight=weight, bias=bias)
+        return FusedFloatLinear(*fuse_linears(*linears))
     # Imported only here: they need the gguf package, which a float model (and the GPU image) lacks.
     from engine.kernels.gpu.cuda_int4 import CudaInt4Linear, fuse_cuda_int4
     from engine.model.quantized import QuantizedLinear, fuse_quantized

@@ -16,10 +16,10 @@ from torch import nn
 
 from engine.kernels.cpu import LayerWeights
 from engine.model import fused_serving
-from engine.model.attention import DECODE_BACKENDS, Attention
+from engine.model.attention import DECODE_BACKENDS, Attention, decode_attention_backend
 from engine.model.attention_metadata import AttentionMetadata
 from engine.model.config import ModelConfig
-from engine.model.layers import Embedding, GatedMLP, Linear, RMSNorm
+from engine.model.layers import Embedding, FusedFloatLinear, GatedMLP, Linear, RMSNorm, invariant_gemm_choice
 from engine.model.rope import rope_cos_sin, rope_inverse_frequencies
 
 if TYPE_CHECKING:  # handed in at run time: importing the scheduler would close a circle through loading
@@ -50,42 +50,37 @@ class DecoderLayer(nn.Module):
             return fused_serving.layer_forward(self, self.fused, x, cos, sin, metadata, cache)
         attended = self.self_attn(self.input_layernorm(x), cos, sin, metadata, cache)
         if self.sandwich:
-            normed, x = self._add_and_norm(self.post_attention_layernorm(attended), x, self.pre_feedforward_layernorm,
-                                           metadata)
-            return x + self.post_feedforward_layernorm(self.mlp(normed))
-        normed, x = self._add_and_norm(attended, x, self.post_attention_layernorm, metadata)
-        return x + self.mlp(normed)
+            x = x + self.post_attention_layernorm(attended)
+            return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+        x = x + attended
+        return x + self.mlp(self.post_attention_layernorm(x))
 
-    def decode_with_deferred_add(self, residual: torch.Tensor, pending: torch.Tensor | None, cos: torch.Tensor,
-                                 sin: torch.Tensor, metadata: AttentionMetadata,
-                                 cache: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """The layer on a Triton decode step: (output, residual) where `forward` gives residual + output,
-        the add left to the next add + RMSNorm kernel (the next layer's input norm, or the final norm).
-        `pending`: the previous layer's output not yet added to `residual` (None for the first layer)."""
-        from engine.kernels.gpu.triton_add_rmsnorm import add_rmsnorm
+    def triton_step(self, residual: torch.Tensor, pending: torch.Tensor | None, cos: torch.Tensor,
+                    sin: torch.Tensor, metadata: AttentionMetadata,
+                    cache: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer in a serving step on the Triton backend: (output, residual) where `forward` gives
+        residual + output, the add left to the next add + RMSNorm kernel (the next layer's input norm, or
+        the final norm). `pending`: the previous layer's output not yet added to `residual` (None for the
+        first layer). Every norm is a Triton row kernel, whose rows do not depend on the row count."""
+        from engine.kernels.gpu.triton_add_rmsnorm import add_rmsnorm, rmsnorm
+
+        def add_and_norm(out: torch.Tensor, residual: torch.Tensor, norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
+            return add_rmsnorm(out, residual, norm.weight, norm.eps)
+
+        def norm(module: RMSNorm, x: torch.Tensor) -> torch.Tensor:
+            return rmsnorm(x, module.weight, module.eps)
 
         if pending is None:
-            normed = self.input_layernorm(residual)
+            normed = norm(self.input_layernorm, residual)
         else:
-            normed, residual = add_rmsnorm(pending, residual, self.input_layernorm.weight, self.input_layernorm.eps)
+            normed, residual = add_and_norm(pending, residual, self.input_layernorm)
         attended = self.self_attn(normed, cos, sin, metadata, cache)
         if self.sandwich:
-            normed, residual = self._add_and_norm(self.post_attention_layernorm(attended), residual,
-                                                  self.pre_feedforward_layernorm, metadata)
-            return self.post_feedforward_layernorm(self.mlp(normed)), residual
-        normed, residual = self._add_and_norm(attended, residual, self.post_attention_layernorm, metadata)
+            normed, residual = add_and_norm(norm(self.post_attention_layernorm, attended), residual,
+                                            self.pre_feedforward_layernorm)
+            return norm(self.post_feedforward_layernorm, self.mlp(normed)), residual
+        normed, residual = add_and_norm(attended, residual, self.post_attention_layernorm)
         return self.mlp(normed), residual
-
-    def _add_and_norm(self, out: torch.Tensor, residual: torch.Tensor, norm: RMSNorm,
-                      metadata: AttentionMetadata | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(norm(residual + out), residual + out): in one Triton kernel for a step of decodes on the Triton
-        backend (CUDA), with the module's roundings (engine/kernels/gpu/triton_add_rmsnorm.py)."""
-        if metadata is not None and metadata.decode_only and self.self_attn.decode_backend == "triton":
-            from engine.kernels.gpu.triton_add_rmsnorm import add_rmsnorm
-
-            return add_rmsnorm(out, residual, norm.weight, norm.eps)
-        total = residual + out
-        return norm(total), total
 
 
 class DecoderStack(nn.Module):
@@ -114,6 +109,7 @@ class LlamaForCausalLM(nn.Module):
                           for sliding in set(self.layer_rope)}
         self.rope_kinds = tuple(sorted(set(self.layer_rope)))
         self.fused: fused_serving.FusedServing | None = None
+        self.invariant_gemm = False  # set_invariant_gemm's
 
     def fuse_for_inference(self) -> None:
         """Fuse q/k/v and gate/up projections (fewer, larger matmuls per step), and take the fused serving
@@ -140,6 +136,24 @@ class LlamaForCausalLM(nn.Module):
         for layer in self.model.layers:
             assert isinstance(layer, DecoderLayer)
             layer.self_attn.decode_backend = backend
+
+    def set_invariant_gemm(self, on: bool) -> None:
+        """Whether every float projection on CUDA takes the batch-invariant Triton GEMM (float_linear)."""
+        for module in self.modules():
+            for part in (module, *vars(module).values()):  # the fused projections are plain attributes
+                if isinstance(part, (Linear, FusedFloatLinear)):
+                    part.invariant_gemm = on
+        self.invariant_gemm = on
+
+    def choose_kernels(self, device: torch.device, triton_attention: bool, invariant_gemm: bool) -> str:
+        """The decodes' attention and the float projections' GEMM for `device`, each Triton on CUDA where
+        it imports unless turned off; returns what was chosen and why, for the log."""
+        attention, why_attention = decode_attention_backend(device, triton_attention)
+        self.set_decode_attention(attention)
+        gemm, why_gemm = invariant_gemm_choice(device, invariant_gemm)
+        self.set_invariant_gemm(gemm)
+        return (f"decode attention: {attention} ({why_attention}); float projections: "
+                f"{'the invariant Triton GEMM' if gemm else 'F.linear'} ({why_gemm})")
 
     @property
     def decode_attention(self) -> str:
@@ -175,25 +189,27 @@ class LlamaForCausalLM(nn.Module):
             x = x * torch.tensor(self.config.embedding_multiplier, dtype=x.dtype)
         tables = {sliding: rope_cos_sin(self.rope_frequencies(sliding, x.device), positions, x.dtype)
                   for sliding in self.rope_kinds}
-        if metadata is not None and kv_cache is not None and metadata.decode_only and self.decode_attention == "triton":
-            return self._decode_with_deferred_adds(x, tables, metadata, kv_cache)
+        if metadata is not None and kv_cache is not None and self.decode_attention == "triton":
+            return self._triton_step(x, tables, metadata, kv_cache)
         for index, layer in enumerate(self.model.layers):
             cache = kv_cache.layer(index) if kv_cache is not None else None
             x = layer(x, *tables[self.layer_rope[index]], metadata, cache)
         return self.model.norm(x)
 
-    def _decode_with_deferred_adds(self, x: torch.Tensor, tables: dict[bool, tuple[torch.Tensor, torch.Tensor]],
-                                   metadata: AttentionMetadata, kv_cache: PagedKVCache) -> torch.Tensor:
-        """A Triton decode step: each layer's last residual add is done in the next norm's add + RMSNorm
-        kernel (vLLM's residual passing), so a layer launches one kernel where an add and the eight ops of
-        a torch RMSNorm were: what a decode step launches is its cost at few rows on a GPU."""
+    def _triton_step(self, x: torch.Tensor, tables: dict[bool, tuple[torch.Tensor, torch.Tensor]],
+                     metadata: AttentionMetadata, kv_cache: PagedKVCache) -> torch.Tensor:
+        """A serving step on the Triton backend (CUDA), prefills beside the decodes or not: each layer's last
+        residual add is done in the next norm's add + RMSNorm kernel (vLLM's residual passing), so a layer
+        launches one kernel where an add and the eight ops of a torch RMSNorm were (what a decode step
+        launches is its cost at few rows on a GPU); and a decode's rows take the same kernels whatever
+        shares its step, so their bits do not depend on it."""
         from engine.kernels.gpu.triton_add_rmsnorm import add_rmsnorm
 
         pending: torch.Tensor | None = None
         for index, layer in enumerate(self.model.layers):
             assert isinstance(layer, DecoderLayer)
-            pending, x = layer.decode_with_deferred_add(x, pending, *tables[self.layer_rope[index]], metadata,
-                                                        kv_cache.layer(index))
+            pending, x = layer.triton_step(x, pending, *tables[self.layer_rope[index]], metadata,
+                                           kv_cache.layer(index))
         assert pending is not None  # a model has at least one layer
         return add_rmsnorm(pending, x, self.model.norm.weight, self.model.norm.eps)[0]
 

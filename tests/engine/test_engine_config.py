@@ -32,7 +32,7 @@ def every_flag_set(monkeypatch) -> None:
 def test_the_registry_names_config_fields_whose_defaults_are_its_own():
     fields = {f.name: f for f in dataclasses.fields(EngineConfig)}
     assert {"device_loop", "graphs", "capture_stream", "verify_replays", "verify_always", "layer_bisect",
-            "prefix_caching", "triton_attention", "replay_audit_permille"} == \
+            "prefix_caching", "triton_attention", "invariant_gemm", "replay_audit_permille"} == \
         {entry.config_field for entry in START_FLAGS}, "liveness: the flags read at start"
     for entry in START_FLAGS:
         assert entry.config_field in fields, f"{entry.name}: EngineConfig has no field {entry.config_field}"

@@ -4,6 +4,8 @@ runs them on a GPU machine."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
 import transformers
@@ -100,7 +102,36 @@ def test_a_prefill_after_cached_keys_runs_on_the_flash_kernel():
     cache = tuple(torch.randn(17 * block, 8, 64, device="cuda", generator=gen, dtype=torch.bfloat16) for _ in "kv")
     q, k, v = (torch.randn(chunk, h, 64, device="cuda", generator=gen, dtype=torch.bfloat16) for h in (32, 8, 8))
     with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
-        flash = layer._prefill(q, k, v, cache, prefill, block)
+        flash = layer._prefill(q, (k, v), cache, prefill, block)
     with sdpa_kernel([SDPBackend.MATH]):
-        math = layer._prefill(q, k, v, cache, prefill, block)
+        math = layer._prefill(q, (k, v), cache, prefill, block)
     torch.testing.assert_close(flash, math, atol=2e-2, rtol=2e-2)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_on_cuda_every_request_gets_its_solo_tokens_in_a_mixed_batch_with_nothing_forgiven(tiny_checkpoint, dtype):
+    """The CPU's oracle (tests/engine/test_batch_invariance.py) on CUDA, where the float projections take
+    the invariant Triton GEMM and every serving step the Triton kernels: sixteen staggered requests (greedy
+    and seeded sampling), two aborted, a pool small enough to swap sequences out, graphs padded to their
+    buckets and the device loop; each request gets its solo run's tokens, no near-tie forgiven. Prefix
+    caching off and preemption by swap, so that a prompt is prefilled whole in both runs: a chunk after
+    cached keys or a re-prefill after a recompute takes SDPA at another shape, not claimed invariant."""
+    from tests.engine.test_batch_invariance import run_mixed, workload
+
+    rng = random.Random(7)
+    requests = workload(rng)
+    base = dict(model=str(tiny_checkpoint("llama", seed=21)), device="cuda", dtype=dtype, block_size=4,
+                prefix_caching=False)
+    alone = Engine(EngineConfig(**base, graphs=False, device_loop=False))
+    solo = {rid: alone.generate([prompt], params)[0].token_ids for rid, prompt, params in requests}
+    engine = Engine(EngineConfig(**base, num_kv_blocks=30, swap_blocks=64, device_loop=True, verify_always=True))
+    model = engine.loaded.model
+    assert model.invariant_gemm and model.decode_attention == "triton", "liveness: the invariant kernels serve"
+    aborts = {"req-5": 3, "req-10": 9}
+    deltas = run_mixed(engine, requests, aborts, rng)
+    for rid, _, _ in requests:
+        got = [token for delta in deltas[rid] for token in delta.token_ids]
+        assert got == (solo[rid][: len(got)] if rid in aborts else solo[rid]), rid
+    assert engine.scheduler.num_preemptions > 0, "liveness: the small pool swapped sequences out"
+    assert engine.runner.graphs.replays > 0 and engine.device_loop.bursts > 0

@@ -59,6 +59,22 @@ def test_against_the_module_path(kernel, rows, hidden):
     check(kernel, rows, hidden, seed=rows * 1000 + hidden)
 
 
+@pytest.mark.parametrize("rows, hidden", [(1, 64), (7, 576), (33, 128)])
+def test_the_norm_alone_against_the_module(kernel, rows, hidden):
+    """rmsnorm: the same kernel with no residual (q/k norms, a first layer's input norm, Gemma's sandwich
+    norms), against the RMSNorm module, and its input left as it was."""
+    g = torch.Generator().manual_seed(rows + hidden)
+    x = torch.randn(rows, hidden, generator=g) * 3
+    before = x.clone()
+    norm = RMSNorm(hidden, 1e-6)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(hidden, generator=g) * 2 - 0.5)
+        normed = kernel.rmsnorm(x, norm.weight, 1e-6)
+        expected = norm(x)
+    assert torch.equal(x, before) and normed.shape == x.shape
+    torch.testing.assert_close(normed, expected, atol=2e-6, rtol=2e-6)
+
+
 def test_epsilon_matters_where_rows_are_small(kernel):
     """Rows of tiny values: there eps dominates the mean of squares, so a kernel that dropped it (or used
     another) would differ by orders of magnitude, not in the last bits."""
@@ -97,3 +113,11 @@ def test_mismatched_shapes_are_refused():
 def test_on_cuda_against_the_module_path(dtype):
     for rows, hidden in ((1, 576), (33, 4096)):
         check(triton_add_rmsnorm, rows, hidden, dtype=dtype, device="cuda", seed=rows)
+    x = torch.randn(33, 4096, device="cuda").to(dtype)
+    weight = torch.rand(4096, device="cuda").to(dtype) + 0.5
+    norm = RMSNorm(4096, 1e-6).to(device="cuda", dtype=dtype)
+    with torch.no_grad():
+        norm.weight.copy_(weight)
+        tolerance = TOLERANCE[dtype]
+        torch.testing.assert_close(triton_add_rmsnorm.rmsnorm(x, weight, 1e-6), norm(x), atol=tolerance, rtol=tolerance)
+        assert torch.equal(triton_add_rmsnorm.rmsnorm(x[:1], weight, 1e-6), triton_add_rmsnorm.rmsnorm(x, weight, 1e-6)[:1])
