@@ -4,9 +4,10 @@
 # compiled by NVRTC for sm_90, pytest's collection of the GPU tests, the GPU-marked tests (each CuPy kernel
 # against its torch reference, CUDA graphs against eager, the engine on CUDA, the batched sampler against
 # the per-row one and its one wait; the Triton paged decode attention against the torch path; GGUF Q4
-# weights on torch's int4 kernel), which decode attention runs and which SDPA kernel the torch path takes,
-# the 1B decode benchmark (speeds and launches per step), the int4 kernel against dequantize + F.linear
-# by row count and, where the python has the web packages (or .whl/ holds them: bench/gpu_webdeps.py),
+# weights on torch's int4 kernel; the invariant GEMM; the batch-invariance oracle on CUDA), which decode
+# attention runs and which SDPA kernel the torch path takes, the invariant GEMM against cuBLAS by row
+# count, the 1B decode benchmark (speeds and launches per step), the int4 kernel against dequantize +
+# F.linear by row count and, where the python has the web packages (or .whl/ holds them: bench/gpu_webdeps.py),
 # the serving benchmark on CUDA (in-process).
 # Uses the machine's own python3 with its CUDA torch and CuPy; needs nothing from the network. The GPU
 # tests call the CuPy wrappers directly, so without CuPy they fail; they do not fall back.
@@ -31,7 +32,7 @@ SUMMARY=${OUT:+$OUT/gpu_check.txt}
 [ -n "$SUMMARY" ] && : >"$SUMMARY"
 BUDGET=300  # seconds for the whole script
 # Each step's cap in seconds, in the order the steps run.
-CAPS="machine:15 wheels:25 nvrtc:20 collect:25 gpu-tests:80 decode-attention:20 decode-bench:70 int4-bench:20 serving-bench:25"
+CAPS="machine:15 wheels:25 nvrtc:20 collect:25 gpu-tests:90 decode-attention:15 gemm-bench:15 decode-bench:60 int4-bench:15 serving-bench:20"
 failed=0
 last=skipped  # how the last step went: passed, failed or skipped
 
@@ -133,6 +134,9 @@ if "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"
     # path takes, and both timed at the 1B shape.
     step decode-attention "$PY" bench/decode_attention.py --repeats 20
     show decode-attention
+    # The float projections' GEMM: the invariant Triton kernel against cuBLAS at the 1B shapes, by row count.
+    step gemm-bench "$PY" bench/gpu_gemm.py --rows 1,8,64,2048 --repeats 10
+    show gemm-bench
     step decode-bench "$PY" bench/gpu_decode.py --repeats 1
     show decode-bench
     # GGUF Q4_0/Q4_1 weights kept 4-bit: the int4 kernel against dequantize + F.linear by row count (MAX_ROWS).
@@ -152,6 +156,7 @@ else
     why=$("$PY" -c "import torch" 2>/dev/null && echo "torch sees no CUDA device" || echo "$PY has no torch")
     skip gpu-tests "$why"
     skip decode-attention "$why"
+    skip gemm-bench "$why"
     skip decode-bench "$why"
     skip int4-bench "$why"
     skip serving-bench "$why"

@@ -39,8 +39,8 @@ import pytest
 from tests.gpu_image_site import image_site
 
 ROOT = Path(__file__).resolve().parents[1]
-STEPS = ["machine", "wheels", "nvrtc", "collect", "gpu-tests", "decode-attention", "decode-bench", "int4-bench",
-         "serving-bench"]
+STEPS = ["machine", "wheels", "nvrtc", "collect", "gpu-tests", "decode-attention", "gemm-bench", "decode-bench",
+         "int4-bench", "serving-bench"]
 SCRIPT = ROOT / "bench" / "gpu_check.sh"
 DEVICE_FILES_BACK = 8  # the most files the device tool brings back from $OUT
 
@@ -100,9 +100,9 @@ def test_a_dry_run_under_the_images_packages_prints_each_step_and_collects_the_g
     assert [re.match(r"step ([\w-]+):", line).group(1) for line in steps] == STEPS
     assert all(re.match(r"step [\w-]+: (passed \(\d+s\)|skipped: \S.*)", line) for line in steps), steps
     assert len(lines) == len(steps) + 2 and re.fullmatch(r"gpu_check: ok in \d+s", lines[-1]), lines
-    plan = re.fullmatch(r"gpu_check: 9 steps, caps adding up to (\d+)s of a (\d+)s budget; logs in .*", lines[0])
+    plan = re.fullmatch(r"gpu_check: 10 steps, caps adding up to (\d+)s of a (\d+)s budget; logs in .*", lines[0])
     assert plan and int(plan.group(1)) <= int(plan.group(2)) <= 300, lines[0]
-    for gpu_step in ("gpu-tests", "decode-attention", "decode-bench", "int4-bench", "serving-bench"):
+    for gpu_step in ("gpu-tests", "decode-attention", "gemm-bench", "decode-bench", "int4-bench", "serving-bench"):
         assert f"step {gpu_step}: skipped: torch sees no CUDA device" in lines
     assert "step collect: passed" in run.stdout
 
