@@ -87,4 +87,4 @@ def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor
             rows_x, rows_r, weight.contiguous(), normed, total, eps,
             rows_x.stride(0), rows_r.stride(0), normed.stride(0), total.stride(0),
             HIDDEN=hidden, BLOCK=triton.next_power_of_2(hidden), HAS_RESIDUAL=residual is not None)
-    return normed.view(x.shape), total.view(x.shape)
+    return normed.view(x.shape), (x if residual is None else total.view(x.shape))
