@@ -128,6 +128,15 @@ class GatedMLP(nn.Module):
         gate, up = self._gate_up(x).chunk(2, dim=-1)
         return self.down_proj(self.act(gate) * up)
 
+    def triton_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """forward in a step on the Triton backend: with the projections fused, the activation and the
+        multiply in one kernel (engine/kernels/gpu/triton_gated_act.py), the same roundings."""
+        if self._gate_up is None:
+            return self.forward(x)
+        from engine.kernels.gpu.triton_gated_act import gated_act
+
+        return self.down_proj(gated_act(self._gate_up(x), self.activation))
+
 
 def fuse_projections(*projections: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
     """One call computing several projections of the same input, concatenated: one larger matmul per

@@ -61,7 +61,8 @@ class DecoderLayer(nn.Module):
         """The layer in a serving step on the Triton backend: (output, residual) where `forward` gives
         residual + output, the add left to the next add + RMSNorm kernel (the next layer's input norm, or
         the final norm). `pending`: the previous layer's output not yet added to `residual` (None for the
-        first layer). Every norm is a Triton row kernel, whose rows do not depend on the row count."""
+        first layer). Every norm is a Triton row kernel, whose rows do not depend on the row count, and the
+        MLP's activation and multiply one kernel."""
         from engine.kernels.gpu.triton_add_rmsnorm import add_rmsnorm, rmsnorm
 
         def add_and_norm(out: torch.Tensor, residual: torch.Tensor, norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
@@ -78,9 +79,9 @@ class DecoderLayer(nn.Module):
         if self.sandwich:
             normed, residual = add_and_norm(norm(self.post_attention_layernorm, attended), residual,
                                             self.pre_feedforward_layernorm)
-            return norm(self.post_feedforward_layernorm, self.mlp(normed)), residual
+            return norm(self.post_feedforward_layernorm, self.mlp.triton_forward(normed)), residual
         normed, residual = add_and_norm(attended, residual, self.post_attention_layernorm)
-        return self.mlp(normed), residual
+        return self.mlp.triton_forward(normed), residual
 
 
 class DecoderStack(nn.Module):

@@ -49,8 +49,9 @@ def serving_step(config, backend, sequences, seed, device="cpu", fed=None):
         for name, parameter in model.named_parameters():
             if name.endswith("norm.weight"):
                 parameter.copy_(torch.rand_like(parameter) + 0.5)
-    model.to(device).set_decode_attention(backend)
-    pass  # as an engine on CUDA: cuBLAS's rows follow the row count
+    model.to(device).fuse_for_inference()  # as the loader does: q/k/v and gate/up each one projection
+    model.set_decode_attention(backend)
+    model.set_invariant_gemm(device == "cuda")  # as an engine on CUDA: cuBLAS's rows follow the row count
     blocks = [-(-(cached + new) // BLOCK_SIZE) for cached, new in sequences]
     cache = PagedKVCache(KVShape.of(config), sum(blocks) + 2, BLOCK_SIZE, torch.float32, device)
     cache.keys.normal_()
