@@ -13,9 +13,7 @@ wins. Without CUDA it says so and stops.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -23,21 +21,9 @@ from torch.nn import functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.cuda_timing import median_ms  # noqa: E402
 from engine.kernels.gpu import cuda_int4  # noqa: E402
 from engine.kernels.gpu.cuda_int4 import CudaInt4Linear  # noqa: E402
-
-
-def median_ms(run: Callable[[], object], repeats: int) -> float:
-    run()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        run()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def random_module(out: int, inp: int) -> CudaInt4Linear:

@@ -14,7 +14,6 @@ Usage: python bench/decode_attention.py [--contexts 1024,8192] [--batches 1,64] 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from torch.nn import functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.cuda_timing import median_ms  # noqa: E402
 from engine.engine_config import EngineConfig  # noqa: E402
 from engine.model.attention import Attention, decode_attention_backend  # noqa: E402
 from engine.model.attention_metadata import decode_metadata  # noqa: E402
@@ -58,18 +58,6 @@ def prefill_kernel(device: torch.device, dtype: torch.dtype, cached: int) -> str
         except RuntimeError:
             continue
     return SDPBackend.MATH.name
-
-
-def median_ms(run: object, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        run()  # type: ignore[operator]
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def main() -> None:

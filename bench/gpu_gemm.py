@@ -12,35 +12,21 @@ Usage: python bench/gpu_gemm.py [--rows 1,8,64,512,2048] [--repeats 30]
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
-from typing import Callable
 
 import torch
 from torch.nn import functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.cuda_timing import median_ms  # noqa: E402
 from engine.engine_config import EngineConfig  # noqa: E402
 from engine.model.layers import invariant_gemm_choice  # noqa: E402
 
 # (name, out_features, in_features): Llama 3.2 1B's fused q/k/v, o, fused gate/up, down, and its head.
 SHAPES = [("qkv", 3072, 2048), ("o", 2048, 2048), ("gate+up", 16384, 2048), ("down", 2048, 8192),
           ("head", 128256, 2048)]
-
-
-def median_ms(run: Callable[[], object], repeats: int) -> float:
-    run()  # compiled and warm before the clock starts
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        run()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def main() -> None:
