@@ -310,8 +310,9 @@ def processed_logits(logits: torch.Tensor, row: SampleRequest) -> torch.Tensor:
 
 
 def _logprob_records(logits: torch.Tensor, rows: list[SampleRequest], tokens: list[int]) -> list[TokenLogprob | None]:
-    """The records of the rows that want one, in one batched log-softmax and one top-k: per row, as
-    was first written, they cost more than the step's forward on a small model (bench/logprobs_cost.py)."""
+    """The records of the rows that want one, in one batched log-softmax and one top-k, read back in one
+    wait for the device: per row, as was first written, they cost more than the step's forward on a
+    small model (bench/logprobs_cost.py)."""
     wanted = [i for i, row in enumerate(rows) if _wants_logprob(row.params)]
     records: list[TokenLogprob | None] = [None] * len(rows)
     if not wanted:
@@ -322,18 +323,29 @@ def _logprob_records(logits: torch.Tensor, rows: list[SampleRequest], tokens: li
     reported = raw
     if any(p is not None for p in processed):
         reported = torch.log_softmax(torch.stack([raw[k] if p is None else p for k, p in enumerate(processed)]), -1)
-        for k in torch.isnan(reported).any(dim=-1).nonzero().flatten().tolist():
-            # Extreme but valid penalties overflow float32 logits to inf (as the draw knows): float64.
-            reported[k] = torch.log_softmax(processed_logits(logits[wanted[k]].double(), rows[wanted[k]]), -1).float()
-    chosen = device_tensor([tokens[i] for i in wanted], logits.device).unsqueeze(1)
     most = max(rows[i].params.logprobs or 0 for i in wanted)
-    top_values, top_ids = torch.topk(reported, most) if most else (reported[:, :0], reported[:, :0].long())
-    # [W, 2 + most]: the chosen token's reported and model logprobs, then the top values; read back with the
-    # top ids in two waits for the device rather than four.
-    values = torch.cat([reported.gather(1, chosen), raw.gather(1, chosen), top_values], dim=1).tolist()
-    ids = top_ids.tolist()
+    values, ids, overflowed = _read_records(reported, raw, device_tensor([tokens[i] for i in wanted], logits.device),
+                                            most)
+    for k in [k for k, bad in enumerate(overflowed) if bad]:
+        # Extreme but valid penalties overflow float32 logits to inf (as the draw knows): that row in float64.
+        again = torch.log_softmax(processed_logits(logits[wanted[k]].double(), rows[wanted[k]]), -1).float()
+        [values[k]], [ids[k]], _ = _read_records(again[None], raw[k: k + 1],
+                                                 device_tensor([tokens[wanted[k]]], logits.device), most)
     for k, i in enumerate(wanted):
         n = rows[i].params.logprobs or 0
         records[i] = TokenLogprob(token_id=tokens[i], logprob=values[k][0], top=tuple(zip(ids[k][:n], values[k][2:2 + n])),
                                   model_logprob=values[k][1])
     return records
+
+
+def _read_records(reported: torch.Tensor, raw: torch.Tensor, chosen: torch.Tensor,
+                  most: int) -> tuple[list[list[float]], list[list[int]], list[bool]]:
+    """Per row: [its chosen token's reported and model logprobs, then the `most` top values], the top ids,
+    and whether its reported row holds a NaN; one read back (ids travel as float32, exact below 2**24)."""
+    assert reported.shape[-1] <= 1 << 24, "token ids above 2**24 are not exact in float32"
+    top_values, top_ids = torch.topk(reported, most) if most else (reported[:, :0], reported[:, :0].long())
+    chosen = chosen.unsqueeze(1)
+    packed = torch.cat([reported.gather(1, chosen), raw.gather(1, chosen), top_values, top_ids.float(),
+                        torch.isnan(reported).any(dim=-1, keepdim=True).float()], dim=1).tolist()
+    return ([row[: 2 + most] for row in packed], [[int(i) for i in row[2 + most: 2 + 2 * most]] for row in packed],
+            [row[-1] != 0.0 for row in packed])

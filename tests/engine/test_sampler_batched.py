@@ -140,7 +140,7 @@ def test_nan_logits_fail_the_step_in_both_and_the_batched_one_draws_nothing(gram
 @pytest.mark.gpu
 def test_on_cuda_the_batch_draws_the_same_and_waits_once(grammars):
     run_both(list(KINDS), grammars, device="cuda")
-    # Logprob records read their values back on their own, and an overflowing row is drawn again.
+    # Logprob records are read back in a wait of their own (the next test), and an overflowing row is drawn again.
     plain = [k for k, p in KINDS.items() if p.logprobs is None and p.stop_below_prob is None
              and p.repetition_penalty > 1e-3]
     assert "greedy, penalised" in plain and "frequency, presence" in plain and "min_tokens" in plain
@@ -156,3 +156,23 @@ def test_on_cuda_the_batch_draws_the_same_and_waits_once(grammars):
         torch.cuda.set_sync_debug_mode("default")
     waits = [w for w in caught if "synchroniz" in str(w.message)]
     assert len(waits) == 1, [str(w.message) for w in waits]
+
+
+@pytest.mark.gpu
+def test_on_cuda_logprob_records_cost_one_more_wait(grammars):
+    """Every row's record (values, top ids and the overflow check) comes back in one read after the
+    tokens'; only a row whose penalised logits overflow float32 costs a third (its float64 redo)."""
+    kinds = [k for k in KINDS if k != "overflowing penalty"]
+    assert any(KINDS[k].logprobs for k in kinds) and any(KINDS[k].stop_below_prob for k in kinds)
+    streams = [Stream(kind, i, grammars, "cuda") for i, kind in enumerate(kinds)]
+    logits = step_logits(0, len(kinds), "cuda")
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            sample(logits, [s.request() for s in streams])
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    waits = [w for w in caught if "synchroniz" in str(w.message)]
+    assert len(waits) == 2, [str(w.message) for w in waits]
