@@ -10,8 +10,8 @@ import sys
 import pytest
 import torch
 
-import engine.kernels.gpu
 from engine import Engine, EngineConfig
+from engine.kernels import gpu as gpu_kernels
 from engine.model import layers
 from engine.model.layers import FusedFloatLinear, Linear, invariant_gemm_choice
 
@@ -59,7 +59,7 @@ def test_the_choice_reaches_every_projection_and_float_linear_takes_the_kernel_o
     calls = []
     fake = type("Kernel", (), {"invariant_linear": staticmethod(lambda x, w, b: calls.append(x.shape) or x)})
     monkeypatch.setitem(sys.modules, "engine.kernels.gpu.triton_linear", fake)
-    monkeypatch.setattr(engine.kernels.gpu, "triton_linear", fake, raising=False)
+    monkeypatch.setattr(gpu_kernels, "triton_linear", fake, raising=False)
     monkeypatch.setattr(layers.cpu_kernels, "native_available", lambda: False)
     with torch.no_grad():
         rows = torch.zeros(3, model.config.hidden_size)

@@ -1,7 +1,7 @@
 """An engine whose model serves on the Triton backend, on the CPU under Triton's interpreter: what a CUDA
 engine's steps run (LlamaForCausalLM._triton_step: RoPE + cache write, the paged decode kernel, every norm
-a row kernel), end to end through the real scheduler, graphs' replay backend and preemption, before any
-GPU runs it.
+a row kernel, the MLP's activation and multiply one kernel), end to end through the real scheduler,
+graphs' replay backend and preemption, before any GPU runs it.
 
 - The batch-invariance oracle (tests/engine/test_batch_invariance.py's, on a smaller workload: the
   interpreter is slow): each request gets its solo run's tokens and their logprobs exactly, the last
