@@ -137,33 +137,8 @@ def test_nan_logits_fail_the_step_in_both_and_the_batched_one_draws_nothing(gram
         assert untouched == ([True] * 3 if sampler is sample else [False, True, True])
 
 
-@pytest.mark.gpu
-def test_on_cuda_the_batch_draws_the_same_and_waits_once(grammars):
-    run_both(list(KINDS), grammars, device="cuda")
-    # Logprob records are read back in a wait of their own (the next test), and an overflowing row is drawn again.
-    plain = [k for k, p in KINDS.items() if p.logprobs is None and p.stop_below_prob is None
-             and p.repetition_penalty > 1e-3]
-    assert "greedy, penalised" in plain and "frequency, presence" in plain and "min_tokens" in plain
-    streams = [Stream(kind, i, grammars, "cuda") for i, kind in enumerate(plain)]
-    logits = step_logits(0, len(plain), "cuda")
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("warn")
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            sample(logits, [s.request() for s in streams])
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    waits = [w for w in caught if "synchroniz" in str(w.message)]
-    assert len(waits) == 1, [str(w.message) for w in waits]
-
-
-@pytest.mark.gpu
-def test_on_cuda_logprob_records_cost_one_more_wait(grammars):
-    """Every row's record (values, top ids and the overflow check) comes back in one read after the
-    tokens'; only a row whose penalised logits overflow float32 costs a third (its float64 redo)."""
-    kinds = [k for k in KINDS if k != "overflowing penalty"]
-    assert any(KINDS[k].logprobs for k in kinds) and any(KINDS[k].stop_below_prob for k in kinds)
+def cuda_waits(kinds: list[str], grammars) -> list[str]:
+    """The device waits torch reports while one step of `kinds` is sampled on CUDA."""
     streams = [Stream(kind, i, grammars, "cuda") for i, kind in enumerate(kinds)]
     logits = step_logits(0, len(kinds), "cuda")
     torch.cuda.synchronize()
@@ -174,5 +149,25 @@ def test_on_cuda_logprob_records_cost_one_more_wait(grammars):
             sample(logits, [s.request() for s in streams])
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    waits = [w for w in caught if "synchroniz" in str(w.message)]
-    assert len(waits) == 2, [str(w.message) for w in waits]
+    return [str(w.message) for w in caught if "synchroniz" in str(w.message)]
+
+
+@pytest.mark.gpu
+def test_on_cuda_the_batch_draws_the_same_and_waits_once(grammars):
+    run_both(list(KINDS), grammars, device="cuda")
+    # Logprob records are read back in a wait of their own (the next test), and an overflowing row is drawn again.
+    plain = [k for k, p in KINDS.items() if p.logprobs is None and p.stop_below_prob is None
+             and p.repetition_penalty > 1e-3]
+    assert "greedy, penalised" in plain and "frequency, presence" in plain and "min_tokens" in plain
+    waits = cuda_waits(plain, grammars)
+    assert len(waits) == 1, waits
+
+
+@pytest.mark.gpu
+def test_on_cuda_logprob_records_cost_one_more_wait(grammars):
+    """Every row's record (values, top ids and the overflow check) comes back in one read after the
+    tokens'; only a row whose penalised logits overflow float32 costs a third (its float64 redo)."""
+    kinds = [k for k in KINDS if k != "overflowing penalty"]
+    assert any(KINDS[k].logprobs for k in kinds) and any(KINDS[k].stop_below_prob for k in kinds)
+    waits = cuda_waits(kinds, grammars)
+    assert len(waits) == 2, waits
