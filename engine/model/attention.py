@@ -94,8 +94,9 @@ class Attention(nn.Module):
         qk = qkv[..., : heads + kv_heads, :]
         on_triton = metadata is not None and cache is not None and self.decode_backend == "triton"
         if self.qk_norm:  # each head normed over its own features, before RoPE (Qwen3, Gemma 3)
-            qk = torch.cat([self._norm(self.q_norm, qk[..., :heads, :], on_triton),
-                            self._norm(self.k_norm, qk[..., heads:, :], on_triton)], dim=-2)
+            q_part, k_part = qk[..., :heads, :], qk[..., heads:, :]
+            qk = torch.cat([self.q_norm.triton_forward(q_part), self.k_norm.triton_forward(k_part)] if on_triton
+                           else [self.q_norm(q_part), self.k_norm(k_part)], dim=-2)
         if on_triton:
             # A serving step on the Triton backend, prefills beside the decodes or not (so that a decode's
             # bits never depend on them): RoPE and the cache write in one kernel, then the decodes by the
@@ -147,14 +148,6 @@ class Attention(nn.Module):
                                                metadata.token_sequence, metadata.positions, metadata.block_size,
                                                self.sliding_window, self.scale)  # [N, H, D]
         return self._attend_cached(q, (k, v), metadata, cache)
-
-    @staticmethod
-    def _norm(norm: RMSNorm, x: torch.Tensor, on_triton: bool) -> torch.Tensor:
-        if not on_triton:
-            return norm(x)
-        from engine.kernels.gpu.triton_add_rmsnorm import rmsnorm  # a row's bits whatever the row count
-
-        return rmsnorm(x, norm.weight, norm.eps)
 
     def _attend_cached(self, q: torch.Tensor, step_kv: tuple[torch.Tensor, torch.Tensor] | None,
                        metadata: AttentionMetadata, cache: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:

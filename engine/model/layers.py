@@ -102,6 +102,19 @@ class RMSNorm(nn.Module):
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(input_dtype)
 
+    def triton_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """forward as one Triton row kernel (engine/kernels/gpu/triton_add_rmsnorm.py): a row's bits do not
+        depend on the row count, and a step on the Triton backend launches one kernel, not eight ops."""
+        from engine.kernels.gpu.triton_add_rmsnorm import rmsnorm
+
+        return rmsnorm(x, self.weight, self.eps)
+
+    def triton_add(self, out: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(forward(residual + out), residual + out) in one Triton kernel, with the module path's roundings."""
+        from engine.kernels.gpu.triton_add_rmsnorm import add_rmsnorm
+
+        return add_rmsnorm(out, residual, self.weight, self.eps)
+
 
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "silu": F.silu, "gelu_pytorch_tanh": partial(F.gelu, approximate="tanh")}

@@ -63,24 +63,16 @@ class DecoderLayer(nn.Module):
         the final norm). `pending`: the previous layer's output not yet added to `residual` (None for the
         first layer). Every norm is a Triton row kernel, whose rows do not depend on the row count, and the
         MLP's activation and multiply one kernel."""
-        from engine.kernels.gpu.triton_add_rmsnorm import add_rmsnorm, rmsnorm
-
-        def add_and_norm(out: torch.Tensor, residual: torch.Tensor, norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
-            return add_rmsnorm(out, residual, norm.weight, norm.eps)
-
-        def norm(module: RMSNorm, x: torch.Tensor) -> torch.Tensor:
-            return rmsnorm(x, module.weight, module.eps)
-
         if pending is None:
-            normed = norm(self.input_layernorm, residual)
+            normed = self.input_layernorm.triton_forward(residual)
         else:
-            normed, residual = add_and_norm(pending, residual, self.input_layernorm)
+            normed, residual = self.input_layernorm.triton_add(pending, residual)
         attended = self.self_attn(normed, cos, sin, metadata, cache)
         if self.sandwich:
-            normed, residual = add_and_norm(norm(self.post_attention_layernorm, attended), residual,
-                                            self.pre_feedforward_layernorm)
-            return norm(self.post_feedforward_layernorm, self.mlp.triton_forward(normed)), residual
-        normed, residual = add_and_norm(attended, residual, self.post_attention_layernorm)
+            normed, residual = self.pre_feedforward_layernorm.triton_add(
+                self.post_attention_layernorm.triton_forward(attended), residual)
+            return self.post_feedforward_layernorm.triton_forward(self.mlp.triton_forward(normed)), residual
+        normed, residual = self.post_attention_layernorm.triton_add(attended, residual)
         return self.mlp.triton_forward(normed), residual
 
 
@@ -204,15 +196,13 @@ class LlamaForCausalLM(nn.Module):
         launches one kernel where an add and the eight ops of a torch RMSNorm were (what a decode step
         launches is its cost at few rows on a GPU); and a decode's rows take the same kernels whatever
         shares its step, so their bits do not depend on it."""
-        from engine.kernels.gpu.triton_add_rmsnorm import add_rmsnorm
-
         pending: torch.Tensor | None = None
         for index, layer in enumerate(self.model.layers):
             assert isinstance(layer, DecoderLayer)
             pending, x = layer.triton_step(x, pending, *tables[self.layer_rope[index]], metadata,
                                            kv_cache.layer(index))
         assert pending is not None  # a model has at least one layer
-        return add_rmsnorm(pending, x, self.model.norm.weight, self.model.norm.eps)[0]
+        return self.model.norm.triton_add(pending, x)[0]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         # One kernel whatever the row count: a row's logits must not depend on the rows beside it (batch

@@ -27,10 +27,6 @@ ACTIVATIONS = ("silu", "gelu_pytorch_tanh")  # HF's hidden_act names, as GatedML
 BLOCK = 1024  # features per program
 
 
-def available() -> bool:
-    return triton is not None
-
-
 if triton is not None:
 
     @triton.jit
