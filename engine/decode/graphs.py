@@ -34,7 +34,7 @@ from typing import Callable, Iterator
 import torch
 
 from engine.decode.cuda_capture import capture, root_cause
-from engine.kernels.host_copy import device_tensor, padded_rows
+from engine.decode.block_table import DeviceBlockTable
 from engine.model.llama import LlamaForCausalLM
 from engine.model.attention_metadata import decode_metadata
 from engine.scheduler.kv_cache import PagedKVCache, blocks_needed
@@ -108,6 +108,7 @@ class DecodeGraphs:
         self.replays = 0
         self.refusal: str | None = None
         self._graphs: dict[tuple[int, int], tuple[StaticBuffers, Callable[[], None]]] = {}
+        self._table = DeviceBlockTable(BUCKETS[-1], max_blocks, kv_cache.pad_block, device)
         self._bisect_next = False
         self._cuda = torch.cuda  # the CUDA API capture goes through (tests pass a stand-in)
         # Made at the first capture: every graph shares them.
@@ -156,13 +157,13 @@ class DecodeGraphs:
         return max(min(1 << max(blocks - 1, 0).bit_length(), self.max_blocks), blocks)
 
     def prepare(self, block_tables: list[list[int]], pad_rows: bool = True) -> DecodeBatch:
-        """The batch's key and padded block tables, on the device in one non-blocking copy. pad_rows:
-        pad to the batch bucket, for a graph replay."""
+        """The batch's key and padded block tables, on the device (engine/decode/block_table.py writes
+        and copies only the rows that changed since the last batch). pad_rows: pad to the batch bucket,
+        for a graph replay."""
         rows = len(block_tables)
         bucket = self._bucket(rows) if pad_rows else rows
-        blocks, pad = self.blocks_for(max(len(t) for t in block_tables)), self.kv_cache.pad_block
-        table = padded_rows(block_tables, blocks, pad=pad, height=bucket)
-        return DecodeBatch(rows, bucket, blocks, device_tensor(table, self.device))
+        blocks = self.blocks_for(max(len(t) for t in block_tables))
+        return DecodeBatch(rows, bucket, blocks, self._table.table(block_tables, bucket, blocks))
 
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, block_tables: list[list[int]]) -> torch.Tensor:
         """Logits [B, V] of one decode step for B sequences (B <= the largest bucket)."""

@@ -12,7 +12,9 @@ import transformers
 
 from engine import Engine, EngineConfig, PromptError, SamplingParams
 from engine.sampling_params import InvalidSamplingParams
+from engine.decode.block_table import DeviceBlockTable
 from engine.decode.graphs import DecodeGraphs, GraphMode
+from engine.kernels.host_copy import padded_rows
 from engine.loading.loader import load_model
 from engine.model.attention import Attention
 from engine.model.attention_metadata import AttentionMetadata
@@ -135,3 +137,25 @@ def test_on_cuda_every_request_gets_its_solo_tokens_in_a_mixed_batch_with_nothin
         assert got == (solo[rid][: len(got)] if rid in aborts else solo[rid]), rid
     assert engine.scheduler.num_preemptions > 0, "liveness: the small pool swapped sequences out"
     assert engine.runner.graphs.replays > 0 and engine.device_loop.bursts > 0
+
+
+def test_the_block_table_updated_in_place_on_cuda_is_each_steps_table():
+    """The pinned host rows are rewritten while earlier copies may still be queued: every step's table,
+    and every table handed out before it, equal the ones built afresh."""
+    device = torch.device("cuda")
+    table = DeviceBlockTable(rows=16, blocks=64, pad=999, device=device)
+    rng = random.Random(0)
+    live = [[rng.randrange(900) for _ in range(rng.randint(1, 40))] for _ in range(12)]
+    handed_out = []
+    for step in range(200):
+        row = live[rng.randrange(len(live))]
+        if step % 7 == 0:
+            row[:] = [rng.randrange(900) for _ in range(rng.randint(1, 40))]
+        elif len(row) < 64:
+            row.append(rng.randrange(900))
+        rng.shuffle(live)
+        height, width = 16, max(len(t) for t in live)
+        handed_out.append((table.table(live, height, width), padded_rows(live, width, pad=999, height=height)))
+    torch.cuda.synchronize()
+    for got, expected in handed_out:
+        assert torch.equal(got.cpu(), expected)

@@ -87,10 +87,17 @@ MUTANTS = (
     ),
     Mutant(
         "padding rows write a real block",
-        "engine/decode/graphs.py", "DecodeGraphs.prepare",
-        "table = padded_rows(block_tables, blocks, pad=pad, height=bucket)",
-        "table = padded_rows(block_tables + [[0]] * (bucket - rows), blocks, pad=pad, height=bucket)",
+        "engine/decode/block_table.py", "DeviceBlockTable.table",
+        "tables[row] if row < len(tables) else []",
+        "tables[row] if row < len(tables) else [0]",
         ("tests/engine/test_graphs.py::test_graph_replays_match_eager_exactly_and_leave_the_cache_alone",),
+    ),
+    Mutant(
+        "a row's blocks remembered by reference to the scheduler's list",
+        "engine/decode/block_table.py", "DeviceBlockTable._write_row",
+        "self._remembered[row] = list(blocks)",
+        "self._remembered[row] = blocks",
+        ("tests/engine/test_block_table.py::test_a_list_cut_short_in_place_loses_its_blocks",),
     ),
     Mutant(
         "stale slot kept when a sequence is served elsewhere",
