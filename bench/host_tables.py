@@ -13,6 +13,7 @@ Usage: python bench/host_tables.py [--repeats 200]
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import sys
 import time
@@ -60,13 +61,14 @@ def in_place_steps(tables: list[list[int]], width: int):
     that gained one gives it back later, so the width holds)."""
     table = DeviceBlockTable(len(tables), width, pad=0, device=torch.device("cpu"))
     table.table(tables, len(tables), width)
-    calls = iter(range(1 << 62))
+    calls = itertools.count()
 
     def step() -> None:
         row = next(calls) % (16 * len(tables))
-        if row < len(tables):
-            rows = tables[row]
-            rows.pop() if len(rows) == width else rows.append(rows[-1] + 7)
+        if row < len(tables) and len(tables[row]) < width:
+            tables[row].append(tables[row][-1] + 7)
+        elif row < len(tables):
+            tables[row].pop()
         table.table(tables, len(tables), width)
     return step
 
