@@ -1,5 +1,6 @@
 """An open socket loses its user at the next frame (workbench/protocol/socket_access.py), through the
-session's shared in-process Daphne with real websocket clients: a chat user deactivated while their
+session's shared in-process Daphnes (the demo model's, and SmolLM2's where a reply must outlast a wait)
+with real websocket clients: a chat user deactivated while their
 reply streams, a staff member who is no longer staff, or no longer holds the flag permission, on the
 dashboard; a session logged out in this web process (its sockets closed at once with SIGNED_OUT) or in
 another one (its session row gone: refused at the next frame). Each has its liveness control: the same
@@ -28,7 +29,9 @@ from tests.workbench.test_security import running_requests
 from workbench.protocol.socket_access import SIGNED_OUT_CLOSE
 
 pytestmark = pytest.mark.slow  # the shared Daphne's start, when this module runs first
-LONG = {"max_tokens": None, "ignore_eos": True, "temperature": 0}  # to the model's length: runs until stopped
+# To the model's length: runs until stopped. Served by SmolLM2: the demo model's 512 positions take it
+# under a second on a fast machine, less than the recheck's wait.
+LONG = {"max_tokens": None, "ignore_eos": True, "temperature": 0}
 SHORT = {"max_tokens": 4, "ignore_eos": True, "temperature": 0}
 # The first socket of a fresh server may wait for the engine's start (the dashboard's before accept).
 OPEN_TIMEOUT = 90
@@ -117,8 +120,8 @@ def dashboard_socket(session: Session):
                               additional_headers=session.socket_headers(), open_timeout=OPEN_TIMEOUT)
 
 
-def test_a_user_deactivated_while_their_reply_streams_is_refused_at_the_next_frame(inprocess_daphne, make_user):
-    served = inprocess_daphne
+def test_a_user_deactivated_while_their_reply_streams_is_refused_at_the_next_frame(smollm2_daphne, make_user):
+    served = smollm2_daphne  # its replies run for seconds, past the recheck's wait, on any machine we have
     user = make_user(served.address, "deactivated")
     conversation = user.new_conversation()
 
@@ -215,8 +218,8 @@ def test_an_operator_without_the_flag_permission_has_the_next_change_refused(inp
     assert (removed["type"], removed["id"], removed["code"]) == ("error", "removed", "forbidden"), removed
 
 
-def test_logging_out_closes_that_sessions_sockets_at_once_and_no_other_sessions(inprocess_daphne, make_user):
-    served = inprocess_daphne
+def test_logging_out_closes_that_sessions_sockets_at_once_and_no_other_sessions(smollm2_daphne, make_user):
+    served = smollm2_daphne
     user = make_user(served.address, "leaver")
     change_user(served.db_path, user.username, is_staff=1)
     other = Session(served.address).log_in(user.username, PASSWORD)  # the same user in another browser

@@ -315,7 +315,11 @@ def test_a_celery_worker_applies_its_stream_settings(stream_clusters, setting):
     sizes = [len(f["token_ids"]) for f in deltas]
     assert frames[-1]["type"] == "done" and sum(sizes) == 24
     if setting == "interval":
-        assert sizes[0] == 1 and all(size >= 4 for size in sizes[1:-1]), sizes
+        # The worker releases the first token at once, then every 4th, then the last; on the way a delta
+        # merges into the one before it while that one's send is in flight (the worker's outbox, the web
+        # side's stream), so the client's deltas end on those boundaries without ending on each.
+        ends = {sum(sizes[: n + 1]) for n in range(len(sizes))}
+        assert len(sizes) >= 2 and ends <= {1, *range(5, 24, 4), 24}, sizes
     else:
         assert sizes[0] == 1 and len(sizes) < 12 and max(sizes) >= 4, sizes
     assert [f["index"] for f in deltas] == [sum(sizes[:n]) for n in range(len(sizes))]
