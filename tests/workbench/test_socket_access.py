@@ -1,10 +1,9 @@
 """An open socket loses its user at the next frame (workbench/protocol/socket_access.py), through the
 session's shared in-process Daphnes (the demo model's, and SmolLM2's where a reply must outlast a wait)
-with real websocket clients: a chat user deactivated while their
-reply streams, a staff member who is no longer staff, or no longer holds the flag permission, on the
-dashboard; a session logged out in this web process (its sockets closed at once with SIGNED_OUT) or in
-another one (its session row gone: refused at the next frame). Each has its liveness control: the same
-frames are taken while the user still may.
+with real websocket clients: a chat user deactivated while their reply streams, a staff member who is
+no longer staff, or no longer holds the flag permission, on the dashboard; a session logged out in this
+web process (its sockets closed at once with SIGNED_OUT) or in another one (its session row gone: refused
+at the next frame). Each has its liveness control: the same frames are taken while the user still may.
 
 Users are changed in the SQLite file the server reads, as an admin's save or another web process's
 logout changes it: the server hears of it only through the database, so at the first frame once the
