@@ -35,12 +35,15 @@ def test_local_completions_loglikelihoods_are_the_engines_prompt_logprobs(inproc
     lm_eval = pytest.importorskip("lm_eval")
     pytest.importorskip("tenacity")  # lm-eval[api], what its API models need
     from lm_eval.models.openai_completions import LocalCompletionsAPI
+    from lm_eval.tasks import TaskManager
 
     _, token = Session(inprocess_daphne.address).sign_up(unique_name("lmeval")).new_token("lm-eval")
     lm = LocalCompletionsAPI(base_url=f"http://{inprocess_daphne.address}/v1/completions", model="demo",
                              tokenizer_backend="huggingface", tokenizer=str(demo_dir), max_retries=1,
                              header={"Authorization": f"Bearer {token}"})
-    results = lm_eval.simple_evaluate(model=lm, tasks=[task_config()], log_samples=True)
+    # Without lm-eval's own task library: indexing its thousands of task files is most of the run.
+    results = lm_eval.simple_evaluate(model=lm, tasks=[task_config()], log_samples=True,
+                                      task_manager=TaskManager(include_defaults=False))
     samples = results["samples"]["workbench_tiny_mc"]
     assert len(samples) == 4 and sum(len(s["arguments"]) for s in samples) == 12, "liveness: every choice scored"
 
