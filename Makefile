@@ -41,21 +41,27 @@ run: $(STAMP)
 stack: $(STAMP)
 	$(PY) -m scripts.stack
 
-# In file order: CI's run must not change with a seed. `make test-random SEED=N` runs the same suite in
+# Not in a random order: CI's run must not change with a seed. `make test-random SEED=N` runs the same suite in
 # pytest-randomly's order N, the check that no test depends on another having run first.
+# Both on two pytest workers (pytest-xdist), each given a whole test file at a time, so a module's
+# fixtures are set up once; the session's shared servers start once per worker. OpenMP's threads wait
+# passively there: by default torch's spin after every parallel op, and two workers' spinning threads
+# (and their servers') took the cores from each other (docs/TESTING.md, "Two workers").
 # Then the modules marked `postgres` (conversation storage) again on PostgreSQL, in-process only: they
 # test what the database does, which the Celery halves do not change (docs/TESTING.md, "On PostgreSQL").
 # The native kernels are built first, as for `make run`: otherwise the first test that serves pays the
 # compile (a minute on a fresh checkout) inside its own timeouts.
+TEST_WORKERS = -n 2 --dist loadfile
+test test-random: export OMP_WAIT_POLICY = PASSIVE
 test: lint typecheck chromium redis compose
 	@$(PY) -m engine.kernels.cpu
-	$(PY) -m pytest -p no:randomly
+	$(PY) -m pytest -p no:randomly $(TEST_WORKERS)
 	$(PY) -m pytest -p no:randomly --ds=tests.settings_postgres -m postgres -k "not celery" tests/workbench
 
 SEED ?= 1
 test-random: lint typecheck chromium redis compose
 	@$(PY) -m engine.kernels.cpu
-	$(PY) -m pytest -p randomly --randomly-seed=$(SEED)
+	$(PY) -m pytest -p randomly --randomly-seed=$(SEED) $(TEST_WORKERS)
 
 # ruff over the whole tree ([tool.ruff] in pyproject.toml says which checks, and why no formatter).
 lint: $(STAMP)
