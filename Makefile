@@ -41,27 +41,28 @@ run: $(STAMP)
 stack: $(STAMP)
 	$(PY) -m scripts.stack
 
-# Not in a random order: CI's run must not change with a seed. `make test-random SEED=N` runs the same suite in
+# In file order: CI's run must not change with a seed. `make test-random SEED=N` runs the same suite in
 # pytest-randomly's order N, the check that no test depends on another having run first.
-# Both on two pytest workers (pytest-xdist), each given a whole test file at a time, so a module's
-# fixtures are set up once; the session's shared servers start once per worker. OpenMP's threads wait
-# passively there: by default torch's spin after every parallel op, and two workers' spinning threads
-# (and their servers') took the cores from each other (docs/TESTING.md, "Two workers").
+# `TEST_WORKERS=2` runs pytest on two workers (pytest-xdist, a test file to a worker at a time), with OpenMP's
+# threads waiting passively (torch's spin by default, and two workers' spinning threads took the cores
+# from each other): about 8 minutes where one process takes 13, but some server tests' races with the
+# demo model's speed are lost beside another worker, so CI runs one process (docs/TESTING.md, "Two workers").
 # Then the modules marked `postgres` (conversation storage) again on PostgreSQL, in-process only: they
 # test what the database does, which the Celery halves do not change (docs/TESTING.md, "On PostgreSQL").
 # The native kernels are built first, as for `make run`: otherwise the first test that serves pays the
 # compile (a minute on a fresh checkout) inside its own timeouts.
-TEST_WORKERS = -n 2 --dist loadfile
-test test-random: export OMP_WAIT_POLICY = PASSIVE
+TEST_WORKERS ?=
+PARALLEL = $(if $(TEST_WORKERS),OMP_WAIT_POLICY=PASSIVE)
+WORKER_OPTIONS = $(if $(TEST_WORKERS),-n $(TEST_WORKERS) --dist loadfile)
 test: lint typecheck chromium redis compose
 	@$(PY) -m engine.kernels.cpu
-	$(PY) -m pytest -p no:randomly $(TEST_WORKERS)
+	$(PARALLEL) $(PY) -m pytest -p no:randomly $(WORKER_OPTIONS)
 	$(PY) -m pytest -p no:randomly --ds=tests.settings_postgres -m postgres -k "not celery" tests/workbench
 
 SEED ?= 1
 test-random: lint typecheck chromium redis compose
 	@$(PY) -m engine.kernels.cpu
-	$(PY) -m pytest -p randomly --randomly-seed=$(SEED) $(TEST_WORKERS)
+	$(PARALLEL) $(PY) -m pytest -p randomly --randomly-seed=$(SEED) $(WORKER_OPTIONS)
 
 # ruff over the whole tree ([tool.ruff] in pyproject.toml says which checks, and why no formatter).
 lint: $(STAMP)
