@@ -43,26 +43,21 @@ stack: $(STAMP)
 
 # In file order: CI's run must not change with a seed. `make test-random SEED=N` runs the same suite in
 # pytest-randomly's order N, the check that no test depends on another having run first.
-# `TEST_WORKERS=2` runs pytest on two workers (pytest-xdist, a test file to a worker at a time), with OpenMP's
-# threads waiting passively (torch's spin by default, and two workers' spinning threads took the cores
-# from each other): about 8 minutes where one process takes 13, but some server tests' races with the
-# demo model's speed are lost beside another worker, so CI runs one process (docs/TESTING.md, "Two workers").
+# Both as two pytest processes side by side: the tests that wait on servers, and the rest at a lower
+# priority (scripts/suite_in_two.py says why).
 # Then the modules marked `postgres` (conversation storage) again on PostgreSQL, in-process only: they
 # test what the database does, which the Celery halves do not change (docs/TESTING.md, "On PostgreSQL").
 # The native kernels are built first, as for `make run`: otherwise the first test that serves pays the
 # compile (a minute on a fresh checkout) inside its own timeouts.
-TEST_WORKERS ?=
-PARALLEL = $(if $(TEST_WORKERS),OMP_WAIT_POLICY=PASSIVE)
-WORKER_OPTIONS = $(if $(TEST_WORKERS),-n $(TEST_WORKERS) --dist loadfile)
 test: lint typecheck chromium redis compose
 	@$(PY) -m engine.kernels.cpu
-	$(PARALLEL) $(PY) -m pytest -p no:randomly $(WORKER_OPTIONS)
+	$(PY) -m scripts.suite_in_two -p no:randomly
 	$(PY) -m pytest -p no:randomly --ds=tests.settings_postgres -m postgres -k "not celery" tests/workbench
 
 SEED ?= 1
 test-random: lint typecheck chromium redis compose
 	@$(PY) -m engine.kernels.cpu
-	$(PARALLEL) $(PY) -m pytest -p randomly --randomly-seed=$(SEED) $(WORKER_OPTIONS)
+	$(PY) -m scripts.suite_in_two -p randomly --randomly-seed=$(SEED)
 
 # ruff over the whole tree ([tool.ruff] in pyproject.toml says which checks, and why no formatter).
 lint: $(STAMP)
