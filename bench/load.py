@@ -46,7 +46,7 @@ sys.path.insert(0, str(ROOT))
 from bench import load_oracle, soak  # noqa: E402
 from bench.load_clients import Spec, load, specs  # noqa: E402
 from bench.load_clients import soak as soak_load  # noqa: E402
-from bench.load_stack import Target, engines, runtime_check, start  # noqa: E402
+from bench.load_stack import Target, engines, engines_after, runtime_check, start  # noqa: E402
 from engine.engine import Engine  # noqa: E402
 from engine.engine_config import EngineConfig  # noqa: E402
 
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
                 plans = [specs(args.clients, args.requests_per_client, users, args.seed, args.max_tokens,
                                greedy_share=args.greedy_share)]
                 results, wall = run_load(target, plans[0])
-            after = asyncio.run(engines(target)) if target.session else {}
+            after = asyncio.run(engines_after(target, before)) if target.session else {}
             audit = audit_counts(target.address)
         finally:
             target.stop()

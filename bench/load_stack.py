@@ -141,6 +141,20 @@ async def engines(target: Target, timeout: float = 30) -> dict[str, dict]:
             for worker, view in frame["workers"].items()}
 
 
+async def engines_after(target: Target, before: dict[str, dict], timeout: float = 10) -> dict[str, dict]:
+    """engines() once the view shows a run since `before`: bursts or graph replays counted. A Celery web
+    process learns the counters from heartbeats, which its link reads every WORKBENCH_HEARTBEAT_S, so
+    right after a short run its view can still be one from before the run. After `timeout`, the last view."""
+    deadline = time.monotonic() + timeout
+    while True:
+        after = await engines(target)
+        ran = any(view[counter] != before.get(worker, {}).get(counter, 0)
+                  for worker, view in after.items() for counter in ("device_loop_bursts", "graph_replays"))
+        if ran or time.monotonic() > deadline:
+            return after
+        await asyncio.sleep(0.25)
+
+
 async def set_flags(target: Target, values: dict[str, bool], timeout: float = 30) -> dict[str, dict]:
     """Change runtime flags on every worker over the dashboard socket, as an operator does, and wait
     until the dashboard's state shows them in force on every worker (a Celery worker's answer comes

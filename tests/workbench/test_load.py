@@ -16,7 +16,8 @@ from bench import soak
 from bench.load_clients import load, specs
 from bench.load_clients import soak as soak_load
 from bench.load_oracle import judge, solo
-from bench.load_stack import DEVICE_LOOP, GRAPHS, OPERATOR, Target, engines, runtime_check, set_flags, wait_healthy
+from bench.load_stack import (DEVICE_LOOP, GRAPHS, OPERATOR, Target, engines, engines_after, runtime_check, set_flags,
+                              wait_healthy)
 from engine import Engine, EngineConfig
 from tests.cluster import issue_tokens, operator_session
 
@@ -57,11 +58,11 @@ def test_a_small_load_with_the_device_loop_on_answers_everyone_with_their_own_to
         assert all(frame["type"] == "flag_result" for frame in switched.values()), switched
         before = asyncio.run(engines(target))
         results = asyncio.run(load(target.address, target.tokens, plan))
-        after = asyncio.run(engines(target))
+        after = asyncio.run(engines_after(target, before))
     finally:
         asyncio.run(set_flags(target, {DEVICE_LOOP: False, GRAPHS: False}))
     lines, ok = runtime_check(before, after, device_loop=True, graphs=True)
-    assert ok, lines  # in force on every worker before and after, and the loop burst, graphs replayed
+    assert ok, "\n".join(lines)  # in force on every worker before and after, and the loop burst, graphs replayed
     report = judge(results, solo([spec for mine in plan for spec in mine], engine=reference))
     assert report["requests"] == 12 and report["unanswered"] == 0, report
     assert report["mismatches"] == [] and report["offset_gaps"] == 0, report
