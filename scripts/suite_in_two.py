@@ -7,7 +7,7 @@ one process, in file order as before, and everything else (the engine, the kerne
 in a second process beside it at a lower priority: it takes the cores the first leaves idle, not the time
 that the server tests' races with the demo model need (a stop clicked before a 500-token reply ends).
 pytest-xdist's two workers were faster still, but put two server tests side by side, and those races
-were lost (docs/TESTING.md, "Two workers").
+were lost (docs/TESTING.md, "Two processes side by side").
 
 Both processes, and every server they start, wait passively in OpenMP: by default torch's threads spin
 after every parallel op, taking the cores the other process needs.
@@ -25,8 +25,8 @@ import tempfile
 import time
 
 SERVER_TESTS = ["tests/workbench", "tests/e2e"]
-# The other process's niceness: under full contention a server test's process gets about ten times its
-# share of a core, and the other process the rest.
+# The other process's niceness: where both want a core, the server tests' processes get about nine times
+# the others' share of it.
 OTHERS_NICENESS = 10
 
 
@@ -50,7 +50,7 @@ def main(args: list[str]) -> int:
             if other_tests.poll() is None:  # interrupted: leave nothing running
                 other_tests.kill()
         others_output.seek(0)
-        print(f"\n{' the tests outside ' + ' and '.join(SERVER_TESTS) + ', run beside them ':=^100}", flush=True)
+        print(f"\n=== the tests outside {' and '.join(SERVER_TESTS)}, run beside them ===", flush=True)
         sys.stdout.write(others_output.read())
     print(f"both processes done in {time.monotonic() - start:.1f} s "
           f"(exit {servers_status} for the server tests, {others_status} for the others)")
