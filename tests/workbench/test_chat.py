@@ -253,7 +253,7 @@ async def test_two_tabs_on_one_conversation_take_turns(users):
     first, second = WebsocketCommunicator(as_user(users[0]), path), WebsocketCommunicator(as_user(users[0]), path)
     await first.connect()
     await second.connect()
-    params = {"max_tokens": 400, "ignore_eos": True, "temperature": 0}
+    params = {"max_tokens": None, "ignore_eos": True, "temperature": 0}  # to the model's length: runs until stopped
     await first.send_to(text_data=json.dumps({"type": "send", "content": "from the first tab", "params": params}))
     await frames_until(first, ("delta",))
     for frame in ({"type": "send", "content": "from the second tab", "params": params},

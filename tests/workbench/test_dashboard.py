@@ -99,6 +99,7 @@ def test_only_staff_get_the_dashboard_page(client, django_user_model, staff, ope
 
 
 @pytest.mark.asyncio
+@pytest.mark.usefixtures("quick_dashboard")  # two pushes while 400 tokens run: under a second on a fast machine
 async def test_a_sequence_appears_with_its_user_and_leaves_when_it_finishes(staff, api_user):
     ws = await dashboard(staff)
     api = await connect(api_user[1])

@@ -32,14 +32,14 @@ REFUSAL = {"code": "rate_limited", "retry_after": 1,
                       "(WORKBENCH_USER_CONCURRENT_REQUESTS); wait for one to end"}
 
 
-async def running(ws, request_id: str) -> str:
-    """The request's first answer, and if it was accepted, once its first tokens came: it holds its
-    slot for real (the frames of other requests meanwhile are skipped; their `done` is still to come)."""
-    first = (await answer(ws, request_id))["type"]
-    while first == "accepted":
+async def running(ws, request_id: str) -> str | dict:
+    """"running" once the request's first tokens came: it holds its slot for real (the frames of other
+    requests meanwhile are skipped; their `done` is still to come). Otherwise the frame that ended it."""
+    first = await answer(ws, request_id)
+    while first["type"] == "accepted":
         frame = json.loads(await asyncio.wait_for(ws.recv(), 60))
         if frame.get("request_id") == request_id and frame["type"] != "accepted":
-            return "running" if frame["type"] == "delta" else frame["type"]
+            return "running" if frame["type"] == "delta" else frame
     return first
 
 
@@ -150,7 +150,7 @@ def test_a_web_process_that_dies_frees_its_slots_once_its_leases_expire(two_daph
     assert still_held == {"type": "error", "request_id": "k3", **REFUSAL}
     assert freed["type"] == "accepted", f"the dead process's slot was still held {after_s:.1f} s on"
     assert taken == "running" and over == {"type": "error", "request_id": "k5", **REFUSAL}, \
-        "only the dead process's slot freed: the live one's leases outlived theirs, renewed"
+        f"only the dead process's slot freed: the live one's leases outlived theirs, renewed ({taken}, {over})"
     assert [end.get("finish_reason") for end in ends] == ["canceled"] * 3, \
         f"the long requests ran throughout (else a slot freed may have been theirs): their cancels answered {ends}"
 

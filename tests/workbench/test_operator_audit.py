@@ -16,7 +16,7 @@ from tests.workbench.test_reproduce import audit_counts, audited
 from tests.workbench.test_websocket_api import connect, frames_until_done
 from workbench.serving.inprocess import LOCAL_WORKER
 
-pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("quick_dashboard")]
 
 # Sampled and seeded, long enough to be seen on the dashboard before it ends.
 PARAMS = {"max_tokens": 300, "temperature": 0.8, "seed": 11, "ignore_eos": True}

@@ -12,21 +12,13 @@ from asgiref.sync import sync_to_async
 from tests.cluster import ROOT
 from tests.workbench.test_dashboard import _answer, dashboard, state_until
 from tests.workbench.test_websocket_api import connect, frames_until_done
-from workbench.ops import consumers
 from workbench.ops.models import RequestCancel
 from workbench.serving.inprocess import LOCAL_WORKER
 
-pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("quick_dashboard")]
 
 LONG = {"max_tokens": None, "temperature": 0, "ignore_eos": True}  # to the model's length: runs until canceled
 DEMO_LENGTH = json.loads((ROOT / "engine/assets/demo/config.json").read_text())["max_position_embeddings"]
-
-
-@pytest.fixture(autouse=True)
-def quick_dashboard(monkeypatch):
-    """The dashboard shows a request within 20 ms of its start, so the cancel lands early in a reply that
-    runs to the demo model's length (512 positions: 0.7 s on the fastest machine seen)."""
-    monkeypatch.setattr(consumers, "PUSH_EVERY_S", 0.02)
 
 
 @pytest.fixture
