@@ -23,6 +23,7 @@ from pathlib import Path
 
 import redis
 
+from tests.server_logs import register as register_log
 from tests.waiting import wait_until
 from workbench.serving.celery.presence import WORKER_KEY
 
@@ -75,6 +76,7 @@ def start_daphne(env: dict, db_path: Path) -> tuple[subprocess.Popen, str, str]:
     if not db_path.exists():
         shutil.copyfile(migrated_database(), db_path)
     port, log = free_port(), db_path.with_suffix(".daphne.log")
+    register_log(log)
     server = subprocess.Popen([sys.executable, "-m", "workbench.serve", "-b", "127.0.0.1", "-p", str(port)],
                               env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(log, "w"))
     try:
@@ -169,6 +171,7 @@ class Cluster:
         for n in range(count):
             env_n = {**env, **(each[n] if each else {})}
             log = open(self.log_dir / f"worker-{len(self.workers)}.log", "w")
+            register_log(Path(log.name))
             process = subprocess.Popen([sys.executable, "-m", "celery", "-A", self.app, "worker", "--pool", "solo",
                                         "--without-mingle", "--without-gossip", "--loglevel", "INFO"],
                                        env={**self.env, **{k: str(v) for k, v in env_n.items()}}, cwd=ROOT, stdout=log,

@@ -24,8 +24,9 @@ import torch
 from engine.decode.device_loop import KILL_SWITCH, KillSwitch
 from engine.loading.model_files import DEMO_MODEL_DIR
 
-# Watches the native kernels' build while the suite is collected (tests/test_collection_builds_no_kernels.py).
-pytest_plugins = ["tests.collection_watch"]
+# Watches the native kernels' build while the suite is collected (tests/test_collection_builds_no_kernels.py);
+# ends a failed test's report with the tails of the server logs written while it ran.
+pytest_plugins = ["tests.collection_watch", "tests.server_logs"]
 
 # Triton reads TRITON_INTERPRET when it is first imported, and anything may import it first (torch._dynamo
 # does): chosen here, before any test module, so that the kernel tests run under the interpreter wherever
