@@ -33,8 +33,8 @@ REFUSAL = {"code": "rate_limited", "retry_after": 1,
 
 
 async def running(ws, request_id: str) -> str | dict:
-    """"running" once the request's first tokens came: it holds its slot for real (the frames of other
-    requests meanwhile are skipped; their `done` is still to come). Otherwise the frame that ended it."""
+    """Once the request's first tokens came, the word running: it holds its slot for real (the frames of
+    other requests meanwhile are skipped; their `done` is still to come). Otherwise the frame that ended it."""
     first = await answer(ws, request_id)
     while first["type"] == "accepted":
         frame = json.loads(await asyncio.wait_for(ws.recv(), 60))
