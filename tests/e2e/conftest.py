@@ -24,6 +24,44 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(skip)
 
 
+# How many browser contexts were open when a test's call began: the pages of the later ones are its own.
+CONTEXTS_BEFORE = pytest.StashKey[int]()
+PAGE_TEXT_CHARS = 3_000
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    browser = item.funcargs.get("browser")
+    if browser is not None:
+        item.stash[CONTEXTS_BEFORE] = len(browser.contexts)
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed page test's report ends with what each page it opened showed then: a race lost in CI (a
+    reply that ended before Stop was clicked) is told by the page, not guessed at."""
+    report = yield
+    if report.failed and call.when == "call" and CONTEXTS_BEFORE in item.stash:
+        for title, text in page_states(item.funcargs["browser"], item.stash[CONTEXTS_BEFORE]):
+            report.sections.append((title, text))
+    return report
+
+
+def page_states(browser, first_context: int) -> list[tuple[str, str]]:
+    """(a title naming the page's address, the end of its visible text) of each page of the browser's
+    contexts from `first_context` on."""
+    states = []
+    for context in browser.contexts[first_context:]:
+        for page in context.pages:
+            try:
+                text = page.inner_text("body", timeout=2_000)[-PAGE_TEXT_CHARS:]
+            except playwright.Error as exc:  # closed, or hung
+                text = f"(unreadable: {exc})"
+            states.append((f"Page {page.url} (the last {PAGE_TEXT_CHARS} characters of its text)", text))
+    return states
+
+
 @pytest.fixture(scope="module")
 def browser():
     with playwright.sync_playwright() as p:
