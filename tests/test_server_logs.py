@@ -3,9 +3,8 @@ it ran, and of no other; a passing test's report carries none."""
 
 from __future__ import annotations
 
-from pathlib import Path
+from tests.plugin_session import report_of
 
-ROOT = Path(__file__).resolve().parents[1]
 pytest_plugins = ["pytester"]
 
 INNER = '''
@@ -37,13 +36,7 @@ def test_fails():
 
 
 def test_a_failed_tests_report_shows_the_tail_of_the_logs_written_while_it_ran(pytester, monkeypatch):
-    monkeypatch.setenv("PYTHONPATH", str(ROOT))  # for the plugin, in a pytest of its own in a folder of its own
-    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")  # none of the suite's plugins: a second, not three
-    pytester.makepyfile(test_inner=INNER)
-    # -rP: a passing test's report sections are printed too, so one wrongly given a log would show.
-    result = pytester.runpytest_subprocess("-p", "tests.server_logs", "-p", "no:cacheprovider", "-rP")
-    result.assert_outcomes(passed=1, failed=1)
-    output = result.stdout.str()
+    output = report_of(pytester, monkeypatch, "tests.server_logs", INNER)
     assert output.count("Captured ") == 1 and "busy.log (its last 40 lines)" in output, output
     assert "failing line 049" in output and "failing line 010" in output, "the last lines"
     assert "failing line 009" not in output, "no more than the last lines"

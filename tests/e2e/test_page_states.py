@@ -3,13 +3,11 @@ nothing of the pages an earlier test of the module opened in the same browser.""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from tests.e2e.conftest import CHROMIUM
+from tests.plugin_session import report_of
 
-ROOT = Path(__file__).resolve().parents[2]
 pytest_plugins = ["pytester"]
 
 INNER = '''
@@ -28,13 +26,7 @@ def test_fails(browser):
 
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (make test installs it)")
 def test_a_failed_page_tests_report_shows_its_own_pages_text(pytester, monkeypatch):
-    monkeypatch.setenv("PYTHONPATH", str(ROOT))  # for the conftest, loaded as a plugin in a folder of its own
-    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
-    pytester.makepyfile(test_inner=INNER)
-    # -rP: a passing test's report sections are printed too, so one wrongly given a page would show.
-    result = pytester.runpytest_subprocess("-p", "tests.e2e.conftest", "-p", "no:cacheprovider", "-rP")
-    result.assert_outcomes(passed=1, failed=1)
-    output = result.stdout.str()
+    output = report_of(pytester, monkeypatch, "tests.e2e.conftest", INNER)
     assert output.count("Page about:blank") == 1, output
     assert "the reply ended" in output and "length, 496 tokens" in output, "the page's visible text"
     assert "an earlier test's page" not in output, "only the failed test's own pages"
