@@ -79,6 +79,18 @@ def engine_thread_stops_at_the_end():
     bridge.shutdown()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def flush_waits_for_other_writers():
+    """A transactional test's flush waits for a write on another thread of this process (flush_waits.py)."""
+    from django.test import TransactionTestCase
+
+    from tests.workbench.flush_waits import waiting_for_other_writers
+
+    flush = TransactionTestCase._fixture_teardown
+    TransactionTestCase._fixture_teardown = waiting_for_other_writers(flush)
+    yield
+    TransactionTestCase._fixture_teardown = flush
+
 
 def pytest_collection_modifyitems(config, items):
     """On PostgreSQL (tests/settings_postgres.py), every test skips, saying why, when no server answers:
