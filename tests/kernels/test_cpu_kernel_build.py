@@ -5,7 +5,8 @@ process must load the built library regardless, at once."""
 
 from __future__ import annotations
 
-import fcntl
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,16 +17,17 @@ ROOT = Path(__file__).resolve().parents[2]  # not tests.cluster's: that imports 
 LOAD = "from engine.kernels import cpu; print(cpu.native_available(), cpu.unavailable_reason())"
 
 
-def test_a_lock_left_by_a_killed_build_does_not_stall_the_next_load(native_cpu_kernels):
-    directory = build_directory()
-    # Left as the killed builder would have: under our build lock, so that no live builder of this
-    # checkout (a shared server's first load) is between its own lock file and its removal.
-    with open(directory / "build.flock", "w") as held:
-        fcntl.flock(held, fcntl.LOCK_EX)
-        (directory / "lock").touch()
-    try:
-        loaded = subprocess.run([sys.executable, "-c", LOAD], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    finally:
-        (directory / "lock").unlink(missing_ok=True)
+def test_a_lock_left_by_a_killed_build_does_not_stall_the_next_load(native_cpu_kernels, tmp_path):
+    # On a copy of the built directory that no other process loads from: any load of the shared one (a
+    # server another test starts meanwhile) would clear the stale lock before this load could meet it.
+    # The copy keeps the files' times, so the load finds the library built and only loads it.
+    built = build_directory()
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path)}
+    private = tmp_path / built.name
+    shutil.copytree(built, private, ignore=shutil.ignore_patterns("lock", "build.flock"))
+    (private / "lock").touch()  # left as the killed builder would have
+    loaded = subprocess.run([sys.executable, "-c", LOAD], cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=60)
     assert loaded.stdout.split() == ["True", "None"], loaded.stderr[-2000:]
     assert "left by a build that was killed" in loaded.stderr, "liveness: the load met the stale lock"
+    assert not (private / "lock").exists()
