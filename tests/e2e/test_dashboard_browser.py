@@ -5,15 +5,19 @@ change, over HTTP or the socket."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from tests.conftest import ADMIN_PASSWORD
 from tests.e2e.conftest import log_in, new_page, sign_up
 from tests.users import unique_name
+from workbench.serving.transport import FINISHED_FIRST, NOT_HELD
 
 USER = unique_name("dash-carol")  # on the Daphne the session shares, a user no other test meets
+PICKED = {"picked_for_the_replay_audit": True}
 
 
 @pytest.fixture(scope="module")
@@ -25,6 +29,49 @@ def cluster_server(celery_daphne):
 
 def device_loop_cell(page, worker: str):
     return page.locator(f'#flags tr[data-flag="ARC_GRAPH_DEVICE_LOOP"] td[data-worker="{worker}"]')
+
+
+def dashboard_answer(operator, button) -> dict | None:
+    """The dashboard's answer to a click on `button` (the answer box's JSON, once it has come); None
+    where the button's row was gone before it could be clicked."""
+    operator.evaluate("document.querySelector('#flag-answer').textContent = ''")
+    try:
+        button.click(timeout=5_000)
+    except PlaywrightTimeout:
+        return None
+    operator.wait_for_function("document.querySelector('#flag-answer').textContent !== ''")
+    return json.loads(operator.locator("#flag-answer").inner_text())
+
+
+def chat_canceled_from_the_dashboard(operator, chat, base: str, workers: list[str]) -> bool:
+    """A new chat of USER's, seen on the dashboard, picked there for the replay audit and canceled: True
+    once its reply ended canceled, False where the reply ended first (its length reached) and the
+    dashboard answered that it no longer held it."""
+    chat.goto(f"{base}/")
+    chat.click("#new-conversation")
+    chat.wait_for_url(re.compile(r".*/c/\d+$"))
+    chat.click("details summary")
+    chat.fill("#max_tokens", "")  # none: the reply runs to the model's length
+    chat.fill("#temperature", "0")
+    chat.fill("#input", "Tell me about lists")
+    chat.click("#send")
+    row = operator.locator('#sequences tbody tr[data-request^="chat-"]')
+    row.wait_for(timeout=20_000)
+    assert row.locator(".user").inner_text() == USER
+    assert row.get_attribute("data-worker") in workers
+    # The worker that holds it audits it once it ends; then the engine's operator abort stops it, in the
+    # audit log whatever it answers.
+    picked = dashboard_answer(operator, row.locator("button.audit-request"))
+    canceled = dashboard_answer(operator, row.locator("button.cancel-request")) if picked == PICKED else picked
+    meta = chat.locator("article.assistant .meta")
+    meta.wait_for(timeout=60_000)  # the reply finished
+    row.wait_for(state="detached", timeout=20_000)  # so the next attempt's row is the next chat's
+    if canceled is None or canceled.get("error") in (NOT_HELD, FINISHED_FIRST):
+        assert meta.inner_text().startswith("length"), (canceled, meta.inner_text())
+        return False
+    assert picked == PICKED and set(canceled) == {"canceled", "audit_log_entry"}, (picked, canceled)
+    assert meta.inner_text().startswith("canceled"), meta.inner_text()
+    return True
 
 
 def test_an_operator_watches_a_chat_and_flips_one_worker(browser, cluster_server):
@@ -39,28 +86,11 @@ def test_an_operator_watches_a_chat_and_flips_one_worker(browser, cluster_server
 
     chat = new_page(browser)
     sign_up(chat, base, USER)
-    chat.click("#new-conversation")
-    chat.wait_for_url(re.compile(r".*/c/\d+$"))
-    chat.click("details summary")
-    chat.fill("#max_tokens", "")  # none: the reply runs to the model's length, long after the cancel
-    chat.fill("#temperature", "0")
-    chat.fill("#input", "Tell me about lists")
-    chat.click("#send")
-    row = operator.locator('#sequences tbody tr[data-request^="chat-"]')
-    row.wait_for(timeout=20_000)
-    assert row.locator(".user").inner_text() == USER
-    assert row.get_attribute("data-worker") in workers
-    # The operator picks it for the replay audit (the worker that holds it says yes), then stops it (the
-    # engine's operator abort, in the audit log): it ends canceled.
-    row.locator("button.audit-request").click()
-    operator.wait_for_function("() => document.querySelector('#flag-answer').textContent"
-                               ".includes('picked_for_the_replay_audit')")
-    row.locator("button.cancel-request").click()
-    meta = chat.locator("article.assistant .meta")
-    meta.wait_for(timeout=60_000)  # the reply finished
-    assert meta.inner_text().startswith("canceled"), meta.inner_text()
-    assert "audit_log_entry" in operator.locator("#flag-answer").inner_text()
-    row.wait_for(state="detached", timeout=20_000)
+    # The operator acts on what the workers' heartbeats showed, a second or more behind on a busy host,
+    # and the demo model's whole reply can take 2 s: where it ends before the pick or the cancel reaches
+    # it, the dashboard says so (the cancel's answer is its engine's), and the test starts another chat.
+    if not any(chat_canceled_from_the_dashboard(operator, chat, base, workers) for _ in range(3)):
+        pytest.fail("three replies in a row ended before the operator's cancel reached them")
     # The worker that ran it shows its prefix cache: on, for each user alone, with a hit rate.
     operator.wait_for_function("() => [...document.querySelectorAll('#workers .prefix-cache')]"
                                ".some(d => d.textContent.startsWith('on, scope user') && d.textContent.includes('hit rate'))")

@@ -26,6 +26,7 @@ from workbench.serving import bridge
 from workbench.serving.celery import wire
 from workbench.serving.celery.redis_layer import make_layer
 from workbench.serving.streams import StreamEvent
+from workbench.serving.transport import FINISHED_FIRST
 
 pytestmark = pytest.mark.django_db(transaction=True)
 PROMPTS = ["The list type", "A dictionary is", "This module provides", "Return the number of",
@@ -222,6 +223,27 @@ async def test_an_operators_audit_pick_reaches_the_worker_that_holds_the_request
         assert audited(other_worker) == (0, 0)
         [process] = [p for p in celery_cluster.workers if celery_cluster.worker_id(p) == picked_worker]
         assert any(wire_id in line for line in open(process.log_path) if "an operator's pick" in line)
+        await ws.disconnect()
+
+
+@pytest.mark.asyncio
+async def test_an_operators_cancel_is_answered_by_the_worker_that_held_the_request(api_user, celery_cluster):
+    """The worker answers once its engine has applied the cancel: None for a request it still ran, which
+    ends canceled; for one its engine no longer holds, that nothing was canceled. Both are asked past the
+    roster's check (the web side's copy of the heartbeats, which can list a request for a second after it
+    ended), at the request's first delta and again after its end."""
+    with served_by(celery_cluster) as transport:
+        ws = await connect(api_user[1])
+        await ws.send_to(text_data=generate("stopped", "x", None))  # to the model's length: runs until canceled
+        await frames_until_first_delta(ws, "stopped")
+        [(wire_id, [worker])] = [(w, workers) for w, workers in celery_cluster.admissions().items() if "-stopped." in w]
+
+        async def operator_cancel() -> str | None:
+            asked = transport._cancels.cancel(worker, wire_id, transport.reply_channel)
+            return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(asked, transport._loop))
+        assert await operator_cancel() is None
+        assert (await frames_until_done(ws, {"stopped"}))[-1]["finish_reason"] == "canceled"
+        assert await operator_cancel() == FINISHED_FIRST
         await ws.disconnect()
 
 

@@ -1,7 +1,8 @@
 """An operator's cancel of any request, from the dashboard socket (consumers.py): who may (staff), what
 a cancel names (a worker and the request id the dashboard shows there), and the cancel itself: logged
-first (RequestCancel), then sent, its outcome kept. The request ends as a client's cancel ends it,
-finish_reason "canceled"; its owner is recorded as the dashboard showed them."""
+first (RequestCancel), then sent, its outcome kept as the engine that held the request answered it. The
+request ends as a client's cancel ends it, finish_reason "canceled"; its owner is recorded as the
+dashboard showed them."""
 
 from __future__ import annotations
 
@@ -39,7 +40,8 @@ def owner_of(transport: Transport, worker: str, request_id: str) -> str:
 
 
 async def make(transport: Transport, user, worker: str, request_id: str) -> dict[str, object]:
-    """Cancel the request and answer {"cancel": audit row id, "error": None or why it was not sent}."""
+    """Cancel the request and answer {"cancel": audit row id, "error": None once the engine has canceled
+    it, or why it did not (no such request, it had already finished, no answer)}."""
     # Logged before it is sent: a cancel whose operator went away mid-way is still on the record.
     record = await RequestCancel.objects.acreate(user=user, worker=worker, request_id=request_id,
                                                  owner=owner_of(transport, worker, request_id))

@@ -45,6 +45,9 @@ STATE_EVERY_S = 0.1
 # Called on the engine thread once a flag change is in force (with the flags now in force), or refused
 # (with the reason).
 FlagDone = Callable[[Flags | None, str | None], None]
+# Called on the engine thread once a cancel is applied: whether the engine still held the request (False:
+# it had finished, or never came).
+CancelDone = Callable[[bool], None]
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,7 @@ class _Add:
 class _Abort:
     request_id: str
     by_operator: bool = False
+    done: CancelDone | None = None
 
 
 @dataclass(frozen=True)
@@ -174,9 +178,10 @@ class EngineHost:
             self._arriving.add(request_id)
         self._commands.put(_Add(request_id, prompt, params, sink, user, time.monotonic()))
 
-    def cancel(self, request_id: str, by_operator: bool = False) -> None:
-        """A client's cancel, or with `by_operator` an operator's (the engine's FinishedAborted)."""
-        self._commands.put(_Abort(request_id, by_operator))
+    def cancel(self, request_id: str, by_operator: bool = False, done: CancelDone | None = None) -> None:
+        """A client's cancel, or with `by_operator` an operator's (the engine's FinishedAborted); `done`
+        hears whether it found the request still running."""
+        self._commands.put(_Abort(request_id, by_operator, done))
 
     def pick_for_audit(self, request_id: str) -> None:
         """An operator's pick: the replay audit re-runs the request once it has finished (ReplayAudit.pick)."""
@@ -228,9 +233,11 @@ class EngineHost:
                 else:
                     self._flags_waiting.append(command.done)
             case _Abort():
-                if not self.engine.abort(command.request_id, by_operator=command.by_operator):
-                    if not command.by_operator:  # an operator names what the dashboard showed held
-                        self._remember_early_cancel(command.request_id)
+                held = self.engine.abort(command.request_id, by_operator=command.by_operator)
+                if not held and not command.by_operator:  # an operator names what the dashboard showed held
+                    self._remember_early_cancel(command.request_id)
+                if command.done is not None:
+                    _tell(command.done, held)
             case _AuditPick():
                 self.audit.pick(command.request_id)
             case _Add():
@@ -339,11 +346,12 @@ class EngineHost:
             return {"error": f"{type(exc).__name__}: {exc}"}
 
 
-def _tell(done: FlagDone, in_force: Flags | None, error: str | None) -> None:
+def _tell(done: Callable[..., None], *answer: object) -> None:
+    """Hand a flag change's or a cancel's answer to whoever asked."""
     try:
-        done(in_force, error)
+        done(*answer)
     except Exception:  # a listener gone away (its loop closed) must not take the engine thread with it
-        log.exception("a flag change's listener failed")
+        log.exception("the listener of a flag change or a cancel failed")
 
 
 def _event(output: RequestOutput) -> StreamEvent:

@@ -16,7 +16,8 @@ from engine.loading.tokenizer import Tokenizer
 from workbench.serving.engine_host import EngineHost
 from workbench.serving.metrics import MetricsSnapshot
 from workbench.serving.streams import RequestStream, StreamEvent
-from workbench.serving.transport import FLAG_ANSWER_S, FlagAnswer, Flags, WorkerView
+from workbench.serving.transport import (CANCEL_ANSWER_S, FINISHED_FIRST, FLAG_ANSWER_S, NOT_HELD, FlagAnswer, Flags,
+                                         WorkerView)
 
 LOCAL_WORKER = "in-process"  # the in-process transport's one engine, by the name a worker would have
 
@@ -60,15 +61,25 @@ class InProcessTransport:
         if worker != LOCAL_WORKER:
             return "no such worker"
         if request_id not in self.host.snapshot.request_ids:
-            return "no such request on this worker (it may have just finished)"
-        self.host.cancel(request_id, by_operator=True)
-        return None
+            return NOT_HELD
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[bool] = loop.create_future()
+
+        def done(held: bool) -> None:  # on the engine thread
+            loop.call_soon_threadsafe(_settle, answer, held)
+
+        self.host.cancel(request_id, by_operator=True, done=done)
+        try:
+            held = await asyncio.wait_for(answer, CANCEL_ANSWER_S)
+        except asyncio.TimeoutError:
+            return f"no answer within {CANCEL_ANSWER_S:.0f} s (unconfirmed: it may still end canceled)"
+        return None if held else FINISHED_FIRST
 
     async def audit_as_operator(self, worker: str, request_id: str) -> str | None:
         if worker != LOCAL_WORKER:
             return "no such worker"
         if request_id not in self.host.snapshot.request_ids:
-            return "no such request on this worker (it may have just finished)"
+            return NOT_HELD
         self.host.pick_for_audit(request_id)
         return None
 
@@ -115,3 +126,8 @@ class InProcessTransport:
         return {LOCAL_WORKER: {"device": config.device, "model": config.model, "engine_run": self.host.engine_run,
                                "running": snapshot.running, "waiting": snapshot.waiting, "draining": False,
                                "flags": snapshot.flags or {}, "state": snapshot.state or {}}}
+
+
+def _settle(answer: asyncio.Future[bool], held: bool) -> None:
+    if not answer.done():  # not given up on (wait_for cancels it at its timeout)
+        answer.set_result(held)

@@ -18,6 +18,12 @@ from workbench.serving.streams import RequestStream
 
 # A flag change is in force after the engine's next step boundary: milliseconds, unless it is stuck.
 FLAG_ANSWER_S = 10.0
+# An operator's cancel is answered by the engine that holds the request, at its next step boundary, as a
+# flag change is. The dashboard showed the request as of its worker's last step or heartbeat, so the
+# request may have ended since: the operator (and the audit log) hears which.
+CANCEL_ANSWER_S = FLAG_ANSWER_S
+NOT_HELD = "no such request on this worker (it may have just finished)"
+FINISHED_FIRST = "it had already finished when the cancel reached the engine: nothing was canceled"
 
 Flags = dict[str, bool | int]  # the runtime flags in force on one worker, by name (engine/host/capabilities.py)
 
@@ -92,14 +98,15 @@ class Transport(Protocol):
 
     async def cancel_as_operator(self, worker: str, request_id: str) -> str | None:
         """An operator's cancel of any request a worker holds, by the ids the dashboard shows (the
-        engine's request id on that worker): None once asked, else why not ("no such worker", ...).
-        The request ends canceled, as if its client had asked."""
+        engine's request id on that worker): None once the engine has canceled it, else why not ("no such
+        worker", NOT_HELD, FINISHED_FIRST, ...). The request ends canceled, as if its client had asked."""
         ...
 
     async def audit_as_operator(self, worker: str, request_id: str) -> str | None:
         """An operator's pick of a request a worker holds for the replay audit, by the ids the dashboard
         shows: re-run alone once it has finished and compared bit for bit with its record. None once
-        asked, else why not ("no such worker", ...)."""
+        asked, else why not ("no such worker", NOT_HELD, ...). A request that finished meanwhile is
+        audited all the same (ReplayAudit.pick), so this one is not confirmed by the engine."""
         ...
 
     def running_request_ids(self) -> set[str]:

@@ -1,5 +1,6 @@
 """The Celery transport's reply channel read for as long as the link loop runs: the workers' deltas
-relayed to their requests' streams (PendingRequests), flag answers to the fan-out that awaits them.
+relayed to their requests' streams (PendingRequests), flag answers to the fan-out that awaits them,
+operators' cancels' answers to OperatorCancels.
 
 A message holds a worker's step for many requests, a batch several steps: what one read brings is
 delivered to the consumers' loop with one wake-up.
@@ -12,6 +13,7 @@ import logging
 
 from workbench.serving.celery import wire
 from workbench.serving.celery.flag_fanout import FlagFanout
+from workbench.serving.celery.operator_cancels import OperatorCancels
 from workbench.serving.celery.pending import PendingRequests
 from workbench.serving.celery.redis_layer import OneTripChannelLayer
 from workbench.serving.streams import RequestStream, StreamEvent, deliver
@@ -20,7 +22,7 @@ log = logging.getLogger(__name__)
 
 
 async def read_replies_forever(layer: OneTripChannelLayer, reply_channel: str, pending: PendingRequests,
-                               flags: FlagFanout) -> None:
+                               flags: FlagFanout, cancels: OperatorCancels) -> None:
     while True:
         try:
             messages = await layer.receive_batch(reply_channel)
@@ -35,6 +37,9 @@ async def read_replies_forever(layer: OneTripChannelLayer, reply_channel: str, p
             try:
                 if message.get("type") == wire.FLAG_DONE:
                     flags.answered(message)
+                    continue
+                if message.get("type") == wire.CANCEL_DONE:
+                    cancels.answered(message)
                     continue
                 relayed = (pending.relay(wire_id, event) for wire_id, event in wire.events_of(message))
                 deliveries += filter(None, relayed)

@@ -9,8 +9,8 @@ since), publishes the Celery task, reads the reply channel, and polls the worker
 Its parts, each in a module of its own: the workers as the last poll saw them and the routing choices
 made from them (roster.py); the requests sent and not yet ended (pending.py: relaying their deltas in
 order, cancels, the lost-worker watch); the tasks on their way to each worker (publisher.py); the reply
-channel's reader (reply_reader.py); the operators' flag changes waiting for answers (flag_fanout.py);
-the dashboards' watch count (dashboard_watch.py). Its settings come in as one LinkSettings
+channel's reader (reply_reader.py); the operators' flag changes and cancels waiting for answers
+(flag_fanout.py, operator_cancels.py); the dashboards' watch count (dashboard_watch.py). Its settings come in as one LinkSettings
 (link_settings.py).
 """
 
@@ -29,6 +29,7 @@ from workbench.serving.celery import wire
 from workbench.serving.celery.dashboard_watch import DashboardWatch
 from workbench.serving.celery.flag_fanout import FlagFanout
 from workbench.serving.celery.link_settings import LinkSettings
+from workbench.serving.celery.operator_cancels import OperatorCancels
 from workbench.serving.celery.pending import PendingRequests
 from workbench.serving.celery.presence import Heartbeat, Presence
 from workbench.serving.celery.publisher import Publisher
@@ -37,7 +38,7 @@ from workbench.serving.celery.reply_reader import read_replies_forever
 from workbench.serving.celery.roster import Roster
 from workbench.serving.metrics import MetricsSnapshot
 from workbench.serving.streams import RequestStream, StreamEvent
-from workbench.serving.transport import FlagAnswer, Flags, WorkerView
+from workbench.serving.transport import NOT_HELD, FlagAnswer, Flags, WorkerView
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,7 @@ class CeleryTransport:
         self._pending = PendingRequests(self._loop, self.layer, link_settings.queue_prefix)
         self._publisher = Publisher(self._loop, self._pending)
         self._flags = FlagFanout(self._loop, self.layer, self.presence.redis, link_settings.queue_prefix)
+        self._cancels = OperatorCancels(self._loop, self.layer, link_settings.queue_prefix)
         self._dashboards = DashboardWatch(self._loop, self.presence)
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -85,7 +87,7 @@ class CeleryTransport:
             await self._refresh()
         except Exception as exc:  # Redis away at start: the poll loop keeps trying
             log.warning("cannot reach Redis yet: %s", exc)
-        replies = read_replies_forever(self.layer, self.reply_channel, self._pending, self._flags)
+        replies = read_replies_forever(self.layer, self.reply_channel, self._pending, self._flags, self._cancels)
         self._tasks = [asyncio.create_task(replies), asyncio.create_task(self._poll_forever())]
 
     def stop(self) -> None:
@@ -127,14 +129,13 @@ class CeleryTransport:
 
     async def cancel_as_operator(self, worker: str, request_id: str) -> str | None:
         """`request_id`: the wire id the worker's heartbeat lists (what the dashboard shows). Sent from
-        the link loop, which owns the channel layer, as flag changes are."""
+        the link loop, which owns the channel layer, as flag changes are; answered by the worker."""
         future = asyncio.run_coroutine_threadsafe(self._cancel_as_operator(worker, request_id), self._loop)
         return await asyncio.wrap_future(future)
 
     async def audit_as_operator(self, worker: str, request_id: str) -> str | None:
         """As cancel_as_operator: the worker that holds the request audits it."""
-        future = asyncio.run_coroutine_threadsafe(
-            self._to_holder(worker, request_id, wire.audit_pick_message(request_id), "audit pick"), self._loop)
+        future = asyncio.run_coroutine_threadsafe(self._audit_pick(worker, request_id), self._loop)
         return await asyncio.wrap_future(future)
 
     def running_request_ids(self) -> set[str]:
@@ -192,19 +193,25 @@ class CeleryTransport:
         return await self._flags.change(name, value, workers, self.roster.workers, self.reply_channel)
 
     async def _cancel_as_operator(self, worker: str, request_id: str) -> str | None:
-        return await self._to_holder(worker, request_id, wire.cancel_message(request_id, by_operator=True), "cancel")
+        refusal = self._not_listed(worker, request_id)
+        return refusal or await self._cancels.cancel(worker, request_id, self.reply_channel)
 
-    async def _to_holder(self, worker: str, request_id: str, message: dict, what: str) -> str | None:
-        """An operator's `message` about a request, to the worker whose heartbeat lists it."""
+    def _not_listed(self, worker: str, request_id: str) -> str | None:
+        """Why `worker`'s heartbeat does not list `request_id`, or None where it does."""
         beat = self.roster.workers.get(worker)
         if beat is None:
             return "no such worker"
-        if request_id not in beat.requests:
-            return "no such request on this worker (it may have just finished)"
+        return None if request_id in beat.requests else NOT_HELD
+
+    async def _audit_pick(self, worker: str, request_id: str) -> str | None:
+        refusal = self._not_listed(worker, request_id)
+        if refusal:
+            return refusal
         try:
-            await self.layer.send(wire.control_channel(self.link_settings.queue_prefix, worker), message)
+            await self.layer.send(wire.control_channel(self.link_settings.queue_prefix, worker),
+                                  wire.audit_pick_message(request_id))
         except Exception as exc:  # Redis away: the operator hears it, the dashboard lives on
-            return f"the {what} could not reach {worker}: {type(exc).__name__}: {exc}"
+            return f"the audit pick could not reach {worker}: {type(exc).__name__}: {exc}"
         return None
 
     async def _poll_forever(self) -> None:

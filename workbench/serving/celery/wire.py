@@ -7,6 +7,8 @@
   delta says at which token offset it starts, so the web side can tell a gap from a late delta.
 - Cancel: a `cancel` message on the worker's control channel, `<prefix>.control.<worker id>`. Celery's
   revoke cannot stop a task that already runs, and our task only admits; the engine holds the request.
+  An operator's cancel names an ask id and the asking web process's reply channel; the worker answers
+  `cancel_done` there once its engine has applied it, saying whether the engine still held the request.
 - Runtime flags: a `set_flag` message on the control channel; the worker answers `flag_done` (the flags
   in force after its next step boundary, or why it refused) on the asking web process's reply channel.
   Changes meant for every worker are also kept in the Redis hash `<prefix>:flags`, which a worker
@@ -23,6 +25,7 @@ GENERATE_TASK = "workbench.generate"
 EVENTS = "workbench.events"
 CANCEL = "workbench.cancel"
 AUDIT_PICK = "workbench.audit_pick"
+CANCEL_DONE = "workbench.cancel_done"
 SET_FLAG = "workbench.set_flag"
 FLAG_DONE = "workbench.flag_done"
 # A task not started within this long is dropped by Celery unrun: its client has had an error by then.
@@ -51,8 +54,18 @@ def events_of(message: dict) -> list[tuple[str, StreamEvent]]:
     return [(item["request_id"], StreamEvent.from_message(item)) for item in message.get("events", [])]
 
 
-def cancel_message(request_id: str, by_operator: bool = False) -> dict:
-    return {"type": CANCEL, "request_id": request_id, "by_operator": by_operator}
+def cancel_message(request_id: str) -> dict:
+    return {"type": CANCEL, "request_id": request_id, "by_operator": False}
+
+
+def operator_cancel_message(request_id: str, ask_id: str, reply_channel: str) -> dict:
+    return {"type": CANCEL, "request_id": request_id, "by_operator": True, "ask_id": ask_id,
+            "reply_channel": reply_channel}
+
+
+def cancel_done_message(ask_id: object, held: bool) -> dict:
+    """`ask_id`: the asking message's, echoed as it came."""
+    return {"type": CANCEL_DONE, "ask_id": ask_id, "held": held}
 
 
 def audit_pick_message(request_id: str) -> dict:

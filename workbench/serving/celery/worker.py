@@ -39,7 +39,7 @@ from workbench.serving.celery.redis_layer import OneTripChannelLayer, make_layer
 from workbench.serving.celery.reply_channels import ReplyChannels
 from workbench.serving.celery.worker_queue import delete_queue
 from workbench.serving.celery.worker_settings import WorkerSettings
-from workbench.serving.engine_host import STATE_EVERY_S, EngineHost
+from workbench.serving.engine_host import STATE_EVERY_S, CancelDone, EngineHost
 from workbench.serving.engine_settings import served_engine_config
 from workbench.serving.streams import StreamEvent
 
@@ -194,7 +194,8 @@ class WorkerHost:
             if message.get("type") == wire.CANCEL and isinstance(message.get("request_id"), str):
                 by_operator = message.get("by_operator") is True
                 log.info("cancel %s%s", message["request_id"], " by an operator" if by_operator else "")
-                self.engine_host.cancel(message["request_id"], by_operator=by_operator)
+                self.engine_host.cancel(message["request_id"], by_operator=by_operator,
+                                        done=self._cancel_answer(message))
             elif message.get("type") == wire.AUDIT_PICK and isinstance(message.get("request_id"), str):
                 log.info("audit %s, an operator's pick", message["request_id"])
                 self.engine_host.pick_for_audit(message["request_id"])
@@ -215,12 +216,25 @@ class WorkerHost:
         name, value = cast(str, message.get("name")), cast("bool | int", message.get("value"))
         self.engine_host.set_flag(name, value, done)
 
+    def _cancel_answer(self, message: dict) -> CancelDone | None:
+        """What tells an operator's web process whether the cancel found the request still running; None
+        for a client's cancel, which nobody waits on."""
+        reply_channel = message.get("reply_channel")
+        if message.get("by_operator") is not True or not isinstance(reply_channel, str):
+            return None
+
+        def done(held: bool) -> None:  # on the engine thread
+            answer = wire.cancel_done_message(message.get("ask_id"), held)
+            asyncio.run_coroutine_threadsafe(self._answer(reply_channel, answer), self._loop)
+        return done
+
     async def _answer(self, reply_channel: str, answer: dict) -> None:
-        self.heartbeat.beat_soon()  # the heartbeat shows the flags in force at once
+        """A flag change's or an operator's cancel's answer, to the web process that asked."""
+        self.heartbeat.beat_soon()  # the heartbeat shows the flags in force, and the requests held, at once
         try:
             await self.layer.send(reply_channel, answer)
-        except Exception as exc:  # the heartbeat still shows what is in force
-            log.warning("could not acknowledge flag change %s: %s", answer["change_id"], exc)
+        except Exception as exc:  # the heartbeat still shows what is in force and held
+            log.warning("could not answer %s: %s", answer["type"], exc)
 
     async def _deliveries(self) -> None:
         while True:
