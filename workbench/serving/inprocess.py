@@ -9,7 +9,7 @@ consumers' event loop never waits for the engine thread.
 from __future__ import annotations
 
 import asyncio
-from typing import Callable
+from typing import Callable, TypeVar
 
 from engine import SamplingParams
 from engine.loading.tokenizer import Tokenizer
@@ -19,6 +19,7 @@ from workbench.serving.streams import RequestStream, StreamEvent
 from workbench.serving.transport import (CANCEL_ANSWER_S, FINISHED_FIRST, FLAG_ANSWER_S, NOT_HELD, FlagAnswer, Flags,
                                          WorkerView)
 
+Answer = TypeVar("Answer")  # what the engine thread answers: the flags in force, or whether a cancel found its request
 LOCAL_WORKER = "in-process"  # the in-process transport's one engine, by the name a worker would have
 
 
@@ -97,7 +98,7 @@ class InProcessTransport:
 
         def done(in_force: Flags | None, error: str | None) -> None:  # on the engine thread
             result: FlagAnswer = {"in_force": in_force} if error is None else {"error": error}
-            loop.call_soon_threadsafe(answer.set_result, result)
+            loop.call_soon_threadsafe(_settle, answer, result)
 
         answers: dict[str, FlagAnswer] = {worker: {"error": "no such worker"}
                                           for worker in workers or [] if worker != LOCAL_WORKER}
@@ -128,6 +129,7 @@ class InProcessTransport:
                                "flags": snapshot.flags or {}, "state": snapshot.state or {}}}
 
 
-def _settle(answer: asyncio.Future[bool], held: bool) -> None:
-    if not answer.done():  # not given up on (wait_for cancels it at its timeout)
-        answer.set_result(held)
+def _settle(answer: asyncio.Future[Answer], result: Answer) -> None:
+    """The engine thread's answer, unless the asker gave up on it first (wait_for cancels it at its timeout)."""
+    if not answer.done():
+        answer.set_result(result)

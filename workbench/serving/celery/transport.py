@@ -10,8 +10,8 @@ Its parts, each in a module of its own: the workers as the last poll saw them an
 made from them (roster.py); the requests sent and not yet ended (pending.py: relaying their deltas in
 order, cancels, the lost-worker watch); the tasks on their way to each worker (publisher.py); the reply
 channel's reader (reply_reader.py); the operators' flag changes and cancels waiting for answers
-(flag_fanout.py, operator_cancels.py); the dashboards' watch count (dashboard_watch.py). Its settings come in as one LinkSettings
-(link_settings.py).
+(flag_fanout.py, operator_cancels.py); the dashboards' watch count (dashboard_watch.py). Its settings
+come in as one LinkSettings (link_settings.py).
 """
 
 from __future__ import annotations
