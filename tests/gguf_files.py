@@ -56,7 +56,8 @@ def tokenizer_metadata(hf_dir: Path) -> dict:
 
 
 def write_gguf(hf_dir: Path, path: Path, qtype: str = "F32", embedding_qtype: str = "F32",
-               architecture: str | None = None, pre: str = "default") -> Path:
+               architecture: str | None = None, pre: str = "default", file_type: str | None = None) -> Path:
+    """`file_type`: the general.file_type to declare (a gguf.LlamaFileType name), whatever the tensors are."""
     import gguf
 
     config = json.loads((hf_dir / "config.json").read_text(encoding="utf-8"))
@@ -74,6 +75,8 @@ def write_gguf(hf_dir: Path, path: Path, qtype: str = "F32", embedding_qtype: st
     writer.add_rope_freq_base(float(config.get("rope_theta") or rope.get("rope_theta", 10000.0)))
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
     writer.add_vocab_size(config["vocab_size"])
+    if file_type is not None:
+        writer.add_file_type(gguf.LlamaFileType[file_type])
     tokenizer = tokenizer_metadata(hf_dir)
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre(pre)

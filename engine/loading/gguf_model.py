@@ -17,6 +17,7 @@ disagrees with the metadata) raises `ModelLoadError` naming it.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from functools import cached_property
@@ -106,6 +107,26 @@ class GGUFCheckpoint:
     @cached_property
     def _tensor_names(self) -> set[str]:
         return {tensor.name for tensor in self._file.tensors}
+
+    @cached_property
+    def parameter_count(self) -> int:
+        """Every tensor's elements, as llama.cpp and Ollama count a file's parameters."""
+        return sum(math.prod(t.dims) for t in self._file.tensors)
+
+    @cached_property
+    def quantization(self) -> str:
+        """The file's quantization as llama.cpp names it ("Q8_0", "Q4_K_M", "F16"): its general.file_type,
+        or where that is missing or unknown, the type that holds most of its weights."""
+        import gguf
+
+        try:
+            return gguf.LlamaFileType(self.metadata("general.file_type")).name.removeprefix("MOSTLY_") \
+                .removeprefix("ALL_")
+        except (ModelLoadError, ValueError):
+            elements: dict[str, int] = {}
+            for tensor in self._file.tensors:
+                elements[tensor.qtype.name] = elements.get(tensor.qtype.name, 0) + math.prod(tensor.dims)
+            return max(elements, key=elements.__getitem__)
 
     @cached_property
     def config(self) -> ModelConfig:

@@ -20,7 +20,8 @@ from safetensors import safe_open
 
 from engine.loading.fused_tensors import split_rows
 from engine.loading.model_errors import ModelLoadError
-from engine.loading.model_files import gguf_checkpoint, is_gguf, load_config, load_tokenizer, read_json, resolve_model_path
+from engine.loading.model_files import (checkpoint_files, gguf_checkpoint, is_gguf, load_config, load_tokenizer,
+                                        read_json, resolve_model_path)
 from engine.loading.tensor_checks import check_complete, check_tensor, expected_tensors
 from engine.loading.tokenizer import Tokenizer
 from engine.model.config import ModelConfig
@@ -55,23 +56,6 @@ def eos_token_ids(path: Path, config: ModelConfig, tokenizer: Tokenizer) -> froz
         return frozenset(config.eos_token_ids)
     token = tokenizer.token_id(tokenizer.eos_token) if tokenizer.eos_token else None
     return frozenset() if token is None else frozenset([token])
-
-
-def checkpoint_files(path: Path) -> list[Path]:
-    index = path / "model.safetensors.index.json"
-    if index.is_file():
-        weight_map = read_json(index).get("weight_map")
-        if not isinstance(weight_map, dict) or not weight_map:
-            raise ModelLoadError(f"{index}: weight_map is missing or empty")
-        files = [path / name for name in sorted(set(weight_map.values()))]
-        for file in files:
-            if not file.is_file():
-                raise ModelLoadError(f"{index} names {file.name}, which is missing")
-        return files
-    single = path / "model.safetensors"
-    if not single.is_file():
-        raise ModelLoadError(f"{path}: neither model.safetensors nor model.safetensors.index.json is present")
-    return [single]
 
 
 def load_weights(model: LlamaForCausalLM, files: list[Path], dtype: torch.dtype) -> None:

@@ -81,6 +81,24 @@ def read_json(path: Path) -> dict:
         raise ModelLoadError(str(exc)) from exc
 
 
+def checkpoint_files(path: Path) -> list[Path]:
+    """The safetensors files that hold an HF-format directory's weights: its index's, or model.safetensors."""
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise ModelLoadError(f"{index}: weight_map is missing or empty")
+        files = [path / name for name in sorted(set(weight_map.values()))]
+        for file in files:
+            if not file.is_file():
+                raise ModelLoadError(f"{index} names {file.name}, which is missing")
+        return files
+    single = path / "model.safetensors"
+    if not single.is_file():
+        raise ModelLoadError(f"{path}: neither model.safetensors nor model.safetensors.index.json is present")
+    return [single]
+
+
 def load_config(path: Path) -> ModelConfig:
     try:
         return ModelConfig.from_hf_dict(read_json(path / "config.json"))

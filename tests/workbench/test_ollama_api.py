@@ -12,6 +12,7 @@ import ollama
 import openai
 import pytest
 
+from tests.cluster import ROOT
 from tests.users import unique_name
 from tests.workbench.daphne_session import Session
 
@@ -59,9 +60,20 @@ def test_generate_list_show_and_version(served):
     streamed = "".join(p.response for p in sdk.generate(model="demo", prompt="The list type", raw=True,
                                                         options=OPTIONS, stream=True))
     assert streamed == made.response
-    assert [m.model for m in sdk.list().models] == ["demo:latest"]
+    # What the listings show of the demo model (6,557,952 float32 weights in one safetensors file), and the
+    # context length where clients look it up: under the family's name, as a GGUF file's key is.
+    [listed] = sdk.list().models
+    [running] = sdk.ps().models
+    weights = (ROOT / "engine/assets/demo/model.safetensors").stat().st_size
+    for model in (listed, running):
+        assert (model.model, model.size) == ("demo:latest", weights)
+        assert (model.details.format, model.details.family, model.details.families, model.details.parameter_size,
+                model.details.quantization_level) == ("safetensors", "llama", ["llama"], "6.56M", "F32")
     shown = sdk.show("demo:latest")
-    assert shown.modelinfo["general.context_length"] == 512 and "completion" in shown.capabilities
+    assert shown.details == listed.details and "completion" in shown.capabilities
+    assert shown.modelinfo[f"{shown.details.family}.context_length"] == 512
+    assert (shown.modelinfo["general.architecture"], shown.modelinfo["general.parameter_count"],
+            shown.modelinfo["llama.embedding_length"]) == ("llama", 6_557_952, 256)
     with pytest.raises(ollama.ResponseError) as missing:
         sdk.show("llama3")
     assert missing.value.status_code == 404 and "'demo'" in missing.value.error

@@ -29,6 +29,7 @@ import workbench.asgi
 from engine.loading.model_files import load_tokenizer
 from workbench.serving import model_facts
 model_facts.model_length("demo"), load_tokenizer("demo").encode("what a request's checks read")
+model_facts.model_card("demo")
 web = [name for name in {MODEL_CODE!r} if name in sys.modules]
 from engine import Engine  # the control: the engine's own import does load them
 print(json.dumps({{"web": web, "engine": [name for name in {MODEL_CODE!r} if name in sys.modules]}}))

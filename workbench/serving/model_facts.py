@@ -1,5 +1,6 @@
 """What the web side knows of a served model without loading it: its length and its vocabulary, read
-from the model's config (no weights), once per model per process.
+from the model's config, and its card (architecture, format, size, quantization: engine/loading/model_card.py),
+read from its files' headers; no weights, once per model per process.
 
 Both transports' engines serve the model as its config describes it (neither sets a shorter length or
 another vocabulary), and the web side reads the same files it reads the tokenizer from (the model name
@@ -10,6 +11,8 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from engine.loading.model_card import ModelCard
+from engine.loading.model_card import model_card as read_model_card
 from engine.loading.model_files import load_model_config
 
 
@@ -23,3 +26,14 @@ def model_length(model: str) -> int:
 def vocabulary_size(model: str) -> int:
     """How many token ids the model has a logit for: a token id is an integer from 0 to this - 1."""
     return load_model_config(model).vocab_size
+
+
+@lru_cache(maxsize=None)
+def model_card(model: str) -> ModelCard:
+    return read_model_card(model)
+
+
+@lru_cache(maxsize=None)
+def embedding_length(model: str) -> int:
+    """The width of the model's hidden states."""
+    return load_model_config(model).hidden_size

@@ -32,7 +32,7 @@ from workbench.api.ollama import translate
 from workbench.api.openai import tool_calls
 from workbench.api.server_views import installed_version
 from workbench.api.openai.views import ERROR_STATUS, SERVINGS, Started
-from workbench.serving.model_facts import model_length
+from workbench.serving.model_facts import embedding_length, model_card, model_length
 from workbench.serving import served_models
 from workbench.serving.streams import StreamEvent
 
@@ -156,9 +156,20 @@ async def _served(request: HttpRequest, method: str) -> list[str]:
     return await served_models.served_from_loop()
 
 
-def _details() -> dict[str, Any]:
-    return {"parent_model": "", "format": "", "family": "", "families": None, "parameter_size": "",
-            "quantization_level": ""}
+def _details(model: str) -> dict[str, Any]:
+    card = model_card(model)
+    return {"parent_model": "", "format": card.file_format, "family": card.architecture,
+            "families": [card.architecture], "parameter_size": _parameter_size(card.parameter_count),
+            "quantization_level": card.quantization}
+
+
+def _parameter_size(count: int) -> str:
+    """A parameter count as Ollama's listings show it: "134.52M", "7.2B"."""
+    if count >= 1_000_000_000:
+        return f"{count / 1e9:.1f}B"
+    if count >= 1_000_000:
+        return f"{count / 1e6:.2f}M"
+    return f"{count / 1e3:.0f}K" if count >= 1_000 else str(count)
 
 
 @csrf_exempt
@@ -169,7 +180,8 @@ async def tags(request: HttpRequest) -> HttpResponseBase:
     except ApiError as exc:
         return error_response(exc)
     return JsonResponse({"models": [{"name": f"{name}:latest", "model": f"{name}:latest", "modified_at": _now(),
-                                     "size": 0, "digest": "", "details": _details()} for name in served]})
+                                     "size": model_card(name).file_bytes, "digest": "", "details": _details(name)}
+                                    for name in served]})
 
 
 @csrf_exempt
@@ -180,8 +192,9 @@ async def running(request: HttpRequest) -> HttpResponseBase:
         served = await _served(request, "GET")
     except ApiError as exc:
         return error_response(exc)
-    return JsonResponse({"models": [{"name": f"{name}:latest", "model": f"{name}:latest", "size": 0, "digest": "",
-                                     "details": _details(), "expires_at": NEVER, "size_vram": 0,
+    return JsonResponse({"models": [{"name": f"{name}:latest", "model": f"{name}:latest",
+                                     "size": model_card(name).file_bytes, "digest": "",
+                                     "details": _details(name), "expires_at": NEVER, "size_vram": 0,
                                      "context_length": model_length(name)} for name in served]})
 
 
@@ -196,8 +209,13 @@ async def show(request: HttpRequest) -> HttpResponseBase:
         model = check_model({"model": translate.model_name(body.get("model") or body.get("name"))}, served)
     except ApiError as exc:
         return error_response(exc)
-    return JsonResponse({"modelfile": "", "parameters": "", "template": "", "details": _details(),
-                         "model_info": {"general.context_length": model_length(model)},
+    card = model_card(model)
+    # Clients look the context length up under the architecture's name, as a GGUF file's keys are.
+    info = {"general.architecture": card.architecture, "general.parameter_count": card.parameter_count,
+            f"{card.architecture}.context_length": model_length(model),
+            f"{card.architecture}.embedding_length": embedding_length(model)}
+    return JsonResponse({"modelfile": "", "parameters": "", "template": "", "details": _details(model),
+                         "model_info": info,
                          "capabilities": ["completion", "tools"], "modified_at": _now()})
 
 
