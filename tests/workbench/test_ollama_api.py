@@ -69,6 +69,7 @@ def test_generate_list_show_and_version(served):
         assert (model.model, model.size) == ("demo:latest", weights)
         assert (model.details.format, model.details.family, model.details.families, model.details.parameter_size,
                 model.details.quantization_level) == ("safetensors", "llama", ["llama"], "6.56M", "F32")
+    assert running.size_vram == 0, "served on the CPU: none of it in GPU memory"
     shown = sdk.show("demo:latest")
     assert shown.details == listed.details and "completion" in shown.capabilities
     assert shown.modelinfo[f"{shown.details.family}.context_length"] == 512

@@ -33,7 +33,7 @@ from workbench.api.openai import tool_calls
 from workbench.api.server_views import installed_version
 from workbench.api.openai.views import ERROR_STATUS, SERVINGS, Started
 from workbench.serving.model_facts import embedding_length, model_card, model_length
-from workbench.serving import served_models
+from workbench.serving import bridge, served_models
 from workbench.serving.streams import StreamEvent
 
 
@@ -192,9 +192,14 @@ async def running(request: HttpRequest) -> HttpResponseBase:
         served = await _served(request, "GET")
     except ApiError as exc:
         return error_response(exc)
+    # Ollama's clients show the share of a model in GPU memory: all of it where a worker serving it runs
+    # on a GPU, none on the CPU.
+    workers = (await bridge.transport_from_loop()).workers_view().values()
+    on_gpu = {view["model"] for view in workers if view["device"].startswith("cuda")}
     return JsonResponse({"models": [{"name": f"{name}:latest", "model": f"{name}:latest",
-                                     "size": model_card(name).file_bytes, "digest": "",
-                                     "details": _details(name), "expires_at": NEVER, "size_vram": 0,
+                                     "size": model_card(name).file_bytes, "digest": "", "details": _details(name),
+                                     "expires_at": NEVER,
+                                     "size_vram": model_card(name).file_bytes if name in on_gpu else 0,
                                      "context_length": model_length(name)} for name in served]})
 
 
