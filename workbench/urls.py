@@ -4,6 +4,7 @@ from django.urls import path
 
 from workbench.accounts import login, signup
 from workbench.api import reproduce_views, server_views, tokenize_views, unknown_routes
+from workbench.api.anthropic import models as anthropic_models
 from workbench.api.anthropic import views as anthropic_views
 from workbench.api.ollama import views as ollama_views
 from workbench.api.openai import views as openai_views
@@ -33,8 +34,8 @@ urlpatterns = [
     path("login", login.LoginPage.as_view(), name="login"),
     path("logout", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
-    path("v1/models", openai_views.models),
-    path("v1/models/<path:model_id>", openai_views.model),
+    path("v1/models", anthropic_models.models_view),  # OpenAI's list, or Anthropic's to its SDKs
+    path("v1/models/<path:model_id>", anthropic_models.model_view),
     path("v1/completions", openai_views.completions),
     path("v1/chat/completions", openai_views.chat_completions),
     path("v1/reproduce/<str:request_id>", reproduce_views.reproduce),

@@ -67,7 +67,9 @@ def test_openai_completions_and_models(daphne_server):
     streamed = "".join(c.choices[0].text for c in client.completions.create(
         model="demo", prompt="The list type", max_tokens=12, temperature=0, stream=True) if c.choices)
     assert streamed == ws_text
-    assert [m.id for m in client.models.list().data] == ["demo"]
+    [model] = client.models.list().data
+    assert (model.id, model.owned_by) == ("demo", "workbench")
+    assert model.model_extra == {"root": "demo", "max_model_len": 512}, "the context length where vLLM's clients read it"
 
 
 @pytest.mark.parametrize("kwargs, status, param", [

@@ -1,7 +1,8 @@
 """Ollama's native API (/api/chat, /api/generate, /api/tags, /api/show, /api/ps, /api/version) through the
 official `ollama` client against the shared in-process Daphne, and one seeded request through chat
 completions, Messages and Ollama's chat giving the same tokens; a route no API serves, under /api or
-/v1, is a 404 in that API's error shape, and /v1/models/{id} names one model."""
+/v1, is a 404 in that API's error shape, and /v1/models/{id} names one model, in OpenAI's shape or, to
+Anthropic's SDK, Anthropic's."""
 
 from __future__ import annotations
 
@@ -145,3 +146,15 @@ def test_the_running_models_are_the_served_ones_and_unserved_routes_say_so_in_ea
     with pytest.raises(openai.NotFoundError) as embeddings:
         openai_sdk.embeddings.create(model="demo", input="hi")
     assert embeddings.value.body["code"] == "not_found" and "POST /v1/embeddings" in embeddings.value.body["message"]
+
+    # The same path in Anthropic's shape to Anthropic's SDK (its anthropic-version header), with its key.
+    anthropic_sdk = anthropic.Anthropic(base_url=f"http://{address}", api_key=token, max_retries=0)
+    page = anthropic_sdk.models.list()
+    assert [(m.type, m.id, m.display_name, m.created_at.year) for m in page.data] == [("model", "demo", "demo", 1970)]
+    assert (page.has_more, page.first_id, page.last_id) == (False, "demo", "demo")
+    assert anthropic_sdk.models.retrieve("demo").display_name == "demo"
+    with pytest.raises(anthropic.NotFoundError) as unknown_claude:
+        anthropic_sdk.models.retrieve("claude-sonnet-4-5")
+    assert unknown_claude.value.body["error"]["type"] == "not_found_error" and "'demo'" in unknown_claude.value.message
+    with pytest.raises(anthropic.AuthenticationError):
+        anthropic.Anthropic(base_url=f"http://{address}", api_key="wb_wrong", max_retries=0).models.list()

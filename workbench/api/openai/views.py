@@ -558,7 +558,9 @@ async def model(request: HttpRequest, model_id: str) -> HttpResponse:
 
 
 def _model_object(name: str) -> dict[str, object]:
-    return {"id": name, "object": "model", "created": 0, "owned_by": "workbench"}
+    # max_model_len and root as vLLM adds them: clients written for vLLM read the context length there.
+    return {"id": name, "object": "model", "created": 0, "owned_by": "workbench", "root": name,
+            "max_model_len": model_length(name)}
 
 
 completions = input_route("openai")(csrf_exempt(SERVINGS["completion"].view))
