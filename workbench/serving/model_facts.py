@@ -9,11 +9,16 @@ a worker's heartbeat reports is the path or packaged name it loaded), so these a
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import lru_cache
+from typing import TypeVar
 
 from engine.loading.model_card import ModelCard
 from engine.loading.model_card import model_card as read_model_card
+from engine.loading.model_errors import ModelLoadError
 from engine.loading.model_files import load_model_config
+
+Fact = TypeVar("Fact")
 
 
 @lru_cache(maxsize=None)
@@ -37,3 +42,12 @@ def model_card(model: str) -> ModelCard:
 def embedding_length(model: str) -> int:
     """The width of the model's hidden states."""
     return load_model_config(model).hidden_size
+
+
+def if_readable(fact: Callable[[str], Fact], model: str) -> Fact | None:
+    """`fact(model)`, or None where this process cannot read the model's files: a Celery web process need
+    not hold every file a worker's model has, and a listing shows what it can rather than failing."""
+    try:
+        return fact(model)
+    except (ModelLoadError, OSError, ValueError):
+        return None

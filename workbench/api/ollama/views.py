@@ -26,13 +26,14 @@ from typing import Any
 from django.http import HttpRequest, HttpResponseBase, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
+from engine.loading.model_card import ModelCard
 from workbench.api.http_api import ApiError, authenticate, check_model, json_body
 from workbench.api.input_routes import input_route
 from workbench.api.ollama import translate
 from workbench.api.openai import tool_calls
 from workbench.api.server_views import installed_version
 from workbench.api.openai.views import ERROR_STATUS, SERVINGS, Started
-from workbench.serving.model_facts import embedding_length, model_card, model_length
+from workbench.serving.model_facts import embedding_length, if_readable, model_card, model_length
 from workbench.serving import bridge, served_models
 from workbench.serving.streams import StreamEvent
 
@@ -156,11 +157,20 @@ async def _served(request: HttpRequest, method: str) -> list[str]:
     return await served_models.served_from_loop()
 
 
-def _details(model: str) -> dict[str, Any]:
-    card = model_card(model)
+def _details(card: ModelCard | None) -> dict[str, Any]:
+    if card is None:  # files this process cannot read: nothing to say
+        return {"parent_model": "", "format": "", "family": "", "families": None, "parameter_size": "",
+                "quantization_level": ""}
     return {"parent_model": "", "format": card.file_format, "family": card.architecture,
             "families": [card.architecture], "parameter_size": _parameter_size(card.parameter_count),
             "quantization_level": card.quantization}
+
+
+def _listed(name: str) -> dict[str, Any]:
+    """What /api/tags and /api/ps both say of a served model."""
+    card = if_readable(model_card, name)
+    return {"name": f"{name}:latest", "model": f"{name}:latest", "size": card.file_bytes if card else 0,
+            "digest": "", "details": _details(card)}
 
 
 def _parameter_size(count: int) -> str:
@@ -179,9 +189,7 @@ async def tags(request: HttpRequest) -> HttpResponseBase:
         served = await _served(request, "GET")
     except ApiError as exc:
         return error_response(exc)
-    return JsonResponse({"models": [{"name": f"{name}:latest", "model": f"{name}:latest", "modified_at": _now(),
-                                     "size": model_card(name).file_bytes, "digest": "", "details": _details(name)}
-                                    for name in served]})
+    return JsonResponse({"models": [{**_listed(name), "modified_at": _now()} for name in served]})
 
 
 @csrf_exempt
@@ -196,11 +204,9 @@ async def running(request: HttpRequest) -> HttpResponseBase:
     # on a GPU, none on the CPU.
     workers = (await bridge.transport_from_loop()).workers_view().values()
     on_gpu = {view["model"] for view in workers if view["device"].startswith("cuda")}
-    return JsonResponse({"models": [{"name": f"{name}:latest", "model": f"{name}:latest",
-                                     "size": model_card(name).file_bytes, "digest": "", "details": _details(name),
-                                     "expires_at": NEVER,
-                                     "size_vram": model_card(name).file_bytes if name in on_gpu else 0,
-                                     "context_length": model_length(name)} for name in served]})
+    loaded = {name: _listed(name) for name in served}
+    return JsonResponse({"models": [{**model, "expires_at": NEVER, "size_vram": model["size"] if name in on_gpu else 0,
+                                     "context_length": model_length(name)} for name, model in loaded.items()]})
 
 
 @csrf_exempt
@@ -214,12 +220,13 @@ async def show(request: HttpRequest) -> HttpResponseBase:
         model = check_model({"model": translate.model_name(body.get("model") or body.get("name"))}, served)
     except ApiError as exc:
         return error_response(exc)
-    card = model_card(model)
+    card = if_readable(model_card, model)
     # Clients look the context length up under the architecture's name, as a GGUF file's keys are.
-    info = {"general.architecture": card.architecture, "general.parameter_count": card.parameter_count,
-            f"{card.architecture}.context_length": model_length(model),
-            f"{card.architecture}.embedding_length": embedding_length(model)}
-    return JsonResponse({"modelfile": "", "parameters": "", "template": "", "details": _details(model),
+    info = {} if card is None else {
+        "general.architecture": card.architecture, "general.parameter_count": card.parameter_count,
+        f"{card.architecture}.context_length": model_length(model),
+        f"{card.architecture}.embedding_length": embedding_length(model)}
+    return JsonResponse({"modelfile": "", "parameters": "", "template": "", "details": _details(card),
                          "model_info": info,
                          "capabilities": ["completion", "tools"], "modified_at": _now()})
 

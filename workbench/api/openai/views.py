@@ -40,7 +40,7 @@ from workbench.api.openai.usage import openai_usage
 from workbench.api.reasoning import ReasoningSplit, prompt_opens_thinking, split_whole
 from workbench.protocol import request_input
 from workbench.serving import bridge, input_work, limits, served_models
-from workbench.serving.model_facts import model_length
+from workbench.serving.model_facts import if_readable, model_length
 from workbench.serving.streams import StreamEvent
 from workbench.serving.transport import Transport
 
@@ -559,8 +559,9 @@ async def model(request: HttpRequest, model_id: str) -> HttpResponse:
 
 def _model_object(name: str) -> dict[str, object]:
     # max_model_len and root as vLLM adds them: clients written for vLLM read the context length there.
+    length = if_readable(model_length, name)  # a Celery web process may not hold every worker's model files
     return {"id": name, "object": "model", "created": 0, "owned_by": "workbench", "root": name,
-            "max_model_len": model_length(name)}
+            **({"max_model_len": length} if length is not None else {})}
 
 
 completions = input_route("openai")(csrf_exempt(SERVINGS["completion"].view))
