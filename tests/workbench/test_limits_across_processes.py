@@ -11,6 +11,7 @@ import itertools
 import json
 import signal
 import time
+import urllib.request
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
@@ -41,6 +42,23 @@ async def running(ws, request_id: str) -> str | dict:
         if frame.get("request_id") == request_id and frame["type"] != "accepted":
             return "running" if frame["type"] == "delta" else frame
     return first
+
+
+async def routing(address: str) -> None:
+    """Until the web process routes requests (GET /health answers 200). A second or two in which Redis
+    answers nobody (seen on a loaded 2-core host: the workers' heartbeats and the web side's poll timed
+    out together) leaves it without a fresh heartbeat for a moment, and a request sent then is refused
+    `unavailable`, as it should be; the test's long requests must run."""
+    def healthy() -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{address}/health", timeout=5) as response:
+                return response.status == 200
+        except OSError:  # 503 (HTTPError) while no worker is routable, or no answer
+            return False
+    deadline = time.monotonic() + 30
+    while not await asyncio.to_thread(healthy):
+        assert time.monotonic() < deadline, f"{address} routed no request for 30 s"
+        await asyncio.sleep(0.1)
 
 
 async def first_accepted(ws, deadline_s: float) -> tuple[dict, float]:
@@ -139,6 +157,7 @@ def test_a_web_process_that_dies_frees_its_slots_once_its_leases_expire(two_daph
             await generate(one, "k3", SHORT)
             still_held = await answer(one, "k3")  # liveness: the dead process's lease still counts at first
             freed, after_s = await first_accepted(one, LEASE_S + 30)
+            await routing(first)
             await generate(one, "k4", LONG)  # the freed slot; k1 and k2 still hold theirs, renewed
             taken = await running(one, "k4")
             await generate(one, "k5", SHORT)
