@@ -13,6 +13,7 @@ the transport starts the first time a request needs it.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import threading
 from typing import Callable
@@ -56,18 +57,26 @@ def transport() -> Transport:
     kind = settings.WORKBENCH_TRANSPORT
     with _lock:
         if kind not in _transports:
-            started = _celery() if kind == "celery" else _inprocess()
-            started.start()
-            _transports[kind] = started
-            for listener in started_listeners:
-                try:
-                    stopper = listener(started)
-                except Exception:  # a companion (the event recorder) failing must not stop the serving
-                    log.exception("a transport listener failed")
-                    continue
-                if stopper is not None:
-                    _stoppers.append(stopper)
+            # Started in a context of its own: what the start schedules (the Celery link loop's tasks,
+            # which deliver every request's events) would otherwise run for the process's life in a copy
+            # of the first request's context, asgiref's executor of that request's sync frame included,
+            # and database work from there fails once that request is over.
+            contextvars.Context().run(_start, kind)
         return _transports[kind]
+
+
+def _start(kind: str) -> None:
+    started = _celery() if kind == "celery" else _inprocess()
+    started.start()
+    _transports[kind] = started
+    for listener in started_listeners:
+        try:
+            stopper = listener(started)
+        except Exception:  # a companion (the event recorder) failing must not stop the serving
+            log.exception("a transport listener failed")
+            continue
+        if stopper is not None:
+            _stoppers.append(stopper)
 
 
 def running() -> Transport | None:
