@@ -262,7 +262,7 @@
       } else if (frame.type === "flag_result") {
         show(frame.answers);
       } else if (frame.type === "cancel_result") {
-        show(frame.error ? {error: frame.error, audit_log_entry: frame.cancel} : {canceled: true, audit_log_entry: frame.cancel});
+        show({...(frame.error ? {error: frame.error} : {canceled: true}), audit_log_entry: frame.cancel});
       } else if (frame.type === "audit_result") {
         show(frame.error ? {error: frame.error} : {picked_for_the_replay_audit: true});
       } else if (frame.type === "error") {
